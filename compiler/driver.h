@@ -1,0 +1,24 @@
+/* driver.h - the compiler pipeline, one stage after another.
+ *
+ *   load (frontend/onnx_load.c) -> verify -> shapes + folding (ir/shapes.c)
+ *   -> prune -> verify
+ *
+ * Later stages (training graph, partitioning, plan, codegen, link) extend
+ * driver_run; each stage's header says what it requires and provides. */
+#ifndef CLEAVE_DRIVER_H
+#define CLEAVE_DRIVER_H
+
+#include "ir/ir.h"
+
+typedef struct DriverOptions {
+    const char *model;
+    int64_t batch;       /* 0: leave the batch dimension symbolic */
+    bool require_supported; /* unsupported ops are an error */
+} DriverOptions;
+
+/* Runs the front end; NULL with a Diag on failure. */
+Graph *driver_front_end(const DriverOptions *opt, Diag *d);
+/* Fails naming the first node whose op is unsupported. */
+bool driver_check_supported(Graph *g, Diag *d);
+
+#endif

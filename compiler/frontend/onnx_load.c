@@ -1,0 +1,323 @@
+/* onnx_load.c - ModelProto into the IR.
+ *
+ * Two sweeps over the graph: first every value is defined (initializers,
+ * inputs, node outputs), then node inputs are resolved by name, so graphs
+ * whose nodes are not stored in topological order load too; ir_verify then
+ * rejects cycles. */
+#include "onnx.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "file_util.h"
+#include "onnx.pb-c.h"
+#include "tensor_data.h"
+#include "../ops/ops.h"
+
+typedef struct Loader {
+    Graph *g;
+    Diag *d;
+    const char *dir;
+} Loader;
+
+/* Declared dtype and shape of a graph input, output or value_info. */
+static bool read_value_type(Loader *L, const Onnx__ValueInfoProto *vi, Value *v) {
+    const Onnx__TypeProto *tp = vi->type;
+    if (!tp) return true; /* untyped outputs are allowed; inference fills them */
+    if (tp->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE)
+        return diag_error(L->d, DIAG_UNSUPPORTED, "%s: value '%s': only tensor types are supported", L->g->path,
+                          v->name);
+    const Onnx__TypeProto__Tensor *tt = tp->tensor_type;
+    v->dtype = tt->has_elem_type ? (DType)tt->elem_type : DT_UNDEFINED;
+    if (v->dtype != DT_UNDEFINED && !dtype_size(v->dtype))
+        return diag_error(L->d, DIAG_UNSUPPORTED, "%s: value '%s': unsupported element type %d", L->g->path,
+                          v->name, (int)v->dtype);
+    if (!tt->shape) {
+        v->rank = -1;
+        return true;
+    }
+    if (tt->shape->n_dim > MAX_RANK)
+        return diag_error(L->d, DIAG_UNSUPPORTED, "%s: value '%s': rank %zu exceeds the maximum %d", L->g->path,
+                          v->name, tt->shape->n_dim, MAX_RANK);
+    v->rank = (int)tt->shape->n_dim;
+    for (size_t i = 0; i < tt->shape->n_dim; i++) {
+        const Onnx__TensorShapeProto__Dimension *dim = tt->shape->dim[i];
+        if (dim->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE) {
+            if (dim->dim_value < 0)
+                return diag_error(L->d, DIAG_FORMAT, "%s: value '%s': negative dimension %lld", L->g->path, v->name,
+                                  (long long)dim->dim_value);
+            v->dims[i] = dim_const(dim->dim_value);
+        } else if (dim->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM && *dim->dim_param) {
+            int s = graph_symbol(L->g, dim->dim_param);
+            v->dims[i] = s == DIM_UNKNOWN ? dim_unknown() : (Dim){1, s};
+        } else {
+            v->dims[i] = dim_unknown();
+        }
+    }
+    return true;
+}
+
+static bool define(Loader *L, const char *name, Value **out) {
+    if (!name || !*name) return diag_error(L->d, DIAG_GRAPH, "%s: a value has an empty name", L->g->path);
+    if (graph_find_value(L->g, name))
+        return diag_error(L->d, DIAG_GRAPH, "%s: value '%s' is defined more than once", L->g->path, name);
+    *out = graph_add_value(L->g, name);
+    if (!*out) return diag_error(L->d, DIAG_NOMEM, "%s: out of memory", L->g->path);
+    return true;
+}
+
+static bool read_attr(Loader *L, Node *n, const Onnx__AttributeProto *ap, Attr *a) {
+    Graph *g = L->g;
+    a->name = arena_strdup(&g->arena, ap->name ? ap->name : "");
+    a->kind = ap->has_type ? (AttrKind)ap->type : ATTR_UNDEFINED;
+    if (a->kind == ATTR_UNDEFINED) { /* pre-IR-v3 files: infer from the field set */
+        if (ap->n_ints) a->kind = ATTR_INTS;
+        else if (ap->n_floats) a->kind = ATTR_FLOATS;
+        else if (ap->n_strings) a->kind = ATTR_STRINGS;
+        else if (ap->t) a->kind = ATTR_TENSOR;
+        else if (ap->g) a->kind = ATTR_GRAPH;
+        else if (ap->has_s) a->kind = ATTR_STRING;
+        else if (ap->has_f) a->kind = ATTR_FLOAT;
+        else if (ap->has_i) a->kind = ATTR_INT;
+    }
+    switch (a->kind) {
+    case ATTR_FLOAT: a->f = ap->f; return true;
+    case ATTR_INT: a->i = ap->i; return true;
+    case ATTR_STRING:
+        a->s = arena_strndup(&g->arena, (const char *)ap->s.data, ap->s.len);
+        return a->s != NULL;
+    case ATTR_FLOATS:
+        a->n = (int)ap->n_floats;
+        a->floats = ARENA_ARRAY(&g->arena, float, ap->n_floats);
+        if (a->floats) memcpy(a->floats, ap->floats, ap->n_floats * sizeof(float));
+        return a->floats != NULL;
+    case ATTR_INTS:
+        a->n = (int)ap->n_ints;
+        a->ints = ARENA_ARRAY(&g->arena, int64_t, ap->n_ints);
+        if (a->ints) memcpy(a->ints, ap->ints, ap->n_ints * sizeof(int64_t));
+        return a->ints != NULL;
+    case ATTR_STRINGS:
+        a->n = (int)ap->n_strings;
+        a->strings = ARENA_ARRAY(&g->arena, const char *, ap->n_strings);
+        if (!a->strings) return false;
+        for (size_t i = 0; i < ap->n_strings; i++)
+            a->strings[i] = arena_strndup(&g->arena, (const char *)ap->strings[i].data, ap->strings[i].len);
+        return true;
+    case ATTR_TENSOR: {
+        if (!ap->t) return diag_error(L->d, DIAG_FORMAT, "%s: node '%s': attribute '%s' has no tensor", g->path, n->name, a->name);
+        Value *v = ARENA_NEW(&g->arena, Value);
+        if (!v) return false;
+        v->name = a->name;
+        v->kind = VAL_CONSTANT;
+        v->id = -1;
+        char what[256];
+        snprintf(what, sizeof what, "node '%s' attribute '%s'", n->name, a->name);
+        if (!tensor_to_value(g, ap->t, L->dir, what, v, L->d)) return false;
+        a->tensor = v;
+        return true;
+    }
+    case ATTR_GRAPH:
+    case ATTR_GRAPHS:
+        return diag_error(L->d, DIAG_UNSUPPORTED,
+                          "%s: node '%s' (%s): attribute '%s' holds a subgraph; control flow (If/Loop/Scan bodies) is not supported",
+                          g->path, n->name, n->op_type, a->name);
+    default:
+        /* Sparse tensors and type protos: kept by name only; ops that need
+         * them are not supported and report it themselves. */
+        return true;
+    }
+}
+
+static bool read_nodes_outputs(Loader *L, const Onnx__GraphProto *gp) {
+    for (size_t i = 0; i < gp->n_node; i++) {
+        const Onnx__NodeProto *np = gp->node[i];
+        if (!np->op_type || !*np->op_type)
+            return diag_error(L->d, DIAG_FORMAT, "%s: node #%zu has no op_type", L->g->path, i);
+        Node *n = graph_add_node(L->g, np->name, np->op_type, np->domain, (int)np->n_input, (int)np->n_output);
+        if (!n) return diag_error(L->d, DIAG_NOMEM, "%s: out of memory", L->g->path);
+        n->def = op_lookup(n->domain, n->op_type);
+        for (size_t k = 0; k < np->n_output; k++) {
+            if (!np->output[k] || !*np->output[k]) continue; /* omitted optional output */
+            Value *v;
+            if (!define(L, np->output[k], &v)) {
+                L->d->code = DIAG_OK; /* re-report with the node named */
+                return diag_error(L->d, DIAG_GRAPH, "%s: node '%s' (%s): output '%s' is already defined elsewhere",
+                                  L->g->path, n->name, n->op_type, np->output[k]);
+            }
+            v->producer = n;
+            v->producer_slot = (int)k;
+            n->out[k] = v;
+        }
+        n->n_attr = (int)np->n_attribute;
+        n->attrs = ARENA_ARRAY(&L->g->arena, Attr, np->n_attribute ? np->n_attribute : 1);
+        if (!n->attrs) return diag_error(L->d, DIAG_NOMEM, "%s: out of memory", L->g->path);
+        for (size_t k = 0; k < np->n_attribute; k++)
+            if (!read_attr(L, n, np->attribute[k], &n->attrs[k])) {
+                return diag_failed(L->d) ? false : diag_error(L->d, DIAG_NOMEM, "%s: out of memory", L->g->path);
+            }
+    }
+    return true;
+}
+
+static bool resolve_node_inputs(Loader *L, const Onnx__GraphProto *gp) {
+    for (size_t i = 0; i < gp->n_node; i++) {
+        const Onnx__NodeProto *np = gp->node[i];
+        Node *n = L->g->nodes[i];
+        for (size_t k = 0; k < np->n_input; k++) {
+            if (!np->input[k] || !*np->input[k]) continue; /* omitted optional input */
+            n->in[k] = graph_find_value(L->g, np->input[k]);
+            if (!n->in[k])
+                return diag_error(L->d, DIAG_GRAPH, "%s: node '%s' (%s): input '%s' is not defined", L->g->path,
+                                  n->name, n->op_type, np->input[k]);
+        }
+    }
+    return true;
+}
+
+static bool read_graph(Loader *L, const Onnx__GraphProto *gp) {
+    Graph *g = L->g;
+    g->graph_name = arena_strdup(&g->arena, gp->name ? gp->name : "");
+    for (size_t i = 0; i < gp->n_initializer; i++) {
+        const Onnx__TensorProto *t = gp->initializer[i];
+        Value *v;
+        if (!define(L, t->name, &v)) return false;
+        v->kind = VAL_INITIALIZER;
+        char what[256];
+        snprintf(what, sizeof what, "initializer '%s'", v->name);
+        if (!tensor_to_value(g, t, L->dir, what, v, L->d)) return false;
+    }
+    if (gp->n_sparse_initializer)
+        return diag_error(L->d, DIAG_UNSUPPORTED, "%s: sparse initializers are not supported", g->path);
+    g->inputs = ARENA_ARRAY(&g->arena, Value *, gp->n_input ? gp->n_input : 1);
+    for (size_t i = 0; i < gp->n_input; i++) {
+        const char *name = gp->input[i]->name;
+        Value *v = name ? graph_find_value(g, name) : NULL;
+        /* An input that is also an initializer is a parameter with a
+         * default value (IR < 4 lists every initializer as an input): it is
+         * not fed at run time. */
+        if (v && v->kind == VAL_INITIALIZER) continue;
+        if (!define(L, name, &v)) return false;
+        v->kind = VAL_INPUT;
+        if (!read_value_type(L, gp->input[i], v)) return false;
+        g->inputs[g->n_inputs++] = v;
+    }
+    if (!read_nodes_outputs(L, gp) || !resolve_node_inputs(L, gp)) return false;
+    g->outputs = ARENA_ARRAY(&g->arena, Value *, gp->n_output ? gp->n_output : 1);
+    for (size_t i = 0; i < gp->n_output; i++) {
+        const char *name = gp->output[i]->name ? gp->output[i]->name : "";
+        Value *v = graph_find_value(g, name);
+        if (!v)
+            return diag_error(L->d, DIAG_GRAPH, "%s: graph output '%s' is not produced by any node", g->path, name);
+        /* Declared types of outputs are checked against inference later;
+         * keep them in a detached value. */
+        Value decl = {.name = v->name, .rank = -1};
+        if (!read_value_type(L, gp->output[i], &decl)) return false;
+        if (v->kind == VAL_INTERMEDIATE && v->dtype == DT_UNDEFINED) {
+            v->dtype = decl.dtype;
+            v->rank = decl.rank;
+            memcpy(v->dims, decl.dims, sizeof v->dims);
+        }
+        v->is_output = true;
+        g->outputs[g->n_outputs++] = v;
+    }
+    /* value_info: declared types of intermediates, used where an op's own
+     * rule cannot tell (unsupported ops). */
+    for (size_t i = 0; i < gp->n_value_info; i++) {
+        const char *name = gp->value_info[i]->name;
+        Value *v = name ? graph_find_value(g, name) : NULL;
+        if (!v || v->kind != VAL_INTERMEDIATE || v->is_output) continue;
+        if (!read_value_type(L, gp->value_info[i], v)) return false;
+    }
+    return true;
+}
+
+static bool read_model(Loader *L, const Onnx__ModelProto *m) {
+    Graph *g = L->g;
+    if (!m->graph) return diag_error(L->d, DIAG_FORMAT, "%s: not an ONNX model (no graph)", g->path);
+    if (!m->has_ir_version || m->ir_version < 1 || m->ir_version > 100)
+        return diag_error(L->d, DIAG_FORMAT, "%s: not an ONNX model (missing or invalid ir_version)", g->path);
+    g->ir_version = m->ir_version;
+    g->model_version = m->has_model_version ? m->model_version : 0;
+    g->producer_name = arena_strdup(&g->arena, m->producer_name ? m->producer_name : "");
+    g->producer_version = arena_strdup(&g->arena, m->producer_version ? m->producer_version : "");
+    g->doc = arena_strdup(&g->arena, m->doc_string ? m->doc_string : "");
+    g->opsets = ARENA_ARRAY(&g->arena, Opset, m->n_opset_import ? m->n_opset_import : 1);
+    for (size_t i = 0; i < m->n_opset_import; i++) {
+        const Onnx__OperatorSetIdProto *o = m->opset_import[i];
+        g->opsets[g->n_opsets].domain = arena_strdup(&g->arena, o->domain ? o->domain : "");
+        g->opsets[g->n_opsets].version = o->has_version ? o->version : 0;
+        g->n_opsets++;
+    }
+    if (m->n_opset_import == 0) { /* IR v1/v2 files: opset 1 implied */
+        g->opsets[0] = (Opset){"", 1};
+        g->n_opsets = 1;
+    }
+    if (m->n_functions)
+        return diag_error(L->d, DIAG_UNSUPPORTED, "%s: model-local functions are not supported", g->path);
+    return read_graph(L, m->graph);
+}
+
+Graph *onnx_load_buffer(const uint8_t *buf, size_t len, const char *path, Diag *d) {
+    if (len == 0) {
+        diag_error(d, DIAG_FORMAT, "%s: empty file, not an ONNX model", path);
+        return NULL;
+    }
+    Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, len, buf);
+    if (!m) {
+        diag_error(d, DIAG_FORMAT, "%s: not an ONNX model (protobuf decoding failed: truncated or corrupt file)", path);
+        return NULL;
+    }
+    Graph *g = graph_new(path);
+    char *dir = path_dirname(path);
+    if (!g || !dir) {
+        free(dir);
+        graph_free(g);
+        onnx__model_proto__free_unpacked(m, NULL);
+        diag_error(d, DIAG_NOMEM, "%s: out of memory", path);
+        return NULL;
+    }
+    Loader L = {g, d, dir};
+    bool ok = read_model(&L, m);
+    if (ok && g->arena.failed) ok = diag_error(d, DIAG_NOMEM, "%s: out of memory", path);
+    free(dir);
+    onnx__model_proto__free_unpacked(m, NULL);
+    if (!ok) {
+        graph_free(g);
+        return NULL;
+    }
+    return g;
+}
+
+Graph *onnx_load(const char *path, Diag *d) {
+    size_t len = 0;
+    uint8_t *buf = file_read_all(path, &len, d);
+    if (!buf) return NULL;
+    Graph *g = onnx_load_buffer(buf, len, path, d);
+    free(buf);
+    return g;
+}
+
+Value *onnx_load_tensor_file(Graph *g, const char *path, Diag *d) {
+    size_t len = 0;
+    uint8_t *buf = file_read_all(path, &len, d);
+    if (!buf) return NULL;
+    Onnx__TensorProto *t = onnx__tensor_proto__unpack(NULL, len, buf);
+    free(buf);
+    if (!t) {
+        diag_error(d, DIAG_FORMAT, "%s: not a serialized ONNX tensor", path);
+        return NULL;
+    }
+    char *dir = path_dirname(path);
+    Value *v = graph_add_value(g, t->name ? t->name : path);
+    bool ok = dir && v;
+    if (ok) {
+        v->kind = VAL_CONSTANT;
+        ok = tensor_to_value(g, t, dir, path, v, d);
+    } else {
+        diag_error(d, DIAG_NOMEM, "%s: out of memory", path);
+    }
+    free(dir);
+    onnx__tensor_proto__free_unpacked(t, NULL);
+    return ok ? v : NULL;
+}

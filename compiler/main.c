@@ -1,0 +1,35 @@
+/* main.c - the `cleave` command: dispatches to a subcommand. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static const char main_help[] =
+    "usage: cleave <command> [options]\n"
+    "\n"
+    "cleave compiles ONNX models into partitioned training programs.\n"
+    "\n"
+    "commands:\n"
+    "  inspect MODEL.onnx   shapes, parameters, FLOPs and unsupported ops of a model\n"
+    "\n"
+    "  cleave <command> --help   options of a command\n"
+    "  cleave --version          version\n";
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fputs(main_help, stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
+        fputs(main_help, stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "--version") == 0) {
+        printf("cleave %s\n", CLEAVE_VERSION);
+        return 0;
+    }
+    if (strcmp(cmd, "inspect") == 0) return cmd_inspect(argc - 2, argv + 2);
+    fprintf(stderr, "cleave: unknown command '%s' (see 'cleave --help')\n", cmd);
+    return 2;
+}

@@ -1,0 +1,61 @@
+/* ops.h - the op table.
+ *
+ * Each supported operator is ONE OpDef: its name, domain, opset range,
+ * arity, attribute defaults, and the rules passes call (shape inference,
+ * constant evaluation, FLOP count; later gradient and codegen).  The entries
+ * live in the ops_*.c files by family and are listed once in ops.c.  Adding
+ * an op means writing its entry and adding it to that list. */
+#ifndef CLEAVE_OPS_H
+#define CLEAVE_OPS_H
+
+#include "../ir/ir.h"
+
+typedef struct AttrSpec {
+    const char *name;
+    AttrKind kind;
+    int64_t i;
+    float f;
+    const char *s;
+    bool required;
+} AttrSpec;
+
+/* Context handed to an op's rules. */
+typedef struct OpCtx {
+    Graph *g;
+    Diag *d;
+    int64_t opset; /* version of the node's domain imported by the model */
+} OpCtx;
+
+/* Result of a fold rule. */
+typedef enum { FOLD_NO = 0, FOLD_DONE = 1, FOLD_ERROR = 2 } FoldResult;
+
+typedef struct OpDef {
+    const char *name;
+    const char *domain; /* "" = ai.onnx */
+    int since, until;   /* supported opset versions, inclusive; until 0 = open */
+    int min_in, max_in, min_out, max_out;
+    const AttrSpec *attrs; /* terminated by an entry with name NULL */
+    /* Input slots holding state rather than trainable weights (for example
+     * BatchNormalization's running statistics): bit i = input i. */
+    uint32_t state_inputs;
+    /* Sets dtype and shape of every output from the inputs.  Inputs are
+     * guaranteed to have a known rank when the rule is called.  Returns
+     * false with a Diag on a mismatch. */
+    bool (*infer)(OpCtx *c, Node *n);
+    /* Evaluates the node when its inputs are constant (or, for Shape, have
+     * known shapes), storing the outputs' Const.  NULL: never folded. */
+    FoldResult (*fold)(OpCtx *c, Node *n);
+    /* Forward floating-point operations of the node at its inferred shapes.
+     * NULL: one per output element. */
+    double (*flops)(const Node *n);
+} OpDef;
+
+/* Table lookup by (domain, name); NULL if unknown. */
+const OpDef *op_lookup(const char *domain, const char *name);
+/* The whole table, for listings ("what is supported"). */
+const OpDef *const *op_table(int *count);
+const AttrSpec *op_attr_spec(const OpDef *def, const char *name);
+/* "Add, Concat, Conv, ..." into buf, for error messages. */
+const char *op_supported_list(char *buf, size_t len);
+
+#endif

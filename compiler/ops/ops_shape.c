@@ -1,0 +1,630 @@
+/* ops_shape.c - operators that move or describe data without arithmetic:
+ * Shape, Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Concat, Slice,
+ * Gather, Expand, Constant, ConstantOfShape, Range.  Their fold rules let
+ * the shape subgraphs PyTorch exports (Shape -> Gather -> Unsqueeze ->
+ * Concat -> Reshape) collapse to constants. */
+#include <math.h>
+#include <string.h>
+
+#include "op_util.h"
+#include "ops_families.h"
+
+/* Folds a single-input data movement op: out[e] = in[map(e)]. */
+typedef int64_t (*IndexMap)(const Node *n, int64_t out_flat, const void *ctx);
+
+static FoldResult fold_map(OpCtx *c, Node *n, IndexMap map, const void *ctx) {
+    const Value *x = n->in[0];
+    if (!in_const(n, 0) || !value_shape_known(x) || !value_shape_known(n->out[0])) return FOLD_NO;
+    Const *r = fold_out(c, n, 0);
+    if (!r) return FOLD_NO;
+    for (int64_t e = 0; e < r->n; e++)
+        if (!const_copy_elem(c->g, r, e, x->konst, map ? map(n, e, ctx) : e)) return FOLD_NO;
+    return FOLD_DONE;
+}
+
+/* Reshape, Flatten, Squeeze, Unsqueeze keep element order. */
+static FoldResult fold_same_order(OpCtx *c, Node *n) { return fold_map(c, n, NULL, NULL); }
+
+/* Axes given by attribute before `input_since`, by input `slot` after. */
+static int read_axes(OpCtx *c, const Node *n, int64_t input_since, int slot, int64_t *axes) {
+    if (c->opset >= input_since) {
+        if (slot >= n->n_in || !n->in[slot]) return -3; /* absent */
+        return in_ints(n, slot, axes, MAX_RANK * 2);
+    }
+    const int64_t *a;
+    int k = node_attr_ints(n, "axes", &a);
+    if (k < 0) return -3;
+    if (k > MAX_RANK * 2) return -2;
+    memcpy(axes, a, sizeof *a * (size_t)k);
+    return k;
+}
+
+/* ---- Shape ---- */
+
+static bool infer_shape(OpCtx *c, Node *n) {
+    int r = n->in[0]->rank;
+    int64_t start = node_attr_i(n, "start", 0), end = node_attr_i(n, "end", r);
+    if (c->opset < 15) { start = 0; end = r; }
+    if (start < 0) start += r;
+    if (end < 0) end += r;
+    start = start < 0 ? 0 : start > r ? r : start;
+    end = end < 0 ? 0 : end > r ? r : end;
+    Dim len = dim_const(end > start ? end - start : 0);
+    set_out(n, 0, DT_INT64, 1, &len);
+    return true;
+}
+
+static FoldResult fold_shape(OpCtx *c, Node *n) {
+    const Value *x = n->in[0];
+    for (int i = 0; i < x->rank; i++)
+        if (x->dims[i].sym == DIM_UNKNOWN) return FOLD_NO;
+    int64_t start = c->opset >= 15 ? node_attr_i(n, "start", 0) : 0;
+    if (start < 0) start += x->rank;
+    if (start < 0) start = 0;
+    Const *r = fold_out(c, n, 0);
+    if (!r) return FOLD_NO;
+    for (int64_t i = 0; i < r->n; i++) {
+        Dim d = x->dims[start + i];
+        const_set_i(r, i, d.k);
+        if (d.sym) {
+            if (!r->sym) r->sym = ARENA_ARRAY(&c->g->arena, int32_t, r->n);
+            if (!r->sym) return FOLD_NO;
+            r->sym[i] = d.sym;
+        }
+    }
+    return FOLD_DONE;
+}
+
+/* ---- Reshape ---- */
+
+static bool infer_reshape(OpCtx *c, Node *n) {
+    const Value *x = n->in[0];
+    int64_t target[MAX_RANK];
+    Dim tdims[MAX_RANK];
+    int k;
+    if (c->opset < 5) {
+        const int64_t *a;
+        k = node_attr_ints(n, "shape", &a);
+        if (k > MAX_RANK) return op_error(c, n, "target rank %d exceeds %d", k, MAX_RANK);
+        for (int i = 0; i < k; i++) tdims[i] = dim_const(a[i]);
+    } else {
+        const Value *s = n->in[1];
+        if (s->rank != 1) return op_error(c, n, "shape input '%s' must be 1-D", s->name);
+        if (!dim_is_const(s->dims[0])) { set_out(n, 0, x->dtype, -1, NULL); return true; }
+        k = (int)s->dims[0].k;
+        if (k > MAX_RANK) return op_error(c, n, "target rank %d exceeds %d", k, MAX_RANK);
+        if (!in_const(n, 1)) {
+            Dim unk[MAX_RANK];
+            for (int i = 0; i < k; i++) unk[i] = dim_unknown();
+            set_out(n, 0, x->dtype, k, unk);
+            return true;
+        }
+        for (int i = 0; i < k; i++) tdims[i] = const_get_dim(s->konst, i);
+    }
+    if (k < 0) return op_error(c, n, "no target shape");
+    bool allowzero = node_attr_i(n, "allowzero", 0) != 0;
+    int infer_at = -1;
+    for (int i = 0; i < k; i++) {
+        target[i] = tdims[i].k;
+        if (dim_is_const(tdims[i]) && target[i] == 0 && !allowzero) {
+            if (i >= x->rank) return op_error(c, n, "shape entry %d is 0 (copy) but the input has rank %d", i, x->rank);
+            tdims[i] = x->dims[i];
+        } else if (dim_is_const(tdims[i]) && target[i] == -1) {
+            if (infer_at >= 0) return op_error(c, n, "more than one -1 in the target shape");
+            infer_at = i;
+        } else if (dim_is_const(tdims[i]) && target[i] < 0) {
+            return op_error(c, n, "invalid target dimension %lld", (long long)target[i]);
+        }
+    }
+    Dim total;
+    if (!dims_product(x->dims, x->rank, &total)) {
+        if (infer_at >= 0) tdims[infer_at] = dim_unknown();
+        set_out(n, 0, x->dtype, k, tdims);
+        return true;
+    }
+    Dim known = dim_const(1);
+    bool known_ok = true;
+    for (int i = 0; i < k && known_ok; i++) {
+        if (i == infer_at) continue;
+        Dim p2[2] = {known, tdims[i]};
+        known_ok = dims_product(p2, 2, &known);
+    }
+    if (infer_at >= 0) {
+        /* total = t.k * S^a, known = q.k * S^b: the quotient must be a
+         * whole multiple of at most one symbol */
+        if (!known_ok || known.k == 0 || (known.sym && known.sym != total.sym) || total.k % known.k) {
+            if (known_ok && known.k && !known.sym && !total.sym && total.k % known.k)
+                return op_error(c, n, "cannot reshape %lld elements into a shape with %lld elements per -1",
+                                (long long)total.k, (long long)known.k);
+            tdims[infer_at] = dim_unknown();
+        } else {
+            tdims[infer_at] = (Dim){total.k / known.k, known.sym ? 0 : total.sym};
+        }
+    } else if (known_ok && dim_is_const(known) && dim_is_const(total) && known.k != total.k) {
+        return op_error(c, n, "cannot reshape %lld elements into %lld", (long long)total.k, (long long)known.k);
+    }
+    set_out(n, 0, x->dtype, k, tdims);
+    return true;
+}
+
+/* ---- Flatten ---- */
+
+static bool infer_flatten(OpCtx *c, Node *n) {
+    const Value *x = n->in[0];
+    int64_t axis = node_attr_i(n, "axis", 1);
+    if (axis < -x->rank || axis > x->rank)
+        return op_error(c, n, "axis %lld is out of range for rank %d", (long long)axis, x->rank);
+    if (axis < 0) axis += x->rank;
+    Dim out[2];
+    if (!dims_product(x->dims, (int)axis, &out[0])) out[0] = dim_unknown();
+    if (!dims_product(x->dims + axis, x->rank - (int)axis, &out[1])) out[1] = dim_unknown();
+    set_out(n, 0, x->dtype, 2, out);
+    return true;
+}
+
+/* ---- Squeeze / Unsqueeze ---- */
+
+static bool infer_squeeze(OpCtx *c, Node *n) {
+    const Value *x = n->in[0];
+    int64_t axes[MAX_RANK * 2];
+    int k = read_axes(c, n, 13, 1, axes);
+    if (k == -2) return op_error(c, n, "too many axes");
+    bool drop[MAX_RANK] = {0};
+    if (k == -1) { set_out(n, 0, x->dtype, -1, NULL); return true; }
+    if (k == -3) { /* no axes: every dimension of size 1 */
+        for (int i = 0; i < x->rank; i++) {
+            if (x->dims[i].sym == DIM_UNKNOWN) { set_out(n, 0, x->dtype, -1, NULL); return true; }
+            drop[i] = dim_is_const(x->dims[i]) && x->dims[i].k == 1;
+        }
+    }
+    for (int i = 0; i < k; i++) {
+        if (!norm_axis(c, n, &axes[i], x->rank)) return false;
+        Dim d = x->dims[axes[i]];
+        if (dim_is_const(d) && d.k != 1)
+            return op_error(c, n, "cannot squeeze axis %lld of size %lld", (long long)axes[i], (long long)d.k);
+        drop[axes[i]] = true;
+    }
+    Dim out[MAX_RANK];
+    int r = 0;
+    for (int i = 0; i < x->rank; i++)
+        if (!drop[i]) out[r++] = x->dims[i];
+    set_out(n, 0, x->dtype, r, out);
+    return true;
+}
+
+static bool infer_unsqueeze(OpCtx *c, Node *n) {
+    const Value *x = n->in[0];
+    int64_t axes[MAX_RANK * 2];
+    int k = read_axes(c, n, 13, 1, axes);
+    if (k == -3) return op_error(c, n, "axes are required");
+    if (k == -2 || (k >= 0 && x->rank + k > MAX_RANK)) return op_error(c, n, "result rank exceeds %d", MAX_RANK);
+    if (k < 0) { set_out(n, 0, x->dtype, -1, NULL); return true; }
+    int r = x->rank + k;
+    bool ins[MAX_RANK] = {0};
+    for (int i = 0; i < k; i++) {
+        if (!norm_axis(c, n, &axes[i], r)) return false;
+        if (ins[axes[i]]) return op_error(c, n, "axis %lld is repeated", (long long)axes[i]);
+        ins[axes[i]] = true;
+    }
+    Dim out[MAX_RANK];
+    for (int i = 0, j = 0; i < r; i++) out[i] = ins[i] ? dim_const(1) : x->dims[j++];
+    set_out(n, 0, x->dtype, r, out);
+    return true;
+}
+
+/* ---- Transpose ---- */
+
+static int read_perm(const Node *n, int rank, int64_t *perm) {
+    const int64_t *p;
+    int k = node_attr_ints(n, "perm", &p);
+    if (k < 0) {
+        for (int i = 0; i < rank; i++) perm[i] = rank - 1 - i;
+        return rank;
+    }
+    for (int i = 0; i < k && i < MAX_RANK; i++) perm[i] = p[i];
+    return k;
+}
+
+static bool infer_transpose(OpCtx *c, Node *n) {
+    const Value *x = n->in[0];
+    int64_t perm[MAX_RANK];
+    int k = read_perm(n, x->rank, perm);
+    if (k != x->rank) return op_error(c, n, "perm has %d entries for rank %d", k, x->rank);
+    bool seen[MAX_RANK] = {0};
+    Dim out[MAX_RANK];
+    for (int i = 0; i < k; i++) {
+        if (perm[i] < 0 || perm[i] >= k || seen[perm[i]])
+            return op_error(c, n, "perm is not a permutation of 0..%d", k - 1);
+        seen[perm[i]] = true;
+        out[i] = x->dims[perm[i]];
+    }
+    set_out(n, 0, x->dtype, k, out);
+    return true;
+}
+
+static int64_t map_transpose(const Node *n, int64_t e, const void *ctx) {
+    (void)ctx;
+    const Value *x = n->in[0], *y = n->out[0];
+    int64_t perm[MAX_RANK], xs[MAX_RANK], src = 0;
+    read_perm(n, x->rank, perm);
+    shape_strides(x, xs);
+    for (int i = y->rank - 1; i >= 0; i--) {
+        src += (e % y->dims[i].k) * xs[perm[i]];
+        e /= y->dims[i].k;
+    }
+    return src;
+}
+
+static FoldResult fold_transpose(OpCtx *c, Node *n) { return fold_map(c, n, map_transpose, NULL); }
+
+/* ---- Concat ---- */
+
+static bool infer_concat(OpCtx *c, Node *n) {
+    const Value *x0 = n->in[0];
+    int64_t axis = node_attr_i(n, "axis", 0);
+    if (!node_attr(n, "axis") && c->opset >= 4) return op_error(c, n, "attribute 'axis' is required");
+    if (!norm_axis(c, n, &axis, x0->rank)) return false;
+    DType t;
+    if (!same_dtype(c, n, 0, n->n_in, &t)) return false;
+    Dim out[MAX_RANK];
+    memcpy(out, x0->dims, sizeof out);
+    out[axis] = dim_const(0);
+    for (int i = 0; i < n->n_in; i++) {
+        const Value *x = n->in[i];
+        if (!x) continue;
+        if (x->rank != x0->rank)
+            return op_error(c, n, "input '%s' has rank %d, expected %d", x->name, x->rank, x0->rank);
+        for (int j = 0; j < x->rank; j++) {
+            if (j == axis) continue;
+            if (dim_is_const(x->dims[j]) && dim_is_const(out[j]) && x->dims[j].k != out[j].k)
+                return op_error(c, n, "input '%s' has dimension %d = %lld, expected %lld", x->name, j,
+                                (long long)x->dims[j].k, (long long)out[j].k);
+            if (!dim_is_const(out[j])) out[j] = x->dims[j];
+        }
+        Dim a = out[axis], b = x->dims[axis];
+        if (a.sym == DIM_UNKNOWN || b.sym == DIM_UNKNOWN) out[axis] = dim_unknown();
+        else if (a.sym == b.sym || a.k == 0 || b.k == 0) out[axis] = (Dim){a.k + b.k, a.sym ? a.sym : b.sym};
+        else out[axis] = dim_unknown();
+    }
+    set_out(n, 0, t, x0->rank, out);
+    return true;
+}
+
+static FoldResult fold_concat(OpCtx *c, Node *n) {
+    for (int i = 0; i < n->n_in; i++)
+        if (n->in[i] && (!in_const(n, i) || !value_shape_known(n->in[i]))) return FOLD_NO;
+    const Value *y = n->out[0];
+    if (!value_shape_known(y)) return FOLD_NO;
+    int64_t axis = node_attr_i(n, "axis", 0);
+    if (axis < 0) axis += y->rank;
+    int64_t outer = 1, inner = 1;
+    for (int j = 0; j < axis; j++) outer *= y->dims[j].k;
+    for (int j = (int)axis + 1; j < y->rank; j++) inner *= y->dims[j].k;
+    Const *r = fold_out(c, n, 0);
+    if (!r) return FOLD_NO;
+    int64_t e = 0;
+    for (int64_t o = 0; o < outer; o++)
+        for (int i = 0; i < n->n_in; i++) {
+            const Value *x = n->in[i];
+            if (!x) continue;
+            int64_t chunk = x->dims[axis].k * inner;
+            for (int64_t q = 0; q < chunk; q++)
+                if (!const_copy_elem(c->g, r, e++, x->konst, o * chunk + q)) return FOLD_NO;
+        }
+    return FOLD_DONE;
+}
+
+/* ---- Slice ---- */
+
+typedef struct SliceSpec {
+    int64_t start[MAX_RANK], step[MAX_RANK];
+} SliceSpec;
+
+/* Resolves starts/ends/axes/steps into per-axis start and step of the
+ * output and sets its dims; false with *err on invalid input, false
+ * without it when the parameters are not constant. */
+static bool slice_params(OpCtx *c, const Node *n, SliceSpec *sp, Dim *out, bool *err) {
+    const Value *x = n->in[0];
+    int64_t starts[MAX_RANK * 2], ends[MAX_RANK * 2], axes[MAX_RANK * 2], steps[MAX_RANK * 2];
+    int ks, ke, ka, kt;
+    *err = false;
+    if (c->opset < 10) {
+        const int64_t *p;
+        ks = node_attr_ints(n, "starts", &p);
+        if (ks > 0 && ks <= MAX_RANK) memcpy(starts, p, sizeof *p * (size_t)ks);
+        ke = node_attr_ints(n, "ends", &p);
+        if (ke > 0 && ke <= MAX_RANK) memcpy(ends, p, sizeof *p * (size_t)ke);
+        ka = node_attr_ints(n, "axes", &p);
+        if (ka > 0 && ka <= MAX_RANK) memcpy(axes, p, sizeof *p * (size_t)ka);
+        kt = -3;
+    } else {
+        ks = in_ints(n, 1, starts, MAX_RANK * 2);
+        ke = in_ints(n, 2, ends, MAX_RANK * 2);
+        ka = n->n_in > 3 && n->in[3] ? in_ints(n, 3, axes, MAX_RANK * 2) : -3;
+        kt = n->n_in > 4 && n->in[4] ? in_ints(n, 4, steps, MAX_RANK * 2) : -3;
+        if (ks == -1 || ke == -1 || ka == -1 || kt == -1) return false;
+    }
+    if (ks < 0 || ke != ks || ks > x->rank || (ka >= 0 && ka != ks) || (kt >= 0 && kt != ks)) {
+        *err = true;
+        return op_error((OpCtx *)c, n, "starts, ends, axes and steps must have equal lengths up to the rank");
+    }
+    if (ka < 0) for (int i = 0; i < ks; i++) axes[i] = i;
+    if (kt < 0) for (int i = 0; i < ks; i++) steps[i] = 1;
+    for (int j = 0; j < x->rank; j++) {
+        out[j] = x->dims[j];
+        sp->start[j] = 0;
+        sp->step[j] = 1;
+    }
+    bool seen[MAX_RANK] = {0};
+    for (int i = 0; i < ks; i++) {
+        int64_t a = axes[i];
+        if (!norm_axis(c, n, &a, x->rank) || seen[a]) {
+            *err = true;
+            return seen[a] ? op_error(c, n, "axis %lld repeated", (long long)a) : false;
+        }
+        seen[a] = true;
+        if (steps[i] == 0) { *err = true; return op_error(c, n, "step is 0"); }
+        Dim d = x->dims[a];
+        int64_t s = starts[i], e = ends[i], st = steps[i];
+        if (!dim_is_const(d)) {
+            /* A full slice of a symbolic dimension keeps it. */
+            if (s == 0 && st == 1 && e >= INT32_MAX) continue;
+            out[a] = dim_unknown();
+            continue;
+        }
+        int64_t len = d.k;
+        if (s < 0) s += len;
+        if (e < 0) e += len;
+        if (st > 0) {
+            s = s < 0 ? 0 : s > len ? len : s;
+            e = e < 0 ? 0 : e > len ? len : e;
+            out[a] = dim_const(e > s ? (e - s + st - 1) / st : 0);
+        } else {
+            s = s < 0 ? -1 : s > len - 1 ? len - 1 : s;
+            e = e < -1 ? -1 : e > len - 1 ? len - 1 : e;
+            out[a] = dim_const(s > e ? (s - e - st - 1) / -st : 0);
+        }
+        sp->start[a] = s;
+        sp->step[a] = st;
+    }
+    return true;
+}
+
+static bool infer_slice(OpCtx *c, Node *n) {
+    SliceSpec sp;
+    Dim out[MAX_RANK];
+    bool err;
+    if (!slice_params(c, n, &sp, out, &err)) {
+        if (err) return false;
+        set_out(n, 0, n->in[0]->dtype, n->in[0]->rank, NULL);
+        for (int j = 0; j < n->in[0]->rank; j++) n->out[0]->dims[j] = dim_unknown();
+        return true;
+    }
+    set_out(n, 0, n->in[0]->dtype, n->in[0]->rank, out);
+    return true;
+}
+
+static int64_t map_slice(const Node *n, int64_t e, const void *ctx) {
+    const SliceSpec *sp = ctx;
+    const Value *x = n->in[0], *y = n->out[0];
+    int64_t xs[MAX_RANK], src = 0;
+    shape_strides(x, xs);
+    for (int i = y->rank - 1; i >= 0; i--) {
+        int64_t coord = e % y->dims[i].k;
+        e /= y->dims[i].k;
+        src += (sp->start[i] + coord * sp->step[i]) * xs[i];
+    }
+    return src;
+}
+
+static FoldResult fold_slice(OpCtx *c, Node *n) {
+    SliceSpec sp;
+    Dim out[MAX_RANK];
+    bool err;
+    if (!slice_params(c, n, &sp, out, &err)) return err ? FOLD_ERROR : FOLD_NO;
+    return fold_map(c, n, map_slice, &sp);
+}
+
+/* ---- Gather ---- */
+
+static bool infer_gather(OpCtx *c, Node *n) {
+    const Value *x = n->in[0], *idx = n->in[1];
+    if (idx->dtype != DT_UNDEFINED && idx->dtype != DT_INT64 && idx->dtype != DT_INT32)
+        return op_error(c, n, "indices '%s' are %s; int32 or int64 required", idx->name, dtype_name(idx->dtype));
+    int64_t axis = node_attr_i(n, "axis", 0);
+    if (!norm_axis(c, n, &axis, x->rank)) return false;
+    int r = x->rank - 1 + idx->rank;
+    if (r > MAX_RANK) return op_error(c, n, "result rank %d exceeds %d", r, MAX_RANK);
+    Dim out[MAX_RANK];
+    int k = 0;
+    for (int j = 0; j < axis; j++) out[k++] = x->dims[j];
+    for (int j = 0; j < idx->rank; j++) out[k++] = idx->dims[j];
+    for (int j = (int)axis + 1; j < x->rank; j++) out[k++] = x->dims[j];
+    /* Constant indices must lie inside the axis. */
+    if (in_const(n, 1) && dim_is_const(x->dims[axis])) {
+        int64_t len = x->dims[axis].k;
+        for (int64_t i = 0; i < idx->konst->n; i++) {
+            int64_t v = const_get_i(idx->konst, i);
+            if (v < -len || v >= len)
+                return op_error(c, n, "index %lld is out of range for axis %lld of size %lld", (long long)v,
+                                (long long)axis, (long long)len);
+        }
+    }
+    set_out(n, 0, x->dtype, r, out);
+    return true;
+}
+
+static int64_t map_gather(const Node *n, int64_t e, const void *ctx) {
+    (void)ctx;
+    const Value *x = n->in[0], *idx = n->in[1];
+    int64_t axis = node_attr_i(n, "axis", 0);
+    if (axis < 0) axis += x->rank;
+    int64_t inner = 1, n_idx = idx->konst->n, len = x->dims[axis].k;
+    for (int j = (int)axis + 1; j < x->rank; j++) inner *= x->dims[j].k;
+    int64_t in_pos = e % inner, rest = e / inner;
+    int64_t ii = rest % n_idx, outer = rest / n_idx;
+    int64_t v = const_get_i(idx->konst, ii);
+    if (v < 0) v += len;
+    return (outer * len + v) * inner + in_pos;
+}
+
+static FoldResult fold_gather(OpCtx *c, Node *n) {
+    if (!in_const(n, 1) || n->in[1]->konst->sym || !value_shape_known(n->in[1])) return FOLD_NO;
+    return fold_map(c, n, map_gather, NULL);
+}
+
+/* ---- Expand ---- */
+
+static bool infer_expand(OpCtx *c, Node *n) {
+    const Value *x = n->in[0], *s = n->in[1];
+    if (s->rank != 1 || !dim_is_const(s->dims[0]))
+        return op_error(c, n, "shape input '%s' must be 1-D with a known length", s->name);
+    int k = (int)s->dims[0].k;
+    if (k > MAX_RANK) return op_error(c, n, "target rank %d exceeds %d", k, MAX_RANK);
+    int r = k > x->rank ? k : x->rank;
+    if (!in_const(n, 1)) {
+        Dim unk[MAX_RANK];
+        for (int i = 0; i < r; i++) unk[i] = dim_unknown();
+        set_out(n, 0, x->dtype, r, unk);
+        return true;
+    }
+    /* Broadcast the input against a temporary value holding the shape. */
+    Value tmp = {.name = s->name, .rank = k};
+    for (int i = 0; i < k; i++) tmp.dims[i] = const_get_dim(s->konst, i);
+    Node probe = *n;
+    Value *ins[2] = {n->in[0], &tmp};
+    probe.in = ins;
+    probe.n_in = 2;
+    Dim out[MAX_RANK];
+    if (!broadcast_inputs(c, &probe, 0, 2, out, &r)) return false;
+    set_out(n, 0, x->dtype, r, out);
+    return true;
+}
+
+static int64_t map_expand(const Node *n, int64_t e, const void *ctx) {
+    (void)ctx;
+    return broadcast_src_index(n->out[0], n->in[0], e);
+}
+
+static FoldResult fold_expand(OpCtx *c, Node *n) { return fold_map(c, n, map_expand, NULL); }
+
+/* ---- Constant ---- */
+
+static bool infer_constant(OpCtx *c, Node *n) {
+    if (n->n_attr != 1) return op_error(c, n, "exactly one value attribute is required, found %d", n->n_attr);
+    const Attr *a = &n->attrs[0];
+    Value *y = n->out[0];
+    if (strcmp(a->name, "value") == 0 && a->tensor) {
+        set_out(n, 0, a->tensor->dtype, a->tensor->rank, a->tensor->dims);
+    } else if (strcmp(a->name, "value_float") == 0 || strcmp(a->name, "value_int") == 0) {
+        set_out(n, 0, a->name[6] == 'f' ? DT_FLOAT : DT_INT64, 0, NULL);
+    } else if (strcmp(a->name, "value_floats") == 0 || strcmp(a->name, "value_ints") == 0) {
+        Dim d = dim_const(a->n);
+        set_out(n, 0, a->name[6] == 'f' ? DT_FLOAT : DT_INT64, 1, &d);
+    } else {
+        return op_error_kind(c, n, DIAG_UNSUPPORTED, "attribute '%s' is not supported", a->name);
+    }
+    (void)y;
+    return true;
+}
+
+static FoldResult fold_constant(OpCtx *c, Node *n) {
+    const Attr *a = &n->attrs[0];
+    Const *r = fold_out(c, n, 0);
+    if (!r) return FOLD_NO;
+    for (int64_t i = 0; i < r->n; i++) {
+        if (a->tensor) const_copy_elem(c->g, r, i, a->tensor->konst, i);
+        else if (a->kind == ATTR_FLOAT) const_set_f(r, i, a->f);
+        else if (a->kind == ATTR_INT) const_set_i(r, i, a->i);
+        else if (a->kind == ATTR_FLOATS) const_set_f(r, i, a->floats[i]);
+        else const_set_i(r, i, a->ints[i]);
+    }
+    return FOLD_DONE;
+}
+
+/* ---- ConstantOfShape ---- */
+
+static bool infer_constant_of_shape(OpCtx *c, Node *n) {
+    const Attr *a = node_attr(n, "value");
+    DType t = a && a->tensor ? a->tensor->dtype : DT_FLOAT;
+    if (a && a->tensor && a->tensor->konst->n != 1) return op_error(c, n, "'value' must hold one element");
+    const Value *s = n->in[0];
+    if (s->rank != 1 || !dim_is_const(s->dims[0]) || s->dims[0].k > MAX_RANK)
+        return op_error(c, n, "shape input must be 1-D with at most %d entries", MAX_RANK);
+    int k = (int)s->dims[0].k;
+    Dim out[MAX_RANK];
+    for (int i = 0; i < k; i++) {
+        out[i] = in_const(n, 0) ? const_get_dim(s->konst, i) : dim_unknown();
+        if (dim_is_const(out[i]) && out[i].k < 0) return op_error(c, n, "negative dimension %lld", (long long)out[i].k);
+    }
+    set_out(n, 0, t, k, out);
+    return true;
+}
+
+static FoldResult fold_constant_of_shape(OpCtx *c, Node *n) {
+    if (!value_shape_known(n->out[0])) return FOLD_NO;
+    const Attr *a = node_attr(n, "value");
+    Const *r = fold_out(c, n, 0);
+    if (!r) return FOLD_NO;
+    for (int64_t i = 0; i < r->n; i++)
+        if (a && a->tensor) const_copy_elem(c->g, r, i, a->tensor->konst, 0);
+    return FOLD_DONE;
+}
+
+/* ---- Range ---- */
+
+static bool infer_range(OpCtx *c, Node *n) {
+    DType t;
+    if (!same_dtype(c, n, 0, 3, &t)) return false;
+    for (int i = 0; i < 3; i++)
+        if (n->in[i]->rank != 0) return op_error(c, n, "input '%s' must be a scalar", n->in[i]->name);
+    Dim len = dim_unknown();
+    if (in_const(n, 0) && in_const(n, 1) && in_const(n, 2)) {
+        double s = const_get_f(n->in[0]->konst, 0), l = const_get_f(n->in[1]->konst, 0),
+               d = const_get_f(n->in[2]->konst, 0);
+        if (d == 0) return op_error(c, n, "delta is 0");
+        double cnt = ceil((l - s) / d);
+        if (!(cnt < 1e12)) return op_error(c, n, "range is too long");
+        len = dim_const(cnt > 0 ? (int64_t)cnt : 0);
+    }
+    set_out(n, 0, t, 1, &len);
+    return true;
+}
+
+static FoldResult fold_range(OpCtx *c, Node *n) {
+    if (!value_shape_known(n->out[0])) return FOLD_NO;
+    Const *r = fold_out(c, n, 0);
+    if (!r) return FOLD_NO;
+    bool ints = r->store == DT_INT64;
+    for (int64_t i = 0; i < r->n; i++) {
+        if (ints) const_set_i(r, i, const_get_i(n->in[0]->konst, 0) + i * const_get_i(n->in[2]->konst, 0));
+        else const_set_f(r, i, const_get_f(n->in[0]->konst, 0) + (double)i * const_get_f(n->in[2]->konst, 0));
+    }
+    return FOLD_DONE;
+}
+
+static double flops_zero(const Node *n) { (void)n; return 0; }
+
+static const AttrSpec attrs_none[] = {{0}};
+static const AttrSpec attrs_shape[] = {{"start", ATTR_INT, .i = 0}, {"end", ATTR_INT}, {0}};
+static const AttrSpec attrs_reshape[] = {{"allowzero", ATTR_INT, .i = 0}, {"shape", ATTR_INTS}, {0}};
+static const AttrSpec attrs_axis1[] = {{"axis", ATTR_INT, .i = 1}, {0}};
+static const AttrSpec attrs_axis0[] = {{"axis", ATTR_INT, .i = 0}, {0}};
+static const AttrSpec attrs_axes[] = {{"axes", ATTR_INTS}, {0}};
+static const AttrSpec attrs_perm[] = {{"perm", ATTR_INTS}, {0}};
+static const AttrSpec attrs_slice[] = {{"starts", ATTR_INTS}, {"ends", ATTR_INTS}, {"axes", ATTR_INTS}, {0}};
+static const AttrSpec attrs_value[] = {{"value", ATTR_TENSOR}, {0}};
+
+const OpDef op_Shape = {"Shape", "", 1, 0, 1, 1, 1, 1, attrs_shape, 0, infer_shape, fold_shape, flops_zero};
+const OpDef op_Reshape = {"Reshape", "", 1, 0, 1, 2, 1, 1, attrs_reshape, 0, infer_reshape, fold_same_order, flops_zero};
+const OpDef op_Flatten = {"Flatten", "", 1, 0, 1, 1, 1, 1, attrs_axis1, 0, infer_flatten, fold_same_order, flops_zero};
+const OpDef op_Squeeze = {"Squeeze", "", 1, 0, 1, 2, 1, 1, attrs_axes, 0, infer_squeeze, fold_same_order, flops_zero};
+const OpDef op_Unsqueeze = {"Unsqueeze", "", 1, 0, 1, 2, 1, 1, attrs_axes, 0, infer_unsqueeze, fold_same_order, flops_zero};
+const OpDef op_Transpose = {"Transpose", "", 1, 0, 1, 1, 1, 1, attrs_perm, 0, infer_transpose, fold_transpose, flops_zero};
+const OpDef op_Concat = {"Concat", "", 1, 0, 1, 1 << 16, 1, 1, attrs_axis0, 0, infer_concat, fold_concat, flops_zero};
+const OpDef op_Slice = {"Slice", "", 1, 0, 1, 5, 1, 1, attrs_slice, 0, infer_slice, fold_slice, flops_zero};
+const OpDef op_Gather = {"Gather", "", 1, 0, 2, 2, 1, 1, attrs_axis0, 0, infer_gather, fold_gather, flops_zero};
+const OpDef op_Expand = {"Expand", "", 8, 0, 2, 2, 1, 1, attrs_none, 0, infer_expand, fold_expand, flops_zero};
+const OpDef op_Constant = {"Constant", "", 1, 0, 0, 0, 1, 1, attrs_none, 0, infer_constant, fold_constant, flops_zero};
+const OpDef op_ConstantOfShape = {"ConstantOfShape", "", 9, 0, 1, 1, 1, 1, attrs_value, 0, infer_constant_of_shape, fold_constant_of_shape, flops_zero};
+const OpDef op_Range = {"Range", "", 11, 0, 3, 3, 1, 1, attrs_none, 0, infer_range, fold_range, flops_zero};

@@ -1,0 +1,51 @@
+#!/usr/bin/python3
+"""Export cleave's sample models (mlp, cnn, transformer) to ONNX.
+
+The model definitions live in tests/py/torch_models.py so the tests can build
+the very same models.  Weights are seeded, so re-running this script gives the
+same models.
+
+    /usr/bin/python3 samples/export_samples.py [--out DIR] [--only NAME ...]
+"""
+
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.dont_write_bytecode = True  # keep tests/py free of __pycache__
+sys.path.insert(0, os.path.join(HERE, os.pardir, "tests", "py"))
+
+try:
+    import torch  # noqa: F401
+except ImportError:
+    sys.exit("export_samples.py needs torch; run it with /usr/bin/python3 (Debian's python3-torch)")
+
+import torch_models  # noqa: E402
+
+MAX_BYTES = 1 << 20
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=HERE, help="output folder (default: %(default)s)")
+    ap.add_argument("--only", nargs="+", choices=sorted(torch_models.MODELS),
+                    help="export only these models")
+    args = ap.parse_args()
+
+    os.makedirs(args.out, exist_ok=True)
+    names = args.only or list(torch_models.MODELS)
+    for name in names:
+        spec = torch_models.MODELS[name]
+        model = spec.build()
+        path = os.path.join(args.out, name + ".onnx")
+        torch_models.export_onnx(spec, model, path)
+        size = os.path.getsize(path)
+        print("%-12s %8d params  %8d bytes  %s" % (
+            name, torch_models.param_count(model), size, os.path.relpath(path)))
+        if size >= MAX_BYTES:
+            sys.exit("%s is %d bytes; samples must stay under 1 MB" % (path, size))
+
+
+if __name__ == "__main__":
+    main()
