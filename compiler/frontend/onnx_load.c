@@ -140,11 +140,10 @@ static bool read_nodes_outputs(Loader *L, const Onnx__GraphProto *gp) {
         for (size_t k = 0; k < np->n_output; k++) {
             if (!np->output[k] || !*np->output[k]) continue; /* omitted optional output */
             Value *v;
-            if (!define(L, np->output[k], &v)) {
-                L->d->code = DIAG_OK; /* re-report with the node named */
+            if (graph_find_value(L->g, np->output[k]))
                 return diag_error(L->d, DIAG_GRAPH, "%s: node '%s' (%s): output '%s' is already defined elsewhere",
                                   L->g->path, n->name, n->op_type, np->output[k]);
-            }
+            if (!define(L, np->output[k], &v)) return false;
             v->producer = n;
             v->producer_slot = (int)k;
             n->out[k] = v;
@@ -190,6 +189,7 @@ static bool read_graph(Loader *L, const Onnx__GraphProto *gp) {
     if (gp->n_sparse_initializer)
         return diag_error(L->d, DIAG_UNSUPPORTED, "%s: sparse initializers are not supported", g->path);
     g->inputs = ARENA_ARRAY(&g->arena, Value *, gp->n_input ? gp->n_input : 1);
+    if (!g->inputs) return diag_error(L->d, DIAG_NOMEM, "%s: out of memory", g->path);
     for (size_t i = 0; i < gp->n_input; i++) {
         const char *name = gp->input[i]->name;
         Value *v = name ? graph_find_value(g, name) : NULL;
@@ -204,6 +204,7 @@ static bool read_graph(Loader *L, const Onnx__GraphProto *gp) {
     }
     if (!read_nodes_outputs(L, gp) || !resolve_node_inputs(L, gp)) return false;
     g->outputs = ARENA_ARRAY(&g->arena, Value *, gp->n_output ? gp->n_output : 1);
+    if (!g->outputs) return diag_error(L->d, DIAG_NOMEM, "%s: out of memory", g->path);
     for (size_t i = 0; i < gp->n_output; i++) {
         const char *name = gp->output[i]->name ? gp->output[i]->name : "";
         Value *v = graph_find_value(g, name);
@@ -243,9 +244,11 @@ static bool read_model(Loader *L, const Onnx__ModelProto *m) {
     g->producer_version = arena_strdup(&g->arena, m->producer_version ? m->producer_version : "");
     g->doc = arena_strdup(&g->arena, m->doc_string ? m->doc_string : "");
     g->opsets = ARENA_ARRAY(&g->arena, Opset, m->n_opset_import ? m->n_opset_import : 1);
+    if (!g->opsets || g->arena.failed) return diag_error(L->d, DIAG_NOMEM, "%s: out of memory", g->path);
     for (size_t i = 0; i < m->n_opset_import; i++) {
         const Onnx__OperatorSetIdProto *o = m->opset_import[i];
         g->opsets[g->n_opsets].domain = arena_strdup(&g->arena, o->domain ? o->domain : "");
+        if (!g->opsets[g->n_opsets].domain) return diag_error(L->d, DIAG_NOMEM, "%s: out of memory", g->path);
         g->opsets[g->n_opsets].version = o->has_version ? o->version : 0;
         g->n_opsets++;
     }

@@ -65,6 +65,10 @@ Graph *graph_new(const char *path) {
     g->path = arena_strdup(&g->arena, path ? path : "<memory>");
     g->n_syms = 1; /* id 0 means "no symbol" */
     g->syms = ARENA_ARRAY(&g->arena, const char *, 64);
+    if (!g->path || !g->syms) {
+        graph_free(g);
+        return NULL;
+    }
     return g;
 }
 
@@ -88,10 +92,11 @@ static void *grow(Arena *a, void *old, int count, int *cap, size_t elem) {
 Value *graph_add_value(Graph *g, const char *name) {
     Value **vals = grow(&g->arena, g->values, g->n_values, &g->cap_values, sizeof *vals);
     Value *v = ARENA_NEW(&g->arena, Value);
-    if (!vals || !v) return NULL;
+    const char *vname = arena_strdup(&g->arena, name ? name : "");
+    if (!vals || !v || !vname) return NULL;
     g->values = vals;
     v->id = g->n_values;
-    v->name = arena_strdup(&g->arena, name ? name : "");
+    v->name = vname;
     v->rank = -1;
     g->values[g->n_values++] = v;
     return v;
@@ -112,7 +117,7 @@ Node *graph_add_node(Graph *g, const char *name, const char *op_type, const char
     n->n_out = n_out;
     n->in = ARENA_ARRAY(&g->arena, Value *, n_in ? n_in : 1);
     n->out = ARENA_ARRAY(&g->arena, Value *, n_out ? n_out : 1);
-    if (!n->in || !n->out || !n->name) return NULL;
+    if (!n->in || !n->out || !n->name || !n->op_type || !n->domain) return NULL;
     g->nodes[g->n_nodes++] = n;
     return n;
 }
@@ -129,6 +134,7 @@ int graph_symbol(Graph *g, const char *name) {
         if (strcmp(g->syms[i], name) == 0) return i;
     if (g->n_syms >= 64) return DIM_UNKNOWN;
     g->syms[g->n_syms] = arena_strdup(&g->arena, name);
+    if (!g->syms[g->n_syms]) return DIM_UNKNOWN; /* arena->failed reports it */
     return g->n_syms++;
 }
 

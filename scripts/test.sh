@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what is missing, builds with warnings as
+# errors, runs every test, then again under AddressSanitizer and
+# UndefinedBehaviorSanitizer, then the front-end fuzzer for a bounded time.
+#   FUZZ_SECONDS (default 60) bounds the fuzzing; 0 skips it.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+jobs=$(nproc 2>/dev/null || echo 2)
+
+bash scripts/setup.sh
+
+echo "== build (warnings are errors)"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCLEAVE_WERROR=ON >/dev/null
+cmake --build build -j "$jobs"
+echo "== tests"
+(cd build && ctest --output-on-failure)
+
+echo "== build with ASan+UBSan"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCLEAVE_WERROR=ON -DCLEAVE_SANITIZE=ON >/dev/null
+cmake --build build-asan -j "$jobs"
+echo "== tests under ASan+UBSan"
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --output-on-failure)
+
+fuzz_seconds=${FUZZ_SECONDS:-60}
+if [ "$fuzz_seconds" -gt 0 ] && [ -f tests/fuzz/run_fuzz.sh ]; then
+  echo "== fuzzing the front end for ${fuzz_seconds}s"
+  CC=clang-16 cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DCLEAVE_FUZZ=ON >/dev/null
+  cmake --build build-fuzz -j "$jobs" --target fuzz_onnx_load
+  bash tests/fuzz/run_fuzz.sh build-fuzz "$fuzz_seconds"
+fi
+echo "== all tests passed"
