@@ -11,6 +11,7 @@
 #define CLEAVE_VERSION "0.1.0"
 
 int cmd_inspect(int argc, char **argv);
+int cmd_ops(int argc, char **argv);
 
 /* Prints "cleave: <msg>" and returns the status for its code. */
 int cli_fail(const Diag *d);
