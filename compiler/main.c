@@ -11,6 +11,7 @@ static const char main_help[] =
     "\n"
     "commands:\n"
     "  inspect MODEL.onnx   shapes, parameters, FLOPs and unsupported ops of a model\n"
+    "  compile MODEL.onnx   a training program for the model\n"
     "  ops                  the operators cleave supports\n"
     "\n"
     "  cleave <command> --help   options of a command\n"
@@ -31,6 +32,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (strcmp(cmd, "inspect") == 0) return cmd_inspect(argc - 2, argv + 2);
+    if (strcmp(cmd, "compile") == 0) return cmd_compile(argc - 2, argv + 2);
     if (strcmp(cmd, "ops") == 0) return cmd_ops(argc - 2, argv + 2);
     fprintf(stderr, "cleave: unknown command '%s' (see 'cleave --help')\n", cmd);
     return 2;

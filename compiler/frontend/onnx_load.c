@@ -87,15 +87,17 @@ static bool read_attr(Loader *L, Node *n, const Onnx__AttributeProto *ap, Attr *
     case ATTR_STRING:
         a->s = arena_strndup(&g->arena, (const char *)ap->s.data, ap->s.len);
         return a->s != NULL;
+    /* An empty list arrives as a NULL array, which memcpy may not see even
+     * for 0 bytes. */
     case ATTR_FLOATS:
         a->n = (int)ap->n_floats;
         a->floats = ARENA_ARRAY(&g->arena, float, ap->n_floats);
-        if (a->floats) memcpy(a->floats, ap->floats, ap->n_floats * sizeof(float));
+        if (a->floats && ap->n_floats) memcpy(a->floats, ap->floats, ap->n_floats * sizeof(float));
         return a->floats != NULL;
     case ATTR_INTS:
         a->n = (int)ap->n_ints;
         a->ints = ARENA_ARRAY(&g->arena, int64_t, ap->n_ints);
-        if (a->ints) memcpy(a->ints, ap->ints, ap->n_ints * sizeof(int64_t));
+        if (a->ints && ap->n_ints) memcpy(a->ints, ap->ints, ap->n_ints * sizeof(int64_t));
         return a->ints != NULL;
     case ATTR_STRINGS:
         a->n = (int)ap->n_strings;

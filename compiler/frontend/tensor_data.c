@@ -7,8 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
-#include "file_util.h"
 #include "onnx.h"
 
 static float half_to_float(uint16_t h) {
@@ -116,39 +116,65 @@ static uint8_t *read_external(const Onnx__TensorProto *t, const char *model_dir,
                    model_path, what, location);
         return NULL;
     }
-    size_t flen = 0;
-    uint8_t *all = file_read_all(real_file, &flen, d);
-    if (!all) return NULL;
-    if (length < 0) length = (int64_t)flen - offset;
-    if (offset > (int64_t)flen || length > (int64_t)flen - offset) {
-        free(all);
-        diag_error(d, DIAG_FORMAT,
-                   "%s: %s: external data [offset %lld, length %lld] lies outside '%s' (%zu bytes)",
-                   model_path, what, (long long)offset, (long long)length, location, flen);
+    /* Only the wanted range is read: one external file usually holds every
+     * weight of the model, and reading all of it per tensor would cost
+     * its size times the tensor count. */
+    struct stat st;
+    FILE *f = NULL;
+    if (stat(real_file, &st) != 0 || !S_ISREG(st.st_mode) || !(f = fopen(real_file, "rb"))) {
+        diag_error(d, DIAG_IO, "%s: %s: external data file '%s' is not a readable regular file", model_path, what,
+                   location);
         return NULL;
     }
-    if ((size_t)length != want) {
-        free(all);
+    int64_t flen = (int64_t)st.st_size;
+    /* Offset first: a missing length defaults to the rest of the file,
+     * which is negative when the offset lies past the end. */
+    if (offset > flen) {
+        fclose(f);
+        diag_error(d, DIAG_FORMAT, "%s: %s: external data offset %lld lies past the end of '%s' (%lld bytes)",
+                   model_path, what, (long long)offset, location, (long long)flen);
+        return NULL;
+    }
+    if (length < 0) length = flen - offset;
+    if (length > flen - offset) {
+        fclose(f);
+        diag_error(d, DIAG_FORMAT,
+                   "%s: %s: external data [offset %lld, length %lld] lies outside '%s' (%lld bytes)", model_path,
+                   what, (long long)offset, (long long)length, location, (long long)flen);
+        return NULL;
+    }
+    if ((uint64_t)length != want) {
+        fclose(f);
         diag_error(d, DIAG_FORMAT, "%s: %s: external data holds %lld bytes, the shape needs %zu", model_path,
                    what, (long long)length, want);
         return NULL;
     }
     uint8_t *out = malloc(want ? want : 1);
     if (!out) {
-        free(all);
+        fclose(f);
         diag_error(d, DIAG_NOMEM, "%s: %s: out of memory", model_path, what);
         return NULL;
     }
-    memcpy(out, all + offset, want);
-    free(all);
+    bool ok = fseeko(f, (off_t)offset, SEEK_SET) == 0 && fread(out, 1, want, f) == want;
+    fclose(f);
+    if (!ok) {
+        free(out);
+        diag_error(d, DIAG_IO, "%s: %s: read error in external data file '%s'", model_path, what, location);
+        return NULL;
+    }
     return out;
 }
 
-/* Checks a typed repeated field's count against the element count. */
-static bool count_ok(size_t have, int64_t n, const char *field, const Graph *g, const char *what, Diag *d) {
-    if ((int64_t)have == n) return true;
-    return diag_error(d, DIAG_FORMAT, "%s: %s: %s holds %zu values, the shape needs %lld", g->path, what, field,
-                      have, (long long)n);
+/* The typed repeated field holding t's values when raw_data is absent. */
+static size_t typed_count(const Onnx__TensorProto *t, DType dt, const char **field) {
+    switch (dt) {
+    case DT_FLOAT: *field = "float_data"; return t->n_float_data;
+    case DT_DOUBLE: *field = "double_data"; return t->n_double_data;
+    case DT_INT64: *field = "int64_data"; return t->n_int64_data;
+    case DT_UINT32:
+    case DT_UINT64: *field = "uint64_data"; return t->n_uint64_data;
+    default: *field = "int32_data"; return t->n_int32_data;
+    }
 }
 
 bool tensor_to_value(Graph *g, const Onnx__TensorProto *t, const char *model_dir, const char *what, Value *v,
@@ -171,50 +197,60 @@ bool tensor_to_value(Graph *g, const Onnx__TensorProto *t, const char *model_dir
                               g->path, what, (long long)ONNX_MAX_TENSOR_BYTES);
         n *= k;
     }
+    size_t bytes = (size_t)n * esize;
+
+    /* The contents are checked against the shape before the Const is
+     * allocated: a few bytes of protobuf can declare gigabytes. */
+    uint8_t *ext = NULL;
+    const uint8_t *raw = NULL;
+    if (t->has_data_location && t->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL) {
+        ext = read_external(t, model_dir, what, g->path, bytes, d);
+        if (!ext) return false;
+        raw = ext;
+    } else if (t->has_raw_data) {
+        if (t->raw_data.len != bytes)
+            return diag_error(d, DIAG_FORMAT, "%s: %s: raw_data holds %zu bytes, the shape needs %zu", g->path, what,
+                              t->raw_data.len, bytes);
+        raw = t->raw_data.data;
+    } else {
+        const char *field;
+        size_t have = typed_count(t, dt, &field);
+        if ((int64_t)have != n)
+            return diag_error(d, DIAG_FORMAT, "%s: %s: %s holds %zu values, the shape needs %lld", g->path, what,
+                              field, have, (long long)n);
+    }
     v->dtype = dt;
     v->file_dtype = dt;
     v->rank = (int)t->n_dims;
     for (size_t i = 0; i < t->n_dims; i++) v->dims[i] = dim_const(t->dims[i]);
     Const *c = const_new(g, dtype_store(dt), n);
-    if (!c) return diag_error(d, DIAG_NOMEM, "%s: %s: out of memory", g->path, what);
-    v->konst = c;
-    size_t bytes = (size_t)n * esize;
-
-    if (t->has_data_location && t->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL) {
-        uint8_t *buf = read_external(t, model_dir, what, g->path, bytes, d);
-        if (!buf) return false;
-        for (int64_t i = 0; i < n; i++) store_raw(c, dt, buf + (size_t)i * esize, i);
-        free(buf);
-        return true;
+    if (!c) {
+        free(ext);
+        return diag_error(d, DIAG_NOMEM, "%s: %s: out of memory", g->path, what);
     }
-    if (t->has_raw_data) {
-        if (t->raw_data.len != bytes)
-            return diag_error(d, DIAG_FORMAT, "%s: %s: raw_data holds %zu bytes, the shape needs %zu", g->path, what,
-                              t->raw_data.len, bytes);
-        for (int64_t i = 0; i < n; i++) store_raw(c, dt, t->raw_data.data + (size_t)i * esize, i);
+    v->konst = c;
+    if (raw) {
+        for (int64_t i = 0; i < n; i++) store_raw(c, dt, raw + (size_t)i * esize, i);
+        free(ext);
         return true;
     }
     switch (dt) {
     case DT_FLOAT:
-        if (!count_ok(t->n_float_data, n, "float_data", g, what, d)) return false;
         for (int64_t i = 0; i < n; i++) const_set_f(c, i, t->float_data[i]);
-        return true;
+        break;
     case DT_DOUBLE:
-        if (!count_ok(t->n_double_data, n, "double_data", g, what, d)) return false;
         for (int64_t i = 0; i < n; i++) const_set_f(c, i, t->double_data[i]);
-        return true;
+        break;
     case DT_INT64:
-        if (!count_ok(t->n_int64_data, n, "int64_data", g, what, d)) return false;
         for (int64_t i = 0; i < n; i++) const_set_i(c, i, t->int64_data[i]);
-        return true;
+        break;
     case DT_UINT32:
     case DT_UINT64:
-        if (!count_ok(t->n_uint64_data, n, "uint64_data", g, what, d)) return false;
         for (int64_t i = 0; i < n; i++) const_set_i(c, i, (int64_t)t->uint64_data[i]);
-        return true;
+        break;
     default:
-        if (!count_ok(t->n_int32_data, n, "int32_data", g, what, d)) return false;
         for (int64_t i = 0; i < n; i++) store_int32_field(c, dt, t->int32_data[i], i);
-        return true;
+        break;
     }
+    return true;
 }

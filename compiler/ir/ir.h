@@ -76,6 +76,7 @@ typedef enum {
     VAL_INPUT,            /* fed at run time */
     VAL_INITIALIZER,      /* tensor from the model file */
     VAL_CONSTANT,         /* produced by folding or a Constant node */
+    VAL_STATE,            /* runtime state: optimizer moments, lr, step */
 } ValueKind;
 
 typedef struct Value {
@@ -125,8 +126,13 @@ typedef struct Attr {
 
 struct OpDef;
 
+/* Which part of a training step a node belongs to; eval steps run the
+ * forward and loss phases only. */
+typedef enum { PHASE_FORWARD = 0, PHASE_LOSS, PHASE_BACKWARD, PHASE_OPTIMIZER } NodePhase;
+
 struct Node {
     int id;
+    NodePhase phase;
     const char *name;
     const char *op_type;
     const char *domain; /* "" for the default ONNX domain */

@@ -34,6 +34,12 @@ void set_out(Node *n, int k, DType t, int rank, const Dim *dims) {
     else value_set_shape(v, rank, dims);
 }
 
+void set_out_unknown(Node *n, int k, DType t, int rank) {
+    Dim unk[MAX_RANK];
+    for (int i = 0; i < rank && i < MAX_RANK; i++) unk[i] = dim_unknown();
+    set_out(n, k, t, rank, unk);
+}
+
 void same_as_input(Node *n, int k, int i) {
     const Value *x = n->in[i];
     set_out(n, k, x->dtype, x->rank, x->dims);
@@ -151,6 +157,9 @@ int64_t broadcast_src_index(const Value *out, const Value *in, int64_t flat) {
 FoldResult fold_elementwise(OpCtx *c, Node *n, FoldFnF fn_f, FoldFnI fn_i) {
     enum { MAXIN = 4 };
     if (n->n_in > MAXIN) return FOLD_NO;
+    /* Binary ops before opset 7 align B with A at 'axis', not numpy-style
+     * as broadcast_src_index does: such nodes stay unfolded. */
+    if (c->opset < 7 && node_attr(n, "axis")) return FOLD_NO;
     for (int i = 0; i < n->n_in; i++) {
         if (!n->in[i]) continue;
         if (!in_const(n, i) || !value_shape_known(n->in[i]) || n->in[i]->konst->sym) return FOLD_NO;

@@ -14,6 +14,9 @@ bool op_error_kind(OpCtx *c, const Node *n, DiagCode code, const char *fmt, ...)
 
 /* Sets output k's dtype and shape (rank -1: unknown). */
 void set_out(Node *n, int k, DType t, int rank, const Dim *dims);
+/* Sets output k's dtype and a rank whose dims are all unknown (rank -1:
+ * unknown rank), for rules whose operands are not constant. */
+void set_out_unknown(Node *n, int k, DType t, int rank);
 /* Output k takes input i's dtype and shape. */
 void same_as_input(Node *n, int k, int i);
 

@@ -26,6 +26,9 @@ typedef struct OpCtx {
     int64_t opset; /* version of the node's domain imported by the model */
 } OpCtx;
 
+typedef struct GradCtx GradCtx; /* autodiff/grad.h */
+typedef struct Cg Cg;           /* codegen/cg.h */
+
 /* Result of a fold rule. */
 typedef enum { FOLD_NO = 0, FOLD_DONE = 1, FOLD_ERROR = 2 } FoldResult;
 
@@ -48,6 +51,15 @@ typedef struct OpDef {
     /* Forward floating-point operations of the node at its inferred shapes.
      * NULL: one per output element. */
     double (*flops)(const Node *n);
+    /* Reverse-mode rule: given dy[k], the gradient of each output (NULL when
+     * output k gets none), sets dx[i] for every input i with need[i], built
+     * from graph ops with the autodiff/grad.h builders.  NULL: the op has
+     * no gradient. */
+    bool (*grad)(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need);
+    /* Emits the node's kernel (codegen/cg.h).  NULL: no code generation. */
+    bool (*cg)(Cg *c, const Node *n);
+    /* Bit i: input i's buffer is updated in place (optimizer state). */
+    uint32_t mutates_inputs;
 } OpDef;
 
 /* Table lookup by (domain, name); NULL if unknown. */

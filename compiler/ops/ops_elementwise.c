@@ -1,12 +1,53 @@
 /* ops_elementwise.c - element-wise operators: arithmetic with numpy
- * broadcasting, activations, comparisons, Where, Cast, Identity, Dropout,
- * and the shape-preserving Softmax family. */
+ * broadcasting, Max/Min, activations, comparisons and logic, Where,
+ * Cast/CastLike, Identity, Dropout, and the shape-preserving Softmax
+ * family. */
 #include <math.h>
 
 #include "op_util.h"
 #include "ops_families.h"
+#include "../autodiff/grad.h"
+#include "../codegen/cg.h"
 
 /* ---- shape rules ---- */
+
+/* Before opset 7 the binary ops did not broadcast numpy-style: with
+ * broadcast=1, B is either one element or a contiguous run of A's dims
+ * starting at 'axis' (a suffix when absent; dims of 1 in B are let
+ * through); without it the shapes are equal.  The result has A's shape. */
+static bool legacy_broadcast(OpCtx *c, const Node *n, Dim *dims, int *rank) {
+    const Value *a = n->in[0], *b = n->in[1];
+    int64_t axis = 0;
+    if (node_attr_i(n, "broadcast", 0) == 0) {
+        if (b->rank != a->rank)
+            return op_error(c, n, "'%s' has rank %d and '%s' rank %d; without broadcast=1 (opset %lld) the shapes "
+                            "must be equal", a->name, a->rank, b->name, b->rank, (long long)c->opset);
+    } else if (value_numel(b) != 1) {
+        const Attr *ax = node_attr(n, "axis");
+        axis = ax ? ax->i : a->rank - b->rank;
+        if (axis < 0) axis += a->rank;
+        if (b->rank > a->rank || axis < 0 || axis + b->rank > a->rank)
+            return op_error(c, n, "'%s' (rank %d) does not fit into '%s' (rank %d) at axis %lld", b->name, b->rank,
+                            a->name, a->rank, (long long)axis);
+    } else {
+        axis = -1; /* one element: nothing to match */
+    }
+    for (int j = 0; axis >= 0 && j < b->rank; j++) {
+        Dim x = a->dims[axis + j], y = b->dims[j];
+        if (dim_is_const(x) && dim_is_const(y) && x.k != y.k && y.k != 1)
+            return op_error(c, n, "dimension %lld of '%s' does not match %lld of '%s' (opset %lld broadcasting)",
+                            (long long)y.k, b->name, (long long)x.k, a->name, (long long)c->opset);
+    }
+    for (int j = 0; j < a->rank; j++) dims[j] = a->dims[j];
+    *rank = a->rank;
+    return true;
+}
+
+/* Broadcasting of a binary op at the node's opset. */
+static bool broadcast_binary(OpCtx *c, const Node *n, Dim *dims, int *rank) {
+    if (c->opset < 7) return legacy_broadcast(c, n, dims, rank);
+    return broadcast_inputs(c, n, 0, n->n_in, dims, rank);
+}
 
 /* Inputs of one dtype broadcast together; output of that dtype (or bool). */
 static bool infer_broadcast_as(OpCtx *c, Node *n, bool to_bool) {
@@ -14,13 +55,24 @@ static bool infer_broadcast_as(OpCtx *c, Node *n, bool to_bool) {
     if (!same_dtype(c, n, 0, n->n_in, &t)) return false;
     Dim dims[MAX_RANK];
     int rank;
-    if (!broadcast_inputs(c, n, 0, n->n_in, dims, &rank)) return false;
+    if (!broadcast_binary(c, n, dims, &rank)) return false;
     set_out(n, 0, to_bool ? DT_BOOL : t, rank, dims);
     return true;
 }
 
 static bool infer_broadcast(OpCtx *c, Node *n) { return infer_broadcast_as(c, n, false); }
 static bool infer_compare(OpCtx *c, Node *n) { return infer_broadcast_as(c, n, true); }
+
+/* Max, Min: any number of inputs of one dtype, numpy-broadcast together. */
+static bool infer_variadic(OpCtx *c, Node *n) {
+    DType t;
+    if (!same_dtype(c, n, 0, n->n_in, &t)) return false;
+    Dim dims[MAX_RANK];
+    int rank;
+    if (!broadcast_inputs(c, n, 0, n->n_in, dims, &rank)) return false;
+    set_out(n, 0, t, rank, dims);
+    return true;
+}
 
 static bool infer_unary(OpCtx *c, Node *n) {
     (void)c;
@@ -40,7 +92,7 @@ static bool infer_float_unary(OpCtx *c, Node *n) {
 static bool infer_pow(OpCtx *c, Node *n) {
     Dim dims[MAX_RANK];
     int rank;
-    if (!broadcast_inputs(c, n, 0, 2, dims, &rank)) return false;
+    if (!broadcast_binary(c, n, dims, &rank)) return false;
     set_out(n, 0, n->in[0]->dtype, rank, dims);
     return true;
 }
@@ -57,18 +109,33 @@ static bool infer_where(OpCtx *c, Node *n) {
     return true;
 }
 
+/* Targets cleave has no storage for (strings, 8-bit floats, 4-bit and
+ * 2-bit integers, ...) are valid ONNX but refused, like such tensors in a
+ * model file. */
 static bool infer_cast(OpCtx *c, Node *n) {
-    DType to = (DType)node_attr_i(n, "to", 0);
-    if (!dtype_size(to) && to != DT_STRING)
-        return op_error(c, n, "attribute 'to' = %d is not a known type", (int)to);
-    set_out(n, 0, to, n->in[0]->rank, n->in[0]->dims);
+    const Attr *a = node_attr(n, "to");
+    int64_t to = a ? a->i : 0;
+    if (to <= 0) return op_error(c, n, "attribute 'to' = %lld is not a data type", (long long)to);
+    if (!dtype_size((DType)to) || dtype_store((DType)to) == DT_UNDEFINED)
+        return to == DT_STRING ? op_error_kind(c, n, DIAG_UNSUPPORTED, "casting to string is not supported")
+                               : op_error_kind(c, n, DIAG_UNSUPPORTED,
+                                               "casting to ONNX data type %lld is not supported (cleave handles "
+                                               "float, integer and bool types)", (long long)to);
+    set_out(n, 0, (DType)to, n->in[0]->rank, n->in[0]->dims);
     return true;
 }
 
-static bool infer_dropout(OpCtx *c, Node *n) {
+/* CastLike: Cast to the type of the second input. */
+static bool infer_castlike(OpCtx *c, Node *n) {
     (void)c;
+    set_out(n, 0, n->in[1]->dtype, n->in[0]->rank, n->in[0]->dims);
+    return true;
+}
+
+/* The mask is bool since opset 10, of the input's type before. */
+static bool infer_dropout(OpCtx *c, Node *n) {
     same_as_input(n, 0, 0);
-    set_out(n, 1, DT_BOOL, n->in[0]->rank, n->in[0]->dims);
+    set_out(n, 1, c->opset >= 10 ? DT_BOOL : n->in[0]->dtype, n->in[0]->rank, n->in[0]->dims);
     return true;
 }
 
@@ -103,6 +170,27 @@ static double f_less(const double *x, const Node *n) { (void)n; return x[0] < x[
 static double f_greater(const double *x, const Node *n) { (void)n; return x[0] > x[1]; }
 static double f_where(const double *x, const Node *n) { (void)n; return x[0] != 0 ? x[1] : x[2]; }
 static double f_not(const double *x, const Node *n) { (void)n; return x[0] == 0; }
+static double f_ge(const double *x, const Node *n) { (void)n; return x[0] >= x[1]; }
+static double f_le(const double *x, const Node *n) { (void)n; return x[0] <= x[1]; }
+static double f_and(const double *x, const Node *n) { (void)n; return x[0] != 0 && x[1] != 0; }
+static double f_or(const double *x, const Node *n) { (void)n; return x[0] != 0 || x[1] != 0; }
+static double f_xor(const double *x, const Node *n) { (void)n; return (x[0] != 0) != (x[1] != 0); }
+static double f_max(const double *x, const Node *n) {
+    double m = x[0];
+    for (int i = 1; i < n->n_in; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+static double f_min(const double *x, const Node *n) {
+    double m = x[0];
+    for (int i = 1; i < n->n_in; i++) m = x[i] < m ? x[i] : m;
+    return m;
+}
+/* fmod=0: the result takes the divisor's sign, as Python's %. */
+static double f_mod(const double *x, const Node *n) {
+    double r = fmod(x[0], x[1]);
+    if (node_attr_i(n, "fmod", 0) == 0 && r != 0 && (r < 0) != (x[1] < 0)) r += x[1];
+    return r;
+}
 static double f_leaky(const double *x, const Node *n) {
     return x[0] >= 0 ? x[0] : x[0] * node_attr_f(n, "alpha", 0.01f);
 }
@@ -123,6 +211,30 @@ static int64_t i_equal(const int64_t *x, const Node *n, bool *ok) { (void)n; (vo
 static int64_t i_less(const int64_t *x, const Node *n, bool *ok) { (void)n; (void)ok; return x[0] < x[1]; }
 static int64_t i_greater(const int64_t *x, const Node *n, bool *ok) { (void)n; (void)ok; return x[0] > x[1]; }
 static int64_t i_where(const int64_t *x, const Node *n, bool *ok) { (void)n; (void)ok; return x[0] ? x[1] : x[2]; }
+static int64_t i_ge(const int64_t *x, const Node *n, bool *ok) { (void)n; (void)ok; return x[0] >= x[1]; }
+static int64_t i_le(const int64_t *x, const Node *n, bool *ok) { (void)n; (void)ok; return x[0] <= x[1]; }
+static int64_t i_and(const int64_t *x, const Node *n, bool *ok) { (void)n; (void)ok; return x[0] && x[1]; }
+static int64_t i_or(const int64_t *x, const Node *n, bool *ok) { (void)n; (void)ok; return x[0] || x[1]; }
+static int64_t i_xor(const int64_t *x, const Node *n, bool *ok) { (void)n; (void)ok; return !x[0] != !x[1]; }
+static int64_t i_max(const int64_t *x, const Node *n, bool *ok) {
+    (void)ok;
+    int64_t m = x[0];
+    for (int i = 1; i < n->n_in; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+static int64_t i_min(const int64_t *x, const Node *n, bool *ok) {
+    (void)ok;
+    int64_t m = x[0];
+    for (int i = 1; i < n->n_in; i++) m = x[i] < m ? x[i] : m;
+    return m;
+}
+static int64_t i_mod(const int64_t *x, const Node *n, bool *ok) {
+    if (x[1] == 0) { *ok = false; return 0; }
+    if (x[1] == -1) return 0; /* INT64_MIN % -1 overflows */
+    int64_t r = x[0] % x[1];
+    if (node_attr_i(n, "fmod", 0) == 0 && r != 0 && (r < 0) != (x[1] < 0)) r += x[1];
+    return r;
+}
 static int64_t i_not(const int64_t *x, const Node *n, bool *ok) { (void)n; (void)ok; return x[0] == 0; }
 
 #define FOLDER(name, ff, fi) \
@@ -147,12 +259,25 @@ FOLDER(fold_equal, f_equal, i_equal)
 FOLDER(fold_less, f_less, i_less)
 FOLDER(fold_greater, f_greater, i_greater)
 FOLDER(fold_where, f_where, i_where)
+FOLDER(fold_ge, f_ge, i_ge)
+FOLDER(fold_le, f_le, i_le)
+FOLDER(fold_and, f_and, i_and)
+FOLDER(fold_or, f_or, i_or)
+FOLDER(fold_xor, f_xor, i_xor)
+FOLDER(fold_max, f_max, i_max)
+FOLDER(fold_min, f_min, i_min)
+FOLDER(fold_mod, f_mod, i_mod)
 FOLDER(fold_not, f_not, i_not)
 FOLDER(fold_copy, f_copy, i_copy)
 
-/* Cast to an integer type from floats truncates toward zero, as ONNX does;
- * symbolic integers pass through casts between integer types. */
+static double f_nonzero(const double *x, const Node *n) { (void)n; return x[0] != 0; }
+static int64_t i_nonzero(const int64_t *x, const Node *n, bool *ok) { (void)n; (void)ok; return x[0] != 0; }
+
+/* Cast to an integer type from floats truncates toward zero, as ONNX does,
+ * and to bool tests for nonzero; symbolic integers pass through casts
+ * between integer types. */
 static FoldResult fold_cast(OpCtx *c, Node *n) {
+    if (n->out[0]->dtype == DT_BOOL) return fold_elementwise(c, n, f_nonzero, i_nonzero);
     const Value *x = n->in[0];
     if (x->konst && x->konst->sym && value_is_const(x) && dtype_store(n->out[0]->dtype) == DT_INT64) {
         Const *r = fold_out(c, n, 0);
@@ -164,6 +289,13 @@ static FoldResult fold_cast(OpCtx *c, Node *n) {
     return fold_elementwise(c, n, f_copy, i_copy);
 }
 
+/* CastLike folds as Cast: its second input contributes only the type. */
+static FoldResult fold_castlike(OpCtx *c, Node *n) {
+    Node probe = *n;
+    probe.n_in = 1;
+    return fold_cast(c, &probe);
+}
+
 /* ---- FLOP counts: per output element ---- */
 
 static double flops_1(const Node *n) { return flops_per_out_elem(n, 1); }
@@ -172,43 +304,347 @@ static double flops_zero(const Node *n) { (void)n; return 0; }
 /* max, subtract, exp, sum, divide */
 static double flops_softmax(const Node *n) { return flops_per_out_elem(n, 5); }
 
+/* ---- code generation: scalar functions over the broadcasting nest ---- */
+
+static LLVMValueRef s_add(Cg *c, const Node *n, LLVMValueRef *x) { (void)n; return LLVMBuildFAdd(c->b, x[0], x[1], ""); }
+static LLVMValueRef s_sub(Cg *c, const Node *n, LLVMValueRef *x) { (void)n; return LLVMBuildFSub(c->b, x[0], x[1], ""); }
+static LLVMValueRef s_mul(Cg *c, const Node *n, LLVMValueRef *x) { (void)n; return LLVMBuildFMul(c->b, x[0], x[1], ""); }
+static LLVMValueRef s_div(Cg *c, const Node *n, LLVMValueRef *x) { (void)n; return LLVMBuildFDiv(c->b, x[0], x[1], ""); }
+static LLVMValueRef s_pow(Cg *c, const Node *n, LLVMValueRef *x) { (void)n; return cg_math(c, "pow", x[0], x[1]); }
+static LLVMValueRef s_copy(Cg *c, const Node *n, LLVMValueRef *x) { (void)c; (void)n; return x[0]; }
+static LLVMValueRef s_neg(Cg *c, const Node *n, LLVMValueRef *x) { (void)n; return LLVMBuildFNeg(c->b, x[0], ""); }
+static LLVMValueRef s_abs(Cg *c, const Node *n, LLVMValueRef *x) { (void)n; return cg_math(c, "fabs", x[0], NULL); }
+static LLVMValueRef s_sqrt(Cg *c, const Node *n, LLVMValueRef *x) { (void)n; return cg_math(c, "sqrt", x[0], NULL); }
+static LLVMValueRef s_exp(Cg *c, const Node *n, LLVMValueRef *x) { (void)n; return cg_math(c, "exp", x[0], NULL); }
+static LLVMValueRef s_log(Cg *c, const Node *n, LLVMValueRef *x) { (void)n; return cg_math(c, "log", x[0], NULL); }
+static LLVMValueRef s_tanh(Cg *c, const Node *n, LLVMValueRef *x) { (void)n; return cg_math(c, "tanh", x[0], NULL); }
+static LLVMValueRef s_erf(Cg *c, const Node *n, LLVMValueRef *x) { (void)n; return cg_math(c, "erf", x[0], NULL); }
+static LLVMValueRef s_recip(Cg *c, const Node *n, LLVMValueRef *x) {
+    (void)n;
+    return LLVMBuildFDiv(c->b, cg_f32(c, 1), x[0], "");
+}
+/* x < 0 ? 0 : x keeps NaN, as torch.relu does */
+static LLVMValueRef s_relu(Cg *c, const Node *n, LLVMValueRef *x) {
+    (void)n;
+    LLVMValueRef neg = LLVMBuildFCmp(c->b, LLVMRealOLT, x[0], cg_f32(c, 0), "");
+    return LLVMBuildSelect(c->b, neg, cg_f32(c, 0), x[0], "");
+}
+static LLVMValueRef s_leaky(Cg *c, const Node *n, LLVMValueRef *x) {
+    LLVMValueRef neg = LLVMBuildFCmp(c->b, LLVMRealOLT, x[0], cg_f32(c, 0), "");
+    LLVMValueRef scaled = LLVMBuildFMul(c->b, x[0], cg_f32(c, node_attr_f(n, "alpha", 0.01f)), "");
+    return LLVMBuildSelect(c->b, neg, scaled, x[0], "");
+}
+static LLVMValueRef s_sigmoid(Cg *c, const Node *n, LLVMValueRef *x) {
+    (void)n;
+    LLVMValueRef e = cg_math(c, "exp", LLVMBuildFNeg(c->b, x[0], ""), NULL);
+    return LLVMBuildFDiv(c->b, cg_f32(c, 1), LLVMBuildFAdd(c->b, cg_f32(c, 1), e, ""), "");
+}
+static LLVMValueRef s_where(Cg *c, const Node *n, LLVMValueRef *x) {
+    (void)n;
+    LLVMValueRef t = LLVMBuildFCmp(c->b, LLVMRealUNE, x[0], cg_f32(c, 0), "");
+    return LLVMBuildSelect(c->b, t, x[1], x[2], "");
+}
+static LLVMValueRef cmp_to_f(Cg *c, LLVMRealPredicate p, LLVMValueRef a, LLVMValueRef b) {
+    return LLVMBuildSelect(c->b, LLVMBuildFCmp(c->b, p, a, b, ""), cg_f32(c, 1), cg_f32(c, 0), "");
+}
+static LLVMValueRef s_equal(Cg *c, const Node *n, LLVMValueRef *x) { (void)n; return cmp_to_f(c, LLVMRealOEQ, x[0], x[1]); }
+static LLVMValueRef s_less(Cg *c, const Node *n, LLVMValueRef *x) { (void)n; return cmp_to_f(c, LLVMRealOLT, x[0], x[1]); }
+static LLVMValueRef s_greater(Cg *c, const Node *n, LLVMValueRef *x) { (void)n; return cmp_to_f(c, LLVMRealOGT, x[0], x[1]); }
+static LLVMValueRef s_max(Cg *c, const Node *n, LLVMValueRef *x) {
+    LLVMValueRef m = x[0];
+    for (int i = 1; i < n->n_in; i++) m = cg_max(c, m, x[i]);
+    return m;
+}
+static LLVMValueRef s_min(Cg *c, const Node *n, LLVMValueRef *x) {
+    LLVMValueRef m = x[0];
+    for (int i = 1; i < n->n_in; i++) {
+        LLVMValueRef lt = LLVMBuildFCmp(c->b, LLVMRealULT, x[i], m, "");
+        m = LLVMBuildSelect(c->b, lt, x[i], m, "");
+    }
+    return m;
+}
+
+#define CG_EW(name, fn) \
+    static bool name(Cg *c, const Node *n) { return cg_elementwise(c, n, fn); }
+CG_EW(k_add, s_add)
+CG_EW(k_sub, s_sub)
+CG_EW(k_mul, s_mul)
+CG_EW(k_div, s_div)
+CG_EW(k_pow, s_pow)
+CG_EW(k_copy, s_copy)
+CG_EW(k_neg, s_neg)
+CG_EW(k_abs, s_abs)
+CG_EW(k_sqrt, s_sqrt)
+CG_EW(k_exp, s_exp)
+CG_EW(k_log, s_log)
+CG_EW(k_tanh, s_tanh)
+CG_EW(k_erf, s_erf)
+CG_EW(k_recip, s_recip)
+CG_EW(k_relu, s_relu)
+CG_EW(k_leaky, s_leaky)
+CG_EW(k_sigmoid, s_sigmoid)
+CG_EW(k_where, s_where)
+CG_EW(k_equal, s_equal)
+CG_EW(k_less, s_less)
+CG_EW(k_greater, s_greater)
+CG_EW(k_max, s_max)
+CG_EW(k_min, s_min)
+
+/* Binary ops before opset 7 broadcast differently; codegen covers the
+ * numpy form only. */
+static bool cg_binary_checked(Cg *c, const Node *n, bool (*cg)(Cg *, const Node *)) {
+    if (node_attr(n, "broadcast") && graph_opset(c->g, "") < 7)
+        return diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (%s): opset < 7 broadcasting is not compiled",
+                          c->g->path, n->name, n->op_type);
+    return cg(c, n);
+}
+
+/* Dropout runs as the identity (inference semantics); its mask is all
+ * true. */
+static bool cg_dropout(Cg *c, const Node *n) {
+    if (n->n_in > 2 && n->in[2])
+        return diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (Dropout): training_mode input is not supported",
+                          c->g->path, n->name);
+    if (!cg_kernel_begin_io(c, n)) return false;
+    cg_copy(c, n->out[0], n->in[0]);
+    if (n->n_out > 1 && n->out[1]) cg_fill(c, n->out[1], value_numel(n->out[1]), cg_f32(c, 1));
+    cg_kernel_end(c);
+    return true;
+}
+
+/* Softmax and LogSoftmax: before opset 13 the input is coerced to 2-D at
+ * `axis` (the softmax spans every later dim); from 13 it spans one axis. */
+static int64_t softmax_axis(const Graph *g, const Node *n) {
+    const Attr *a = node_attr(n, "axis");
+    int64_t opset = graph_opset(g, "");
+    int64_t axis = a ? a->i : (opset >= 13 ? -1 : 1);
+    return axis < 0 ? axis + n->in[0]->rank : axis;
+}
+
+static bool cg_softmax_common(Cg *c, const Node *n, bool log) {
+    const Value *x = n->in[0], *y = n->out[0];
+    int64_t axis = softmax_axis(c->g, n), outer, len, inner;
+    cg_axis_split(x, (int)axis, &outer, &len, &inner);
+    if (graph_opset(c->g, "") < 13) {
+        len *= inner;
+        inner = 1;
+    }
+    if (!cg_kernel_begin_io(c, n)) return false;
+    LLVMValueRef mx = cg_alloca(c, c->t_f32), se = cg_alloca(c, c->t_f32);
+    CgLoop lo, li, l1, l2, l3;
+    LLVMValueRef o = cg_for(c, &lo, cg_i64(c, outer));
+    LLVMValueRef in = cg_for(c, &li, cg_i64(c, inner));
+    LLVMValueRef base = cg_add(c, cg_mul(c, o, len * inner), in);
+    LLVMBuildStore(c->b, cg_f32(c, -INFINITY), mx);
+    LLVMBuildStore(c->b, cg_f32(c, 0), se);
+    LLVMValueRef k = cg_for(c, &l1, cg_i64(c, len));
+    LLVMValueRef idx = cg_add(c, base, cg_mul(c, k, inner));
+    LLVMBuildStore(c->b, cg_max(c, LLVMBuildLoad2(c->b, c->t_f32, mx, ""), cg_load(c, x, idx)), mx);
+    cg_for_end(c, &l1);
+    LLVMValueRef m = LLVMBuildLoad2(c->b, c->t_f32, mx, "");
+    k = cg_for(c, &l2, cg_i64(c, len));
+    idx = cg_add(c, base, cg_mul(c, k, inner));
+    LLVMValueRef sh = LLVMBuildFSub(c->b, cg_load(c, x, idx), m, "");
+    LLVMValueRef e = cg_math(c, "exp", sh, NULL);
+    if (!log) cg_store(c, y, idx, e);
+    LLVMBuildStore(c->b, LLVMBuildFAdd(c->b, LLVMBuildLoad2(c->b, c->t_f32, se, ""), e, ""), se);
+    cg_for_end(c, &l2);
+    LLVMValueRef s = LLVMBuildLoad2(c->b, c->t_f32, se, "");
+    LLVMValueRef ls = log ? cg_math(c, "log", s, NULL) : NULL;
+    k = cg_for(c, &l3, cg_i64(c, len));
+    idx = cg_add(c, base, cg_mul(c, k, inner));
+    if (log) cg_store(c, y, idx, LLVMBuildFSub(c->b, LLVMBuildFSub(c->b, cg_load(c, x, idx), m, ""), ls, ""));
+    else cg_store(c, y, idx, LLVMBuildFDiv(c->b, cg_load(c, y, idx), s, ""));
+    cg_for_end(c, &l3);
+    cg_for_end(c, &li);
+    cg_for_end(c, &lo);
+    cg_kernel_end(c);
+    return true;
+}
+static bool cg_softmax(Cg *c, const Node *n) { return cg_softmax_common(c, n, false); }
+static bool cg_logsoftmax(Cg *c, const Node *n) { return cg_softmax_common(c, n, true); }
+
+/* ---- gradient rules ---- */
+
+static bool g_add(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    if (need[0]) dx[0] = gb_sum_to(c, dy[0], n->in[0]);
+    if (need[1]) dx[1] = gb_sum_to(c, dy[0], n->in[1]);
+    return true;
+}
+static bool g_sub(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    if (need[0]) dx[0] = gb_sum_to(c, dy[0], n->in[0]);
+    if (need[1]) dx[1] = gb_sum_to(c, gb_op1(c, "Neg", dy[0]), n->in[1]);
+    return true;
+}
+static bool g_mul(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    if (need[0]) dx[0] = gb_sum_to(c, gb_op2(c, "Mul", dy[0], n->in[1]), n->in[0]);
+    if (need[1]) dx[1] = gb_sum_to(c, gb_op2(c, "Mul", dy[0], n->in[0]), n->in[1]);
+    return true;
+}
+/* y = a/b: da = dy/b, db = -(dy/b)*y */
+static bool g_div(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    Value *t = gb_op2(c, "Div", dy[0], n->in[1]);
+    if (need[0]) dx[0] = gb_sum_to(c, t, n->in[0]);
+    if (need[1]) dx[1] = gb_sum_to(c, gb_op1(c, "Neg", gb_op2(c, "Mul", t, n->out[0])), n->in[1]);
+    return true;
+}
+/* y = x^e: dx = dy*e*x^(e-1), de = dy*y*log(x) */
+static bool g_pow(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    Value *x = n->in[0], *e = n->in[1];
+    if (need[0]) {
+        Value *em1 = gb_op2(c, "Sub", e, gb_const_f(c, 1));
+        dx[0] = gb_sum_to(c, gb_op2(c, "Mul", dy[0], gb_op2(c, "Mul", e, gb_op2(c, "Pow", x, em1))), x);
+    }
+    if (need[1]) dx[1] = gb_sum_to(c, gb_op2(c, "Mul", dy[0], gb_op2(c, "Mul", n->out[0], gb_op1(c, "Log", x))), e);
+    return true;
+}
+static bool g_identity(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    (void)c;
+    (void)n;
+    if (need[0]) dx[0] = dy[0];
+    return true;
+}
+static bool g_neg(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    (void)n;
+    if (need[0]) dx[0] = gb_op1(c, "Neg", dy[0]);
+    return true;
+}
+static bool g_exp(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    if (need[0]) dx[0] = gb_op2(c, "Mul", dy[0], n->out[0]);
+    return true;
+}
+static bool g_log(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    if (need[0]) dx[0] = gb_op2(c, "Div", dy[0], n->in[0]);
+    return true;
+}
+static bool g_sqrt(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    if (need[0]) dx[0] = gb_op2(c, "Div", gb_scale(c, dy[0], 0.5f), n->out[0]);
+    return true;
+}
+static bool g_recip(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    if (need[0]) dx[0] = gb_op1(c, "Neg", gb_op2(c, "Mul", dy[0], gb_op2(c, "Mul", n->out[0], n->out[0])));
+    return true;
+}
+/* d erf(x) = 2/sqrt(pi) * exp(-x^2) */
+static bool g_erf(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    if (!need[0]) return true;
+    Value *x = n->in[0];
+    Value *e = gb_op1(c, "Exp", gb_op1(c, "Neg", gb_op2(c, "Mul", x, x)));
+    dx[0] = gb_op2(c, "Mul", dy[0], gb_scale(c, e, (float)(2.0 / sqrt(M_PI))));
+    return true;
+}
+static bool g_via_output(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need, const char *op) {
+    if (need[0]) dx[0] = gb_internal2(c, op, dy[0], n->out[0]);
+    return true;
+}
+static bool g_relu(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    return g_via_output(c, n, dy, dx, need, "ReluGrad");
+}
+static bool g_sigmoid(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    return g_via_output(c, n, dy, dx, need, "SigmoidGrad");
+}
+static bool g_tanh(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    return g_via_output(c, n, dy, dx, need, "TanhGrad");
+}
+static bool g_leaky(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    if (!need[0]) return true;
+    Value *in[2] = {dy[0], n->in[0]};
+    Node *g = gb_start(c, "cleave", "LeakyReluGrad", 2, in, 1);
+    gb_attr_f(c, g, "alpha", node_attr_f(n, "alpha", 0.01f));
+    dx[0] = gb_finish(c, g);
+    return true;
+}
+static bool g_softmax_common(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need, const char *op) {
+    if (!need[0]) return true;
+    int64_t axis = softmax_axis(c->g, n);
+    if (graph_opset(c->g, "") < 13 && axis != n->in[0]->rank - 1)
+        return diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (%s): gradient of opset < 13 %s over several axes",
+                          c->g->path, n->name, n->op_type, n->op_type);
+    Value *in[2] = {dy[0], n->out[0]};
+    Node *g = gb_start(c, "cleave", op, 2, in, 1);
+    gb_attr_i(c, g, "axis", axis);
+    dx[0] = gb_finish(c, g);
+    return true;
+}
+static bool g_softmax(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    return g_softmax_common(c, n, dy, dx, need, "SoftmaxGrad");
+}
+static bool g_logsoftmax(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    return g_softmax_common(c, n, dy, dx, need, "LogSoftmaxGrad");
+}
+static bool g_where(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    Value *zero = gb_const_f(c, 0);
+    for (int k = 1; k <= 2; k++) {
+        if (!need[k]) continue;
+        Value *in[3] = {n->in[0], k == 1 ? dy[0] : zero, k == 1 ? zero : dy[0]};
+        dx[k] = gb_sum_to(c, gb_finish(c, gb_start(c, "", "Where", 3, in, 1)), n->in[k]);
+    }
+    return true;
+}
+static bool g_cast(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    if (!need[0]) return true;
+    if (!dtype_is_float(n->in[0]->dtype) || !dtype_is_float(n->out[0]->dtype))
+        return diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (Cast): no gradient through integer casts",
+                          c->g->path, n->name);
+    dx[0] = dy[0];
+    return true;
+}
+
+static bool cg_add_checked(Cg *c, const Node *n) { return cg_binary_checked(c, n, k_add); }
+static bool cg_sub_checked(Cg *c, const Node *n) { return cg_binary_checked(c, n, k_sub); }
+static bool cg_mul_checked(Cg *c, const Node *n) { return cg_binary_checked(c, n, k_mul); }
+static bool cg_div_checked(Cg *c, const Node *n) { return cg_binary_checked(c, n, k_div); }
+static bool cg_pow_checked(Cg *c, const Node *n) { return cg_binary_checked(c, n, k_pow); }
+
 /* ---- entries ---- */
 
 static const AttrSpec attrs_none[] = {{0}};
 static const AttrSpec attrs_leaky[] = {{"alpha", ATTR_FLOAT, .f = 0.01f}, {0}};
 static const AttrSpec attrs_softmax[] = {{"axis", ATTR_INT, .i = -1}, {0}};
 static const AttrSpec attrs_cast[] = {{"to", ATTR_INT, .required = true}, {"saturate", ATTR_INT, .i = 1}, {0}};
+static const AttrSpec attrs_mod[] = {{"fmod", ATTR_INT, .i = 0}, {0}};
+static const AttrSpec attrs_castlike[] = {{"saturate", ATTR_INT, .i = 1}, {0}};
 static const AttrSpec attrs_dropout[] = {{"ratio", ATTR_FLOAT, .f = 0.5f}, {"seed", ATTR_INT}, {0}};
 
-#define BINARY(NAME, fold, since) \
-    {NAME, "", since, 0, 2, 2, 1, 1, attrs_none, 0, infer_broadcast, fold, flops_1}
-#define UNARY(NAME, infer, fold, flops) {NAME, "", 1, 0, 1, 1, 1, 1, attrs_none, 0, infer, fold, flops}
+#define BINARY(NAME, fold, since, G, K) \
+    {NAME, "", since, 0, 2, 2, 1, 1, attrs_none, 0, infer_broadcast, fold, flops_1, .grad = G, .cg = K}
+#define UNARY(NAME, infer, fold, flops, G, K) \
+    {NAME, "", 1, 0, 1, 1, 1, 1, attrs_none, 0, infer, fold, flops, .grad = G, .cg = K}
 
-const OpDef op_Add = BINARY("Add", fold_add, 1);
-const OpDef op_Sub = BINARY("Sub", fold_sub, 1);
-const OpDef op_Mul = BINARY("Mul", fold_mul, 1);
-const OpDef op_Div = BINARY("Div", fold_div, 1);
-const OpDef op_Pow = {"Pow", "", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_pow, fold_pow, flops_transcend};
-const OpDef op_Equal = {"Equal", "", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_compare, fold_equal, flops_1};
-const OpDef op_Less = {"Less", "", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_compare, fold_less, flops_1};
-const OpDef op_Greater = {"Greater", "", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_compare, fold_greater, flops_1};
-const OpDef op_Not = UNARY("Not", infer_unary, fold_not, flops_1);
-const OpDef op_Where = {"Where", "", 9, 0, 3, 3, 1, 1, attrs_none, 0, infer_where, fold_where, flops_1};
-const OpDef op_Relu = UNARY("Relu", infer_unary, fold_relu, flops_1);
-const OpDef op_LeakyRelu = {"LeakyRelu", "", 1, 0, 1, 1, 1, 1, attrs_leaky, 0, infer_float_unary, fold_leaky, flops_1};
-const OpDef op_Sigmoid = UNARY("Sigmoid", infer_float_unary, fold_sigmoid, flops_transcend);
-const OpDef op_Tanh = UNARY("Tanh", infer_float_unary, fold_tanh, flops_transcend);
-const OpDef op_Erf = UNARY("Erf", infer_unary, fold_erf, flops_transcend);
-const OpDef op_Sqrt = UNARY("Sqrt", infer_float_unary, fold_sqrt, flops_transcend);
-const OpDef op_Exp = UNARY("Exp", infer_float_unary, fold_exp, flops_transcend);
-const OpDef op_Log = UNARY("Log", infer_float_unary, fold_log, flops_transcend);
-const OpDef op_Neg = UNARY("Neg", infer_unary, fold_neg, flops_1);
-const OpDef op_Abs = UNARY("Abs", infer_unary, fold_abs, flops_1);
-const OpDef op_Reciprocal = UNARY("Reciprocal", infer_float_unary, fold_recip, flops_1);
-const OpDef op_Identity = UNARY("Identity", infer_unary, fold_copy, flops_zero);
-const OpDef op_Cast = {"Cast", "", 1, 0, 1, 1, 1, 1, attrs_cast, 0, infer_cast, fold_cast, flops_zero};
+const OpDef op_Add = BINARY("Add", fold_add, 1, g_add, cg_add_checked);
+const OpDef op_Sub = BINARY("Sub", fold_sub, 1, g_sub, cg_sub_checked);
+const OpDef op_Mul = BINARY("Mul", fold_mul, 1, g_mul, cg_mul_checked);
+const OpDef op_Div = BINARY("Div", fold_div, 1, g_div, cg_div_checked);
+const OpDef op_Pow = {"Pow", "", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_pow, fold_pow, flops_transcend, .grad = g_pow, .cg = cg_pow_checked};
+const OpDef op_Equal = {"Equal", "", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_compare, fold_equal, flops_1, .cg = k_equal};
+const OpDef op_Less = {"Less", "", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_compare, fold_less, flops_1, .cg = k_less};
+const OpDef op_Greater = {"Greater", "", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_compare, fold_greater, flops_1, .cg = k_greater};
+const OpDef op_GreaterOrEqual = {"GreaterOrEqual", "", 12, 0, 2, 2, 1, 1, attrs_none, 0, infer_compare, fold_ge, flops_1};
+const OpDef op_LessOrEqual = {"LessOrEqual", "", 12, 0, 2, 2, 1, 1, attrs_none, 0, infer_compare, fold_le, flops_1};
+const OpDef op_Not = UNARY("Not", infer_unary, fold_not, flops_1, NULL, NULL);
+const OpDef op_And = {"And", "", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_compare, fold_and, flops_1};
+const OpDef op_Or = {"Or", "", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_compare, fold_or, flops_1};
+const OpDef op_Xor = {"Xor", "", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_compare, fold_xor, flops_1};
+const OpDef op_Max = {"Max", "", 1, 0, 1, 1 << 16, 1, 1, attrs_none, 0, infer_variadic, fold_max, flops_1, .cg = k_max};
+const OpDef op_Min = {"Min", "", 1, 0, 1, 1 << 16, 1, 1, attrs_none, 0, infer_variadic, fold_min, flops_1, .cg = k_min};
+const OpDef op_Mod = {"Mod", "", 10, 0, 2, 2, 1, 1, attrs_mod, 0, infer_broadcast, fold_mod, flops_1};
+const OpDef op_Where = {"Where", "", 9, 0, 3, 3, 1, 1, attrs_none, 0, infer_where, fold_where, flops_1, .grad = g_where, .cg = k_where};
+const OpDef op_Relu = UNARY("Relu", infer_unary, fold_relu, flops_1, g_relu, k_relu);
+const OpDef op_LeakyRelu = {"LeakyRelu", "", 1, 0, 1, 1, 1, 1, attrs_leaky, 0, infer_float_unary, fold_leaky, flops_1, .grad = g_leaky, .cg = k_leaky};
+const OpDef op_Sigmoid = UNARY("Sigmoid", infer_float_unary, fold_sigmoid, flops_transcend, g_sigmoid, k_sigmoid);
+const OpDef op_Tanh = UNARY("Tanh", infer_float_unary, fold_tanh, flops_transcend, g_tanh, k_tanh);
+const OpDef op_Erf = UNARY("Erf", infer_unary, fold_erf, flops_transcend, g_erf, k_erf);
+const OpDef op_Sqrt = UNARY("Sqrt", infer_float_unary, fold_sqrt, flops_transcend, g_sqrt, k_sqrt);
+const OpDef op_Exp = UNARY("Exp", infer_float_unary, fold_exp, flops_transcend, g_exp, k_exp);
+const OpDef op_Log = UNARY("Log", infer_float_unary, fold_log, flops_transcend, g_log, k_log);
+const OpDef op_Neg = UNARY("Neg", infer_unary, fold_neg, flops_1, g_neg, k_neg);
+const OpDef op_Abs = UNARY("Abs", infer_unary, fold_abs, flops_1, NULL, k_abs);
+const OpDef op_Reciprocal = UNARY("Reciprocal", infer_float_unary, fold_recip, flops_1, g_recip, k_recip);
+const OpDef op_Identity = UNARY("Identity", infer_unary, fold_copy, flops_zero, g_identity, k_copy);
+const OpDef op_Cast = {"Cast", "", 1, 0, 1, 1, 1, 1, attrs_cast, 0, infer_cast, fold_cast, flops_zero, .grad = g_cast, .cg = k_copy};
+const OpDef op_CastLike = {"CastLike", "", 15, 0, 2, 2, 1, 1, attrs_castlike, 0, infer_castlike, fold_castlike, flops_zero};
 /* Dropout is the identity at inference and in cleave's deterministic
  * training (ratio applies only with training_mode, which is refused later). */
-const OpDef op_Dropout = {"Dropout", "", 1, 0, 1, 3, 1, 2, attrs_dropout, 0, infer_dropout, NULL, flops_zero};
-const OpDef op_Softmax = {"Softmax", "", 1, 0, 1, 1, 1, 1, attrs_softmax, 0, infer_softmax, NULL, flops_softmax};
-const OpDef op_LogSoftmax = {"LogSoftmax", "", 1, 0, 1, 1, 1, 1, attrs_softmax, 0, infer_softmax, NULL, flops_softmax};
+const OpDef op_Dropout = {"Dropout", "", 1, 0, 1, 3, 1, 2, attrs_dropout, 0, infer_dropout, NULL, flops_zero, .grad = g_identity, .cg = cg_dropout};
+const OpDef op_Softmax = {"Softmax", "", 1, 0, 1, 1, 1, 1, attrs_softmax, 0, infer_softmax, NULL, flops_softmax, .grad = g_softmax, .cg = cg_softmax};
+const OpDef op_LogSoftmax = {"LogSoftmax", "", 1, 0, 1, 1, 1, 1, attrs_softmax, 0, infer_softmax, NULL, flops_softmax, .grad = g_logsoftmax, .cg = cg_logsoftmax};

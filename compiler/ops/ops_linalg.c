@@ -1,6 +1,8 @@
 /* ops_linalg.c - Gemm and MatMul. */
 #include "op_util.h"
 #include "ops_families.h"
+#include "../autodiff/grad.h"
+#include "../codegen/cg.h"
 
 /* Y[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C, C broadcast to [M,N]. */
 static bool infer_gemm(OpCtx *c, Node *n) {
@@ -80,10 +82,168 @@ static double flops_matmul(const Node *n) {
     return 2 * (double)value_numel(y) * (double)a->dims[a->rank - 1].k;
 }
 
+/* ---- code generation ---- */
+
+/* Strided view of a matrix operand: element (i, j) at base + i*si + j*sj. */
+typedef struct Mat {
+    const Value *v;
+    LLVMValueRef base; /* element offset of the matrix inside v */
+    int64_t si, sj;
+} Mat;
+
+static LLVMValueRef mat_at(Cg *c, const Mat *m, LLVMValueRef i, LLVMValueRef j) {
+    return cg_add(c, m->base, cg_add(c, cg_mul(c, i, m->si), cg_mul(c, j, m->sj)));
+}
+
+/* y[m, n] (+)= alpha * sum_k a(m,k) b(k,n), y row-major with leading
+ * dimension ldy at element offset ybase.  When b is contiguous along n the
+ * n loop is innermost (an axpy that vectorises); when a and b are both
+ * contiguous along k a vector dot product is used; otherwise scalar. */
+static void gemm_block(Cg *c, const Mat *a, const Mat *b, const Value *y, LLVMValueRef ybase, int64_t M, int64_t N,
+                       int64_t K, float alpha) {
+    CgLoop lm, lk, ln;
+    LLVMValueRef m = cg_for(c, &lm, cg_i64(c, M));
+    LLVMValueRef yrow = cg_add(c, ybase, cg_mul(c, m, N));
+    if (b->sj == 1 || a->sj != 1 || b->si != 1) {
+        LLVMValueRef k = cg_for(c, &lk, cg_i64(c, K));
+        LLVMValueRef av = cg_load(c, a->v, mat_at(c, a, m, k));
+        if (alpha != 1.0f) av = LLVMBuildFMul(c->b, av, cg_f32(c, alpha), "");
+        LLVMValueRef n = cg_for(c, &ln, cg_i64(c, N));
+        LLVMValueRef yi = cg_add(c, yrow, n);
+        LLVMValueRef prod = LLVMBuildFMul(c->b, av, cg_load(c, b->v, mat_at(c, b, k, n)), "");
+        cg_store(c, y, yi, LLVMBuildFAdd(c->b, cg_load(c, y, yi), prod, ""));
+        cg_for_end(c, &ln);
+        cg_for_end(c, &lk);
+    } else {
+        LLVMValueRef n = cg_for(c, &ln, cg_i64(c, N));
+        LLVMValueRef dot = cg_dot(c, a->v, mat_at(c, a, m, cg_i64(c, 0)), b->v, mat_at(c, b, cg_i64(c, 0), n), K);
+        if (alpha != 1.0f) dot = LLVMBuildFMul(c->b, dot, cg_f32(c, alpha), "");
+        LLVMValueRef yi = cg_add(c, yrow, n);
+        cg_store(c, y, yi, LLVMBuildFAdd(c->b, cg_load(c, y, yi), dot, ""));
+        cg_for_end(c, &ln);
+    }
+    cg_for_end(c, &lm);
+}
+
+/* Y = alpha * op(A) op(B) + beta * C */
+static bool k_gemm(Cg *c, const Node *n) {
+    const Value *A = n->in[0], *B = n->in[1], *C = n->n_in > 2 ? n->in[2] : NULL, *Y = n->out[0];
+    bool ta = node_attr_i(n, "transA", 0) != 0, tb = node_attr_i(n, "transB", 0) != 0;
+    float alpha = node_attr_f(n, "alpha", 1.0f), beta = node_attr_f(n, "beta", 1.0f);
+    int64_t M = Y->dims[0].k, N = Y->dims[1].k, K = A->dims[ta ? 0 : 1].k;
+    if (!cg_kernel_begin_io(c, n)) return false;
+    /* Y starts as beta*C broadcast (or 0) */
+    int64_t cs0 = 0, cs1 = 0;
+    if (C && C->rank == 2) {
+        cs0 = C->dims[0].k == 1 ? 0 : C->dims[1].k;
+        cs1 = C->dims[1].k == 1 ? 0 : 1;
+    } else if (C && C->rank == 1) {
+        cs1 = C->dims[0].k == 1 ? 0 : 1;
+    }
+    CgLoop l0, l1;
+    LLVMValueRef i = cg_for(c, &l0, cg_i64(c, M));
+    LLVMValueRef j = cg_for(c, &l1, cg_i64(c, N));
+    LLVMValueRef init = cg_f32(c, 0);
+    if (C && beta != 0.0f) {
+        init = cg_load(c, C, cg_add(c, cg_mul(c, i, cs0), cg_mul(c, j, cs1)));
+        if (beta != 1.0f) init = LLVMBuildFMul(c->b, init, cg_f32(c, beta), "");
+    }
+    cg_store(c, Y, cg_mad(c, i, N, j), init);
+    cg_for_end(c, &l1);
+    cg_for_end(c, &l0);
+    Mat a = {A, cg_i64(c, 0), ta ? 1 : K, ta ? M : 1};
+    Mat b = {B, cg_i64(c, 0), tb ? 1 : N, tb ? K : 1};
+    gemm_block(c, &a, &b, Y, cg_i64(c, 0), M, N, K, alpha);
+    cg_kernel_end(c);
+    return true;
+}
+
+/* Batched matmul with numpy broadcasting of the batch dims; 1-D operands
+ * are promoted as in infer_matmul. */
+static bool k_matmul(Cg *c, const Node *n) {
+    const Value *A = n->in[0], *B = n->in[1], *Y = n->out[0];
+    int64_t M = A->rank >= 2 ? A->dims[A->rank - 2].k : 1, K = A->dims[A->rank - 1].k;
+    int64_t N = B->rank >= 2 ? B->dims[B->rank - 1].k : 1;
+    int ab = A->rank > 2 ? A->rank - 2 : 0, bb = B->rank > 2 ? B->rank - 2 : 0;
+    int nb = ab > bb ? ab : bb;
+    int64_t bdims[MAX_RANK], as[MAX_RANK], bs[MAX_RANK];
+    int64_t sa = M * K, sb = K * N;
+    for (int j = nb - 1; j >= 0; j--) {
+        int ja = j - (nb - ab), jb = j - (nb - bb);
+        int64_t da = ja >= 0 ? A->dims[ja].k : 1, db = jb >= 0 ? B->dims[jb].k : 1;
+        bdims[j] = da > db ? da : db;
+        as[j] = da == 1 ? 0 : sa;
+        bs[j] = db == 1 ? 0 : sb;
+        sa *= da;
+        sb *= db;
+    }
+    if (!cg_kernel_begin_io(c, n)) return false;
+    cg_fill(c, Y, value_numel(Y), cg_f32(c, 0));
+    CgLoop loops[MAX_RANK];
+    LLVMValueRef ao = cg_i64(c, 0), bo = cg_i64(c, 0), yo = cg_i64(c, 0);
+    for (int j = 0; j < nb; j++) {
+        LLVMValueRef iv = cg_for(c, &loops[j], cg_i64(c, bdims[j]));
+        if (as[j]) ao = cg_add(c, ao, cg_mul(c, iv, as[j]));
+        if (bs[j]) bo = cg_add(c, bo, cg_mul(c, iv, bs[j]));
+        yo = cg_mad(c, yo, bdims[j], iv);
+    }
+    yo = cg_mul(c, yo, M * N);
+    Mat a = {A, ao, K, 1}, b = {B, bo, N, 1};
+    gemm_block(c, &a, &b, Y, yo, M, N, K, 1.0f);
+    for (int j = nb - 1; j >= 0; j--) cg_for_end(c, &loops[j]);
+    cg_kernel_end(c);
+    return true;
+}
+
+/* ---- gradient rules ---- */
+
+static Value *gemm(GradCtx *c, Value *a, Value *b, bool ta, bool tb, float alpha) {
+    Value *in[2] = {a, b};
+    Node *g = gb_start(c, "", "Gemm", 2, in, 1);
+    gb_attr_i(c, g, "transA", ta);
+    gb_attr_i(c, g, "transB", tb);
+    if (alpha != 1.0f) gb_attr_f(c, g, "alpha", alpha);
+    return gb_finish(c, g);
+}
+
+/* Y = alpha op(A) op(B) + beta C:
+ *   d op(A) = alpha dY op(B)^T,  d op(B) = alpha op(A)^T dY,
+ * written so that no operand needs a transposed copy. */
+static bool g_gemm(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    Value *A = n->in[0], *B = n->in[1], *d = dy[0];
+    bool ta = node_attr_i(n, "transA", 0) != 0, tb = node_attr_i(n, "transB", 0) != 0;
+    float alpha = node_attr_f(n, "alpha", 1.0f), beta = node_attr_f(n, "beta", 1.0f);
+    if (need[0]) dx[0] = ta ? gemm(c, B, d, tb, true, alpha) : gemm(c, d, B, false, !tb, alpha);
+    if (need[1]) dx[1] = tb ? gemm(c, d, A, true, ta, alpha) : gemm(c, A, d, !ta, false, alpha);
+    if (n->n_in > 2 && need[2]) dx[2] = gb_sum_to(c, gb_scale(c, d, beta), n->in[2]);
+    return true;
+}
+
+/* Swaps the last two dims. */
+static Value *transpose_last2(GradCtx *c, Value *x) {
+    int64_t perm[MAX_RANK];
+    for (int j = 0; j < x->rank; j++) perm[j] = j;
+    perm[x->rank - 1] = x->rank - 2;
+    perm[x->rank - 2] = x->rank - 1;
+    return gb_transpose(c, x, perm, x->rank);
+}
+
+/* Y = A B (batched): dA = dY B^T, dB = A^T dY, summed over broadcast
+ * batch dims. */
+static bool g_matmul(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    Value *A = n->in[0], *B = n->in[1];
+    if (A->rank < 2 || B->rank < 2)
+        return diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (MatMul): gradient of 1-D operands is not supported",
+                          c->g->path, n->name);
+    if (need[0]) dx[0] = gb_sum_to(c, gb_op2(c, "MatMul", dy[0], transpose_last2(c, B)), A);
+    if (need[1]) dx[1] = gb_sum_to(c, gb_op2(c, "MatMul", transpose_last2(c, A), dy[0]), B);
+    return true;
+}
+
 static const AttrSpec attrs_gemm[] = {
     {"alpha", ATTR_FLOAT, .f = 1.0f}, {"beta", ATTR_FLOAT, .f = 1.0f},
     {"transA", ATTR_INT, .i = 0},     {"transB", ATTR_INT, .i = 0}, {0}};
 static const AttrSpec attrs_none[] = {{0}};
 
-const OpDef op_Gemm = {"Gemm", "", 1, 0, 2, 3, 1, 1, attrs_gemm, 0, infer_gemm, NULL, flops_gemm};
-const OpDef op_MatMul = {"MatMul", "", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_matmul, NULL, flops_matmul};
+const OpDef op_Gemm = {"Gemm", "", 1, 0, 2, 3, 1, 1, attrs_gemm, 0, infer_gemm, NULL, flops_gemm, .grad = g_gemm, .cg = k_gemm};
+const OpDef op_MatMul = {"MatMul", "", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_matmul, NULL, flops_matmul, .grad = g_matmul, .cg = k_matmul};

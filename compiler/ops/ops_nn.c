@@ -132,19 +132,31 @@ static double flops_global_pool(const Node *n) {
     return e < 0 ? 0 : (double)e;
 }
 
-/* X, scale, B, mean, var; training mode adds running_mean/var outputs. */
+/* X, scale, B, mean, var.  The optional outputs are statistics of length
+ * C: running mean and variance (training mode), and before opset 14 also
+ * the saved batch mean and variance; means take the type of input 3 and
+ * variances that of input 4. */
 static bool infer_batchnorm(OpCtx *c, Node *n) {
     const Value *x = n->in[0];
     if (x->rank < 2) return op_error(c, n, "input rank %d; at least 2 required", x->rank);
+    if (c->opset < 9 && node_attr_i(n, "spatial", 1) == 0)
+        return op_error_kind(c, n, DIAG_UNSUPPORTED,
+                             "spatial=0 (statistics per element, not per channel) is not supported");
+    int max_out = c->opset >= 14 ? 3 : 5;
+    if (n->n_out > max_out)
+        return op_error_kind(c, n, DIAG_GRAPH, "has %d outputs; opset %lld allows at most %d", n->n_out,
+                             (long long)c->opset, max_out);
     Dim ch = x->dims[1];
     for (int i = 1; i < n->n_in; i++) {
         const Value *p = n->in[i];
         if (!p) continue;
-        if (p->rank != 1 || (dim_is_const(p->dims[0]) && dim_is_const(ch) && p->dims[0].k != ch.k))
-            return op_error(c, n, "'%s' must be 1-D of length C = %lld", p->name, (long long)ch.k);
+        if (p->rank != 1 || (dim_is_const(p->dims[0]) && dim_is_const(ch) && p->dims[0].k != ch.k)) {
+            char cs[64];
+            return op_error(c, n, "'%s' must be 1-D of length C = %s", p->name, dim_str(c->g, ch, cs, sizeof cs));
+        }
     }
     same_as_input(n, 0, 0);
-    for (int k = 1; k < n->n_out; k++) set_out(n, k, n->in[k <= 2 ? 3 : 4]->dtype, 1, &ch);
+    for (int k = 1; k < n->n_out; k++) set_out(n, k, n->in[k % 2 ? 3 : 4]->dtype, 1, &ch);
     return true;
 }
 

@@ -1,23 +1,25 @@
-/* ops_reduce.c - reductions (ReduceMean, ReduceSum, ReduceMax). */
+/* ops_reduce.c - reductions (ReduceSum, ReduceMean, ReduceMax, ReduceMin,
+ * ReduceProd, ReduceL1, ReduceL2, ReduceLogSum, ReduceLogSumExp,
+ * ReduceSumSquare), which share one shape rule. */
+#include <math.h>
 #include <string.h>
 
 #include "op_util.h"
 #include "ops_families.h"
+#include "../autodiff/grad.h"
+#include "../codegen/cg.h"
 
-/* Axes moved from attribute to input in opset 13 for ReduceSum and in
- * opset 18 for the others. */
-static bool infer_reduce(OpCtx *c, Node *n) {
+/* Which dims of x the node reduces.  Axes moved from attribute to input
+ * in opset 13 for ReduceSum and in opset 18 for the others.  Returns 1 when
+ * known, 0 when the axes are known only at run time, -1 on error. */
+static int reduce_axes(OpCtx *c, const Node *n, bool *red) {
     const Value *x = n->in[0];
     int64_t since = strcmp(n->op_type, "ReduceSum") == 0 ? 13 : 18;
     int64_t axes[MAX_RANK * 2];
     int k;
     if (c->opset >= since) {
         k = n->n_in > 1 && n->in[1] ? in_ints(n, 1, axes, MAX_RANK * 2) : 0;
-        if (k == -1) {
-            set_out(n, 0, x->dtype, node_attr_i(n, "keepdims", 1) ? x->rank : -1, NULL);
-            for (int j = 0; j < n->out[0]->rank; j++) n->out[0]->dims[j] = dim_unknown();
-            return true;
-        }
+        if (k == -1) return 0;
     } else {
         const int64_t *a;
         k = node_attr_ints(n, "axes", &a);
@@ -25,15 +27,27 @@ static bool infer_reduce(OpCtx *c, Node *n) {
         if (k > MAX_RANK * 2) k = -2;
         if (k > 0) memcpy(axes, a, sizeof *a * (size_t)k);
     }
-    if (k == -2) return op_error(c, n, "too many axes");
-    bool red[MAX_RANK] = {0};
+    if (k == -2) return op_error(c, n, "too many axes") ? -1 : -1;
+    memset(red, 0, sizeof(bool) * MAX_RANK);
     bool noop = k == 0 && node_attr_i(n, "noop_with_empty_axes", 0) != 0;
     for (int i = 0; i < k; i++) {
-        if (!norm_axis(c, n, &axes[i], x->rank)) return false;
+        if (!norm_axis(c, n, &axes[i], x->rank)) return -1;
         red[axes[i]] = true;
     }
     if (k == 0 && !noop)
         for (int j = 0; j < x->rank; j++) red[j] = true;
+    return 1;
+}
+
+static bool infer_reduce(OpCtx *c, Node *n) {
+    const Value *x = n->in[0];
+    bool red[MAX_RANK];
+    int known = reduce_axes(c, n, red);
+    if (known < 0) return false;
+    if (known == 0) { /* axes known only at run time */
+        set_out_unknown(n, 0, x->dtype, node_attr_i(n, "keepdims", 1) ? x->rank : -1);
+        return true;
+    }
     bool keep = node_attr_i(n, "keepdims", 1) != 0;
     Dim out[MAX_RANK];
     int r = 0;
@@ -45,6 +59,93 @@ static bool infer_reduce(OpCtx *c, Node *n) {
     return true;
 }
 
+/* ---- code generation ---- */
+
+typedef enum { R_SUM, R_MEAN, R_MAX, R_MIN, R_PROD, R_SUMSQ, R_L1, R_L2, R_LOGSUM } ReduceKind;
+
+static ReduceKind reduce_kind(const char *op) {
+    static const char *names[] = {"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd",
+                                  "ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSum"};
+    for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
+        if (strcmp(op, names[i]) == 0) return (ReduceKind)i;
+    return R_SUM;
+}
+
+/* Output starts at the identity of the reduction; every input element is
+ * combined into the output element it maps to; a final pass applies the
+ * mean's scale, the square root or the log. */
+static bool k_reduce(Cg *c, const Node *n) {
+    const Value *x = n->in[0], *y = n->out[0];
+    OpCtx oc = {c->g, c->d, graph_opset(c->g, "")};
+    bool red[MAX_RANK];
+    if (reduce_axes(&oc, n, red) != 1)
+        return diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (%s): axes must be constant", c->g->path, n->name,
+                          n->op_type);
+    ReduceKind kind = reduce_kind(n->op_type);
+    int64_t ny = value_numel(y), count = 1, st[MAX_RANK], s = 1;
+    for (int j = x->rank - 1; j >= 0; j--) {
+        st[j] = red[j] ? 0 : s;
+        if (red[j]) count *= x->dims[j].k;
+        else s *= x->dims[j].k;
+    }
+    const Value *bufs[2] = {x, y};
+    if (!cg_kernel_begin(c, n, 2, bufs)) return false;
+    double init = kind == R_MAX ? -INFINITY : kind == R_MIN ? INFINITY : kind == R_PROD ? 1 : 0;
+    cg_fill(c, y, ny, cg_f32(c, init));
+    CgLoop loops[MAX_RANK];
+    LLVMValueRef xi = cg_i64(c, 0), yi = cg_i64(c, 0);
+    for (int j = 0; j < x->rank; j++) {
+        LLVMValueRef iv = cg_for(c, &loops[j], cg_i64(c, x->dims[j].k));
+        xi = cg_mad(c, xi, x->dims[j].k, iv);
+        if (st[j]) yi = cg_add(c, yi, cg_mul(c, iv, st[j]));
+    }
+    LLVMValueRef v = cg_load(c, x, xi), acc = cg_load(c, y, yi), r;
+    switch (kind) {
+    case R_MAX: r = cg_max(c, acc, v); break;
+    case R_MIN: r = LLVMBuildSelect(c->b, LLVMBuildFCmp(c->b, LLVMRealULT, v, acc, ""), v, acc, ""); break;
+    case R_PROD: r = LLVMBuildFMul(c->b, acc, v, ""); break;
+    case R_SUMSQ: case R_L2: r = LLVMBuildFAdd(c->b, acc, LLVMBuildFMul(c->b, v, v, ""), ""); break;
+    case R_L1: r = LLVMBuildFAdd(c->b, acc, cg_math(c, "fabs", v, NULL), ""); break;
+    default: r = LLVMBuildFAdd(c->b, acc, v, ""); break;
+    }
+    cg_store(c, y, yi, r);
+    for (int j = x->rank - 1; j >= 0; j--) cg_for_end(c, &loops[j]);
+    if (kind == R_MEAN || kind == R_L2 || kind == R_LOGSUM) {
+        CgLoop l;
+        LLVMValueRef i = cg_for(c, &l, cg_i64(c, ny));
+        LLVMValueRef a = cg_load(c, y, i);
+        if (kind == R_MEAN) a = LLVMBuildFMul(c->b, a, cg_f32(c, 1.0 / (double)(count ? count : 1)), "");
+        else a = cg_math(c, kind == R_L2 ? "sqrt" : "log", a, NULL);
+        cg_store(c, y, i, a);
+        cg_for_end(c, &l);
+    }
+    cg_kernel_end(c);
+    return true;
+}
+
+/* ---- gradient rules: dy broadcast back over the reduced axes ---- */
+
+static bool g_reduce_linear(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    if (!need[0]) return true;
+    const Value *x = n->in[0];
+    OpCtx oc = {c->g, c->d, graph_opset(c->g, "")};
+    bool red[MAX_RANK];
+    if (reduce_axes(&oc, n, red) != 1) return false;
+    int64_t axes[MAX_RANK], count = 1;
+    int na = 0;
+    for (int j = 0; j < x->rank; j++)
+        if (red[j]) {
+            axes[na++] = j;
+            count *= x->dims[j].k;
+        }
+    Value *in[2] = {dy[0], n->in[0]};
+    Node *g = gb_start(c, "cleave", "ReduceGrad", 2, in, 1);
+    gb_attr_ints(c, g, "axes", axes, na);
+    if (strcmp(n->op_type, "ReduceMean") == 0) gb_attr_f(c, g, "scale", 1.0f / (float)(count ? count : 1));
+    dx[0] = gb_finish(c, g);
+    return true;
+}
+
 static double flops_reduce(const Node *n) {
     int64_t e = value_numel(n->in[0]);
     return e < 0 ? 0 : (double)e;
@@ -53,6 +154,13 @@ static double flops_reduce(const Node *n) {
 static const AttrSpec attrs_reduce[] = {
     {"axes", ATTR_INTS}, {"keepdims", ATTR_INT, .i = 1}, {"noop_with_empty_axes", ATTR_INT, .i = 0}, {0}};
 
-const OpDef op_ReduceMean = {"ReduceMean", "", 1, 0, 1, 2, 1, 1, attrs_reduce, 0, infer_reduce, NULL, flops_reduce};
-const OpDef op_ReduceSum = {"ReduceSum", "", 1, 0, 1, 2, 1, 1, attrs_reduce, 0, infer_reduce, NULL, flops_reduce};
-const OpDef op_ReduceMax = {"ReduceMax", "", 1, 0, 1, 2, 1, 1, attrs_reduce, 0, infer_reduce, NULL, flops_reduce};
+const OpDef op_ReduceMean = {"ReduceMean", "", 1, 0, 1, 2, 1, 1, attrs_reduce, 0, infer_reduce, NULL, flops_reduce, .grad = g_reduce_linear, .cg = k_reduce};
+const OpDef op_ReduceSum = {"ReduceSum", "", 1, 0, 1, 2, 1, 1, attrs_reduce, 0, infer_reduce, NULL, flops_reduce, .grad = g_reduce_linear, .cg = k_reduce};
+const OpDef op_ReduceMax = {"ReduceMax", "", 1, 0, 1, 2, 1, 1, attrs_reduce, 0, infer_reduce, NULL, flops_reduce, .cg = k_reduce};
+const OpDef op_ReduceMin = {"ReduceMin", "", 1, 0, 1, 2, 1, 1, attrs_reduce, 0, infer_reduce, NULL, flops_reduce, .cg = k_reduce};
+const OpDef op_ReduceProd = {"ReduceProd", "", 1, 0, 1, 2, 1, 1, attrs_reduce, 0, infer_reduce, NULL, flops_reduce, .cg = k_reduce};
+const OpDef op_ReduceL1 = {"ReduceL1", "", 1, 0, 1, 2, 1, 1, attrs_reduce, 0, infer_reduce, NULL, flops_reduce, .cg = k_reduce};
+const OpDef op_ReduceL2 = {"ReduceL2", "", 1, 0, 1, 2, 1, 1, attrs_reduce, 0, infer_reduce, NULL, flops_reduce, .cg = k_reduce};
+const OpDef op_ReduceLogSum = {"ReduceLogSum", "", 1, 0, 1, 2, 1, 1, attrs_reduce, 0, infer_reduce, NULL, flops_reduce, .cg = k_reduce};
+const OpDef op_ReduceLogSumExp = {"ReduceLogSumExp", "", 1, 0, 1, 2, 1, 1, attrs_reduce, 0, infer_reduce, NULL, flops_reduce};
+const OpDef op_ReduceSumSquare = {"ReduceSumSquare", "", 1, 0, 1, 2, 1, 1, attrs_reduce, 0, infer_reduce, NULL, flops_reduce, .cg = k_reduce};

@@ -1,13 +1,15 @@
 /* ops_shape.c - operators that move or describe data without arithmetic:
- * Shape, Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Concat, Slice,
- * Gather, Expand, Constant, ConstantOfShape, Range.  Their fold rules let
- * the shape subgraphs PyTorch exports (Shape -> Gather -> Unsqueeze ->
- * Concat -> Reshape) collapse to constants. */
+ * Shape, Size, Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Concat,
+ * Slice, Gather, Expand, Constant, ConstantOfShape, Range.  Their fold
+ * rules let the shape subgraphs PyTorch exports (Shape -> Gather ->
+ * Unsqueeze -> Concat -> Reshape) collapse to constants. */
 #include <math.h>
 #include <string.h>
 
 #include "op_util.h"
 #include "ops_families.h"
+#include "../autodiff/grad.h"
+#include "../codegen/cg.h"
 
 /* Folds a single-input data movement op: out[e] = in[map(e)]. */
 typedef int64_t (*IndexMap)(const Node *n, int64_t out_flat, const void *ctx);
@@ -41,26 +43,33 @@ static int read_axes(OpCtx *c, const Node *n, int64_t input_since, int slot, int
 
 /* ---- Shape ---- */
 
+/* The dims [start, end) that Shape reports: opset 15 added the attributes,
+ * negative values count from the back, and both clamp to [0, rank].  'end'
+ * has no default in the op table because it defaults to the rank. */
+static void shape_window(const OpCtx *c, const Node *n, int rank, int64_t *start, int64_t *end) {
+    const Attr *e = node_attr(n, "end");
+    *start = c->opset >= 15 ? node_attr_i(n, "start", 0) : 0;
+    *end = c->opset >= 15 && e ? e->i : rank;
+    if (*start < 0) *start += rank;
+    if (*end < 0) *end += rank;
+    *start = *start < 0 ? 0 : *start > rank ? rank : *start;
+    *end = *end < *start ? *start : *end > rank ? rank : *end;
+}
+
 static bool infer_shape(OpCtx *c, Node *n) {
-    int r = n->in[0]->rank;
-    int64_t start = node_attr_i(n, "start", 0), end = node_attr_i(n, "end", r);
-    if (c->opset < 15) { start = 0; end = r; }
-    if (start < 0) start += r;
-    if (end < 0) end += r;
-    start = start < 0 ? 0 : start > r ? r : start;
-    end = end < 0 ? 0 : end > r ? r : end;
-    Dim len = dim_const(end > start ? end - start : 0);
+    int64_t start, end;
+    shape_window(c, n, n->in[0]->rank, &start, &end);
+    Dim len = dim_const(end - start);
     set_out(n, 0, DT_INT64, 1, &len);
     return true;
 }
 
 static FoldResult fold_shape(OpCtx *c, Node *n) {
     const Value *x = n->in[0];
-    for (int i = 0; i < x->rank; i++)
+    int64_t start, end;
+    shape_window(c, n, x->rank, &start, &end);
+    for (int64_t i = start; i < end; i++)
         if (x->dims[i].sym == DIM_UNKNOWN) return FOLD_NO;
-    int64_t start = c->opset >= 15 ? node_attr_i(n, "start", 0) : 0;
-    if (start < 0) start += x->rank;
-    if (start < 0) start = 0;
     Const *r = fold_out(c, n, 0);
     if (!r) return FOLD_NO;
     for (int64_t i = 0; i < r->n; i++) {
@@ -71,6 +80,29 @@ static FoldResult fold_shape(OpCtx *c, Node *n) {
             if (!r->sym) return FOLD_NO;
             r->sym[i] = d.sym;
         }
+    }
+    return FOLD_DONE;
+}
+
+/* ---- Size ---- */
+
+static bool infer_size(OpCtx *c, Node *n) {
+    (void)c;
+    set_out(n, 0, DT_INT64, 0, NULL);
+    return true;
+}
+
+/* The element count; symbolic when one dimension is. */
+static FoldResult fold_size(OpCtx *c, Node *n) {
+    Dim total;
+    if (!dims_product(n->in[0]->dims, n->in[0]->rank, &total)) return FOLD_NO;
+    Const *r = fold_out(c, n, 0);
+    if (!r) return FOLD_NO;
+    const_set_i(r, 0, total.k);
+    if (total.sym) {
+        r->sym = ARENA_ARRAY(&c->g->arena, int32_t, 1);
+        if (!r->sym) return FOLD_NO;
+        r->sym[0] = total.sym;
     }
     return FOLD_DONE;
 }
@@ -94,9 +126,7 @@ static bool infer_reshape(OpCtx *c, Node *n) {
         k = (int)s->dims[0].k;
         if (k > MAX_RANK) return op_error(c, n, "target rank %d exceeds %d", k, MAX_RANK);
         if (!in_const(n, 1)) {
-            Dim unk[MAX_RANK];
-            for (int i = 0; i < k; i++) unk[i] = dim_unknown();
-            set_out(n, 0, x->dtype, k, unk);
+            set_out_unknown(n, 0, x->dtype, k);
             return true;
         }
         for (int i = 0; i < k; i++) tdims[i] = const_get_dim(s->konst, i);
@@ -259,9 +289,15 @@ static FoldResult fold_transpose(OpCtx *c, Node *n) { return fold_map(c, n, map_
 
 /* ---- Concat ---- */
 
+/* 'axis' is required since opset 4; Concat-1 defaulted it to 1. */
+static int64_t concat_axis(const OpCtx *c, const Node *n) {
+    const Attr *a = node_attr(n, "axis");
+    return a ? a->i : c->opset < 4 ? 1 : 0;
+}
+
 static bool infer_concat(OpCtx *c, Node *n) {
     const Value *x0 = n->in[0];
-    int64_t axis = node_attr_i(n, "axis", 0);
+    int64_t axis = concat_axis(c, n);
     if (!node_attr(n, "axis") && c->opset >= 4) return op_error(c, n, "attribute 'axis' is required");
     if (!norm_axis(c, n, &axis, x0->rank)) return false;
     DType t;
@@ -295,7 +331,7 @@ static FoldResult fold_concat(OpCtx *c, Node *n) {
         if (n->in[i] && (!in_const(n, i) || !value_shape_known(n->in[i]))) return FOLD_NO;
     const Value *y = n->out[0];
     if (!value_shape_known(y)) return FOLD_NO;
-    int64_t axis = node_attr_i(n, "axis", 0);
+    int64_t axis = concat_axis(c, n);
     if (axis < 0) axis += y->rank;
     int64_t outer = 1, inner = 1;
     for (int j = 0; j < axis; j++) outer *= y->dims[j].k;
@@ -358,9 +394,13 @@ static bool slice_params(OpCtx *c, const Node *n, SliceSpec *sp, Dim *out, bool 
     bool seen[MAX_RANK] = {0};
     for (int i = 0; i < ks; i++) {
         int64_t a = axes[i];
-        if (!norm_axis(c, n, &a, x->rank) || seen[a]) {
+        if (!norm_axis(c, n, &a, x->rank)) {
             *err = true;
-            return seen[a] ? op_error(c, n, "axis %lld repeated", (long long)a) : false;
+            return false;
+        }
+        if (seen[a]) {
+            *err = true;
+            return op_error(c, n, "axis %lld repeated", (long long)a);
         }
         seen[a] = true;
         if (steps[i] == 0) { *err = true; return op_error(c, n, "step is 0"); }
@@ -375,12 +415,14 @@ static bool slice_params(OpCtx *c, const Node *n, SliceSpec *sp, Dim *out, bool 
         int64_t len = d.k;
         if (s < 0) s += len;
         if (e < 0) e += len;
+        /* Clamping as ONNX specifies: forward, start and end to [0, len];
+         * backward, start to [0, len-1] and end to [-1, len-1]. */
         if (st > 0) {
             s = s < 0 ? 0 : s > len ? len : s;
             e = e < 0 ? 0 : e > len ? len : e;
             out[a] = dim_const(e > s ? (e - s + st - 1) / st : 0);
         } else {
-            s = s < 0 ? -1 : s > len - 1 ? len - 1 : s;
+            s = s > len - 1 ? len - 1 : s < 0 ? 0 : s;
             e = e < -1 ? -1 : e > len - 1 ? len - 1 : e;
             out[a] = dim_const(s > e ? (s - e - st - 1) / -st : 0);
         }
@@ -396,8 +438,7 @@ static bool infer_slice(OpCtx *c, Node *n) {
     bool err;
     if (!slice_params(c, n, &sp, out, &err)) {
         if (err) return false;
-        set_out(n, 0, n->in[0]->dtype, n->in[0]->rank, NULL);
-        for (int j = 0; j < n->in[0]->rank; j++) n->out[0]->dims[j] = dim_unknown();
+        set_out_unknown(n, 0, n->in[0]->dtype, n->in[0]->rank);
         return true;
     }
     set_out(n, 0, n->in[0]->dtype, n->in[0]->rank, out);
@@ -483,9 +524,7 @@ static bool infer_expand(OpCtx *c, Node *n) {
     if (k > MAX_RANK) return op_error(c, n, "target rank %d exceeds %d", k, MAX_RANK);
     int r = k > x->rank ? k : x->rank;
     if (!in_const(n, 1)) {
-        Dim unk[MAX_RANK];
-        for (int i = 0; i < r; i++) unk[i] = dim_unknown();
-        set_out(n, 0, x->dtype, r, unk);
+        set_out_unknown(n, 0, x->dtype, r);
         return true;
     }
     /* Broadcast the input against a temporary value holding the shape. */
@@ -573,15 +612,27 @@ static FoldResult fold_constant_of_shape(OpCtx *c, Node *n) {
 
 /* ---- Range ---- */
 
+/* The length is ceil((limit - start) / delta).  Inputs known only at run
+ * time would make it data-dependent, which a static training program cannot
+ * hold, so they are refused.  Symbolic inputs (from Shape of an unbound
+ * batch) give a symbolic length only for Range(0, k*S, 1); other symbolic
+ * forms stay unknown until the batch is bound. */
 static bool infer_range(OpCtx *c, Node *n) {
     DType t;
     if (!same_dtype(c, n, 0, 3, &t)) return false;
     for (int i = 0; i < 3; i++)
         if (n->in[i]->rank != 0) return op_error(c, n, "input '%s' must be a scalar", n->in[i]->name);
+    for (int i = 0; i < 3; i++)
+        if (!in_const(n, i))
+            return op_error_kind(c, n, DIAG_UNSUPPORTED,
+                                 "input '%s' is known only at run time, so the output length is data-dependent; "
+                                 "cleave needs start, limit and delta to be constants", n->in[i]->name);
+    const Const *ks = n->in[0]->konst, *kl = n->in[1]->konst, *kd = n->in[2]->konst;
     Dim len = dim_unknown();
-    if (in_const(n, 0) && in_const(n, 1) && in_const(n, 2)) {
-        double s = const_get_f(n->in[0]->konst, 0), l = const_get_f(n->in[1]->konst, 0),
-               d = const_get_f(n->in[2]->konst, 0);
+    if (ks->sym || kl->sym || kd->sym) {
+        if (!ks->sym && !kd->sym && const_get_f(ks, 0) == 0 && const_get_f(kd, 0) == 1) len = const_get_dim(kl, 0);
+    } else {
+        double s = const_get_f(ks, 0), l = const_get_f(kl, 0), d = const_get_f(kd, 0);
         if (d == 0) return op_error(c, n, "delta is 0");
         double cnt = ceil((l - s) / d);
         if (!(cnt < 1e12)) return op_error(c, n, "range is too long");
@@ -593,6 +644,8 @@ static bool infer_range(OpCtx *c, Node *n) {
 
 static FoldResult fold_range(OpCtx *c, Node *n) {
     if (!value_shape_known(n->out[0])) return FOLD_NO;
+    for (int i = 0; i < 3; i++)
+        if (n->in[i]->konst->sym) return FOLD_NO;
     Const *r = fold_out(c, n, 0);
     if (!r) return FOLD_NO;
     bool ints = r->store == DT_INT64;
@@ -605,8 +658,143 @@ static FoldResult fold_range(OpCtx *c, Node *n) {
 
 static double flops_zero(const Node *n) { (void)n; return 0; }
 
+/* ---- code generation ---- */
+
+static void dims_of(const Value *v, int64_t *d) {
+    for (int j = 0; j < v->rank; j++) d[j] = v->dims[j].k;
+}
+
+/* Reshape, Flatten, Squeeze, Unsqueeze: the bytes do not change. */
+static bool k_same_order(Cg *c, const Node *n) {
+    const Value *bufs[2] = {n->in[0], n->out[0]};
+    if (!cg_kernel_begin(c, n, 2, bufs)) return false;
+    cg_copy(c, n->out[0], n->in[0]);
+    cg_kernel_end(c);
+    return true;
+}
+
+static bool k_transpose(Cg *c, const Node *n) {
+    const Value *x = n->in[0], *y = n->out[0];
+    int64_t perm[MAX_RANK], xs[MAX_RANK], ys[MAX_RANK], src[MAX_RANK], d[MAX_RANK];
+    read_perm(n, x->rank, perm);
+    shape_strides(x, xs);
+    shape_strides(y, ys);
+    for (int j = 0; j < y->rank; j++) src[j] = xs[perm[j]];
+    dims_of(y, d);
+    if (!cg_kernel_begin_io(c, n)) return false;
+    cg_strided_copy(c, y, 0, ys, x, 0, src, y->rank, d);
+    cg_kernel_end(c);
+    return true;
+}
+
+static bool k_slice(Cg *c, const Node *n) {
+    OpCtx oc = {c->g, c->d, graph_opset(c->g, "")};
+    SliceSpec sp;
+    Dim out[MAX_RANK];
+    bool err;
+    if (!slice_params(&oc, n, &sp, out, &err))
+        return diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (Slice): parameters must be constant", c->g->path,
+                          n->name);
+    const Value *x = n->in[0], *y = n->out[0];
+    int64_t xs[MAX_RANK], ys[MAX_RANK], src[MAX_RANK], d[MAX_RANK], off = 0;
+    shape_strides(x, xs);
+    shape_strides(y, ys);
+    for (int j = 0; j < x->rank; j++) {
+        off += sp.start[j] * xs[j];
+        src[j] = sp.step[j] * xs[j];
+    }
+    dims_of(y, d);
+    const Value *bufs[2] = {x, y};
+    if (!cg_kernel_begin(c, n, 2, bufs)) return false;
+    if (value_numel(y) > 0) cg_strided_copy(c, y, 0, ys, x, off, src, y->rank, d);
+    cg_kernel_end(c);
+    return true;
+}
+
+static bool k_concat(Cg *c, const Node *n) {
+    const Value *y = n->out[0];
+    int64_t axis = node_attr_i(n, "axis", graph_opset(c->g, "") < 4 ? 1 : 0);
+    if (axis < 0) axis += y->rank;
+    int64_t ys[MAX_RANK];
+    shape_strides(y, ys);
+    if (!cg_kernel_begin_io(c, n)) return false;
+    int64_t at = 0;
+    for (int i = 0; i < n->n_in; i++) {
+        const Value *x = n->in[i];
+        if (!x) continue;
+        int64_t xs[MAX_RANK], d[MAX_RANK];
+        shape_strides(x, xs);
+        dims_of(x, d);
+        if (value_numel(x) > 0) cg_strided_copy(c, y, at * ys[axis], ys, x, 0, xs, x->rank, d);
+        at += x->dims[axis].k;
+    }
+    cg_kernel_end(c);
+    return true;
+}
+
+static bool k_expand(Cg *c, const Node *n) {
+    const Value *x = n->in[0], *y = n->out[0];
+    int64_t ys[MAX_RANK], src[MAX_RANK], d[MAX_RANK], s = 1;
+    shape_strides(y, ys);
+    for (int j = y->rank - 1; j >= 0; j--) {
+        int jx = j - (y->rank - x->rank);
+        int64_t dk = jx >= 0 ? x->dims[jx].k : 1;
+        src[j] = dk == 1 ? 0 : s;
+        s *= dk;
+    }
+    dims_of(y, d);
+    const Value *bufs[2] = {x, y};
+    if (!cg_kernel_begin(c, n, 2, bufs)) return false;
+    cg_strided_copy(c, y, 0, ys, x, 0, src, y->rank, d);
+    cg_kernel_end(c);
+    return true;
+}
+
+/* y[outer, idx, inner] = x[outer, indices[idx] (wrapped if negative), inner] */
+static bool k_gather(Cg *c, const Node *n) {
+    const Value *x = n->in[0], *idx = n->in[1], *y = n->out[0];
+    int64_t axis = node_attr_i(n, "axis", 0);
+    if (axis < 0) axis += x->rank;
+    int64_t outer, len, inner, ni = value_numel(idx);
+    cg_axis_split(x, (int)axis, &outer, &len, &inner);
+    if (!cg_kernel_begin_io(c, n)) return false;
+    CgLoop lo, li, lk;
+    LLVMValueRef o = cg_for(c, &lo, cg_i64(c, outer));
+    LLVMValueRef i = cg_for(c, &li, cg_i64(c, ni));
+    LLVMValueRef v = cg_load_i(c, idx, i);
+    LLVMValueRef neg = LLVMBuildICmp(c->b, LLVMIntSLT, v, cg_i64(c, 0), "");
+    v = LLVMBuildSelect(c->b, neg, cg_add(c, v, cg_i64(c, len)), v, "");
+    LLVMValueRef k = cg_for(c, &lk, cg_i64(c, inner));
+    LLVMValueRef src = cg_add(c, cg_mul(c, cg_add(c, cg_mul(c, o, len), v), inner), k);
+    LLVMValueRef dst = cg_add(c, cg_mul(c, cg_add(c, cg_mul(c, o, ni), i), inner), k);
+    if (dtype_is_float(x->dtype)) cg_store(c, y, dst, cg_load(c, x, src));
+    else cg_store(c, y, dst, cg_load_i(c, x, src));
+    cg_for_end(c, &lk);
+    cg_for_end(c, &li);
+    cg_for_end(c, &lo);
+    cg_kernel_end(c);
+    return true;
+}
+
+/* ---- gradient rules ---- */
+
+static bool g_same_order(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    if (need[0]) dx[0] = gb_reshape_like(c, dy[0], n->in[0]);
+    return true;
+}
+
+static bool g_transpose(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    if (!need[0]) return true;
+    int64_t perm[MAX_RANK], inv[MAX_RANK];
+    int r = n->in[0]->rank;
+    read_perm(n, r, perm);
+    for (int j = 0; j < r; j++) inv[perm[j]] = j;
+    dx[0] = gb_transpose(c, dy[0], inv, r);
+    return true;
+}
+
 static const AttrSpec attrs_none[] = {{0}};
-static const AttrSpec attrs_shape[] = {{"start", ATTR_INT, .i = 0}, {"end", ATTR_INT}, {0}};
+static const AttrSpec attrs_shape[] = {{"start", ATTR_INT, .i = 0}, {"end", ATTR_INT}, {0}}; /* end: the rank */
 static const AttrSpec attrs_reshape[] = {{"allowzero", ATTR_INT, .i = 0}, {"shape", ATTR_INTS}, {0}};
 static const AttrSpec attrs_axis1[] = {{"axis", ATTR_INT, .i = 1}, {0}};
 static const AttrSpec attrs_axis0[] = {{"axis", ATTR_INT, .i = 0}, {0}};
@@ -616,15 +804,16 @@ static const AttrSpec attrs_slice[] = {{"starts", ATTR_INTS}, {"ends", ATTR_INTS
 static const AttrSpec attrs_value[] = {{"value", ATTR_TENSOR}, {0}};
 
 const OpDef op_Shape = {"Shape", "", 1, 0, 1, 1, 1, 1, attrs_shape, 0, infer_shape, fold_shape, flops_zero};
-const OpDef op_Reshape = {"Reshape", "", 1, 0, 1, 2, 1, 1, attrs_reshape, 0, infer_reshape, fold_same_order, flops_zero};
-const OpDef op_Flatten = {"Flatten", "", 1, 0, 1, 1, 1, 1, attrs_axis1, 0, infer_flatten, fold_same_order, flops_zero};
-const OpDef op_Squeeze = {"Squeeze", "", 1, 0, 1, 2, 1, 1, attrs_axes, 0, infer_squeeze, fold_same_order, flops_zero};
-const OpDef op_Unsqueeze = {"Unsqueeze", "", 1, 0, 1, 2, 1, 1, attrs_axes, 0, infer_unsqueeze, fold_same_order, flops_zero};
-const OpDef op_Transpose = {"Transpose", "", 1, 0, 1, 1, 1, 1, attrs_perm, 0, infer_transpose, fold_transpose, flops_zero};
-const OpDef op_Concat = {"Concat", "", 1, 0, 1, 1 << 16, 1, 1, attrs_axis0, 0, infer_concat, fold_concat, flops_zero};
-const OpDef op_Slice = {"Slice", "", 1, 0, 1, 5, 1, 1, attrs_slice, 0, infer_slice, fold_slice, flops_zero};
-const OpDef op_Gather = {"Gather", "", 1, 0, 2, 2, 1, 1, attrs_axis0, 0, infer_gather, fold_gather, flops_zero};
-const OpDef op_Expand = {"Expand", "", 8, 0, 2, 2, 1, 1, attrs_none, 0, infer_expand, fold_expand, flops_zero};
+const OpDef op_Size = {"Size", "", 1, 0, 1, 1, 1, 1, attrs_none, 0, infer_size, fold_size, flops_zero};
+const OpDef op_Reshape = {"Reshape", "", 1, 0, 1, 2, 1, 1, attrs_reshape, 0, infer_reshape, fold_same_order, flops_zero, .grad = g_same_order, .cg = k_same_order};
+const OpDef op_Flatten = {"Flatten", "", 1, 0, 1, 1, 1, 1, attrs_axis1, 0, infer_flatten, fold_same_order, flops_zero, .grad = g_same_order, .cg = k_same_order};
+const OpDef op_Squeeze = {"Squeeze", "", 1, 0, 1, 2, 1, 1, attrs_axes, 0, infer_squeeze, fold_same_order, flops_zero, .grad = g_same_order, .cg = k_same_order};
+const OpDef op_Unsqueeze = {"Unsqueeze", "", 1, 0, 1, 2, 1, 1, attrs_axes, 0, infer_unsqueeze, fold_same_order, flops_zero, .grad = g_same_order, .cg = k_same_order};
+const OpDef op_Transpose = {"Transpose", "", 1, 0, 1, 1, 1, 1, attrs_perm, 0, infer_transpose, fold_transpose, flops_zero, .grad = g_transpose, .cg = k_transpose};
+const OpDef op_Concat = {"Concat", "", 1, 0, 1, 1 << 16, 1, 1, attrs_axis0, 0, infer_concat, fold_concat, flops_zero, .cg = k_concat};
+const OpDef op_Slice = {"Slice", "", 1, 0, 1, 5, 1, 1, attrs_slice, 0, infer_slice, fold_slice, flops_zero, .cg = k_slice};
+const OpDef op_Gather = {"Gather", "", 1, 0, 2, 2, 1, 1, attrs_axis0, 0, infer_gather, fold_gather, flops_zero, .cg = k_gather};
+const OpDef op_Expand = {"Expand", "", 8, 0, 2, 2, 1, 1, attrs_none, 0, infer_expand, fold_expand, flops_zero, .cg = k_expand};
 const OpDef op_Constant = {"Constant", "", 1, 0, 0, 0, 1, 1, attrs_none, 0, infer_constant, fold_constant, flops_zero};
 const OpDef op_ConstantOfShape = {"ConstantOfShape", "", 9, 0, 1, 1, 1, 1, attrs_value, 0, infer_constant_of_shape, fold_constant_of_shape, flops_zero};
 const OpDef op_Range = {"Range", "", 11, 0, 3, 3, 1, 1, attrs_none, 0, infer_range, fold_range, flops_zero};

@@ -80,7 +80,7 @@ void *arena_alloc(Arena *a, size_t n, size_t size) {
 char *arena_strndup(Arena *a, const char *s, size_t len) {
     char *d = arena_alloc(a, len + 1, 1);
     if (d) {
-        memcpy(d, s, len);
+        if (len) memcpy(d, s, len); /* s may be NULL when len is 0 (empty protobuf bytes) */
         d[len] = 0;
     }
     return d;

@@ -217,6 +217,15 @@ def model_cases(outdir):
         helper.make_node("Transpose", ["x"], ["y"], name="bad_perm", perm=[0, 0]),
     ], [vi("x", F, [2, 3])], [vi("y", F, None)]))
 
+    # Lists and strings that are present but empty: protobuf-c hands them
+    # over as NULL pointers.
+    transpose = helper.make_node("Transpose", ["x"], ["y"], name="empty_perm")
+    transpose.attribute.add(name="perm", type=onnx.AttributeProto.INTS)
+    transpose.attribute.add(name="note", type=onnx.AttributeProto.STRING, s=b"")
+    transpose.attribute.add(name="scales", type=onnx.AttributeProto.FLOATS)
+    transpose.attribute.add(name="labels", type=onnx.AttributeProto.STRINGS, strings=[b""])
+    save("empty_list_attribute.onnx", model("empty_attr", [transpose], [vi("x", F, [2, 3])], [vi("y", F, None)]))
+
     save("bad_axis.onnx", model("axis", [
         helper.make_node("Softmax", ["x"], ["y"], name="softmax_axis9", axis=9),
     ], [vi("x", F, [2, 3])], [vi("y", F, None)]))
@@ -274,9 +283,14 @@ def model_cases(outdir):
         helper.make_node("Add", ["x", "w_huge"], ["y"], name="add_huge"),
     ], [vi("x", F, [1])], [vi("y", F, None)], inits=[huge]))
 
+    # Within the size limit, but the 32 GiB it declares are not in the file.
+    save("big_without_data.onnx", model("big_nodata", [
+        helper.make_node("Add", ["x", "w_big"], ["y"], name="add_big"),
+    ], [vi("x", F, [1])], [vi("y", F, None)], inits=[tensor("w_big", F, [2 ** 33])]))
+
     save("huge_input.onnx", model("huge_in", [
         helper.make_node("Relu", ["x"], ["y"], name="relu_huge"),
-    ], [vi("x", F, [2 ** 62, 4])], [vi("y", F, None)]))
+    ], [vi("x", F, [4, 2 ** 62])], [vi("y", F, None)]))
 
     save("huge_matmul.onnx", model("huge_mm", [
         helper.make_node("MatMul", ["a", "b"], ["y"], name="mm_huge"),
@@ -300,6 +314,7 @@ def model_cases(outdir):
     write(parent, "escape.bin", b"\0" * 24)
     write(parent, "outside.bin", b"\0" * 24)
     write(outdir, "weights.bin", b"\0" * 24)
+    os.makedirs(os.path.join(outdir, "subdir"), exist_ok=True)
     link = os.path.join(outdir, "link.bin")
     if os.path.lexists(link):
         os.remove(link)
@@ -331,6 +346,8 @@ def model_cases(outdir):
     external("ext_offset_garbage.onnx", "weights.bin", offset="12abc")
     external("ext_offset_negative.onnx", "weights.bin", offset=-4)
     external("ext_no_location.onnx", "")
+    external("ext_directory.onnx", "subdir")
+    external("ext_big.onnx", "weights.bin", dims=(2 ** 33,))
 
     # A valid model using external data: the suite checks it loads.
     external("ext_ok.onnx", "weights.bin", offset=0, length=24)

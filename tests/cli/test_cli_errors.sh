@@ -1,33 +1,261 @@
 #!/usr/bin/env bash
-# Command-line behaviour of `cleave`: exit codes and one-line errors.
+# Command-line behaviour of `cleave`: exit codes and one-line errors, on bad
+# command lines and on malformed inputs (written by make_bad_models.py).
+#
+# Every failing run must exit with the status of its kind (2 for usage
+# errors, 1 for bad input), print exactly one line on stderr naming the
+# file, and not crash.  Under -DCLEAVE_SANITIZE=ON a sanitizer report adds
+# lines to stderr, so it fails the check too.
+#
 # usage: test_cli_errors.sh CLEAVE WORKDIR
 set -u
-CLEAVE=$1
+if [ $# -ne 2 ]; then
+  echo "usage: $0 CLEAVE WORKDIR" >&2
+  exit 2
+fi
+# Absolute, as the model checks run from inside the models' folder.
+CLEAVE=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 WORK=$2
+HERE=$(cd "$(dirname "$0")" && pwd)
+PYTHON=${CLEAVE_TEST_PYTHON:-/usr/bin/python3}
+LIMIT=60 # seconds per command; a hang counts as a failure
 mkdir -p "$WORK"
+WORK=$(cd "$WORK" && pwd)
+BAD=$WORK/bad
+rm -rf "$BAD"
+mkdir -p "$BAD"
+RUN_DIR=$WORK # folder the checked commands run in
 pass=0
 fail=0
+
+# run COMMAND...: runs it in RUN_DIR under the time limit; sets `status`
+# and `err` and leaves stdout in $WORK/stdout.
+run() {
+  (cd "$RUN_DIR" && exec timeout -k 5 "$LIMIT" "$@") >"$WORK/stdout" 2>"$WORK/stderr"
+  status=$?
+  err=$(cat "$WORK/stderr")
+}
+
+# Why a finished run is not a clean exit, or nothing.
+crashed() {
+  if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then echo " (timed out after ${LIMIT}s)"
+  elif [ "$status" -ge 128 ]; then echo " (crashed: signal $((status - 128)))"
+  fi
+}
 
 # expect STATUS PATTERN -- command...: the command exits with STATUS and its
 # stderr is one line matching PATTERN.
 expect() {
   local want=$1 pattern=$2
   shift 3
-  local err status
-  err=$("$@" 2>&1 >/dev/null)
-  status=$?
-  if [ "$status" -eq "$want" ] && printf '%s' "$err" | grep -qE -- "$pattern" && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ]; then
+  run "$@"
+  if [ "$status" -eq "$want" ] && printf '%s' "$err" | grep -qE -- "$pattern" &&
+    [ "$(wc -l <"$WORK/stderr")" -eq 1 ] && [ "$(tail -c 1 "$WORK/stderr" | od -An -c | tr -d ' ')" = '\n' ]; then
     pass=$((pass + 1))
   else
     fail=$((fail + 1))
-    echo "FAIL: $* -> status $status (want $want), stderr: $err"
+    echo "FAIL: $* -> status $status (want $want)$(crashed), stderr: $err"
   fi
 }
+
+# expect_ok PATTERN -- command...: the command exits 0, prints nothing on
+# stderr, and its stdout matches PATTERN.
+expect_ok() {
+  local pattern=$1
+  shift 2
+  run "$@"
+  if [ "$status" -eq 0 ] && [ -z "$err" ] && grep -qE -- "$pattern" "$WORK/stdout"; then
+    pass=$((pass + 1))
+  else
+    fail=$((fail + 1))
+    echo "FAIL: $* -> status $status (want 0)$(crashed), stderr: $err, stdout: $(head -c 200 "$WORK/stdout")"
+  fi
+}
+
+# ---- command line ----------------------------------------------------------
 
 expect 2 "unknown command" -- "$CLEAVE" frobnicate
 expect 2 "no model given" -- "$CLEAVE" inspect
 expect 2 "--batch needs a positive integer" -- "$CLEAVE" inspect x.onnx --batch 0
-expect 1 "missing.onnx: cannot open" -- "$CLEAVE" inspect "$WORK/missing.onnx"
+expect 2 "--batch needs a positive integer" -- "$CLEAVE" inspect x.onnx --batch -4
+expect 2 "--batch needs a positive integer" -- "$CLEAVE" inspect x.onnx --batch 12abc
+expect 2 "--batch needs a positive integer" -- "$CLEAVE" inspect x.onnx --batch 99999999999999999999
+expect 2 "--batch needs a positive integer" -- "$CLEAVE" inspect x.onnx --batch
+expect 2 "unknown format 'xml'" -- "$CLEAVE" inspect x.onnx --format xml
+expect 2 "--format needs text or json" -- "$CLEAVE" inspect x.onnx --format
+expect 2 "unknown flag '--frob'" -- "$CLEAVE" inspect x.onnx --frob
+expect 2 "one model at a time" -- "$CLEAVE" inspect a.onnx b.onnx
+
+# No arguments at all: the overall usage text, on stderr, with status 2.
+run "$CLEAVE"
+if [ "$status" -eq 2 ] && grep -q "^usage: cleave" "$WORK/stderr"; then
+  pass=$((pass + 1))
+else
+  fail=$((fail + 1))
+  echo "FAIL: $CLEAVE (no arguments) -> status $status (want 2)$(crashed), stderr: $err"
+fi
+
+expect_ok "^cleave [0-9]+\.[0-9]+\.[0-9]+$" -- "$CLEAVE" --version
+for flag in --help -h help; do
+  expect_ok "^usage: cleave <command>" -- "$CLEAVE" $flag
+done
+# Every command the overall help lists answers --help (and -h) itself.
+commands=$("$CLEAVE" --help | sed -n '/^commands:/,/^$/s/^  \([a-z][a-z-]*\) .*/\1/p')
+if [ -z "$commands" ]; then
+  fail=$((fail + 1))
+  echo "FAIL: '$CLEAVE --help' lists no commands"
+fi
+for cmd in $commands; do
+  expect_ok "^usage: cleave $cmd" -- "$CLEAVE" "$cmd" --help
+  expect_ok "^usage: cleave $cmd" -- "$CLEAVE" "$cmd" -h
+done
+expect_ok "^usage: cleave inspect" -- "$CLEAVE" inspect some.onnx --batch 2 --help
+
+# ---- files that are not models ---------------------------------------------
+
+expect 1 "missing\.onnx: cannot open" -- "$CLEAVE" inspect "$WORK/missing.onnx"
+expect 1 ": not a regular file" -- "$CLEAVE" inspect "$WORK"
+expect 1 "^cleave: error: /dev/null: not a regular file" -- "$CLEAVE" inspect /dev/null
+
+# ---- malformed inputs ------------------------------------------------------
+
+RUN_DIR=$BAD
+checked=" "
+
+# bad NAME PATTERN [FLAGS...]: `cleave inspect NAME FLAGS` run inside the
+# models' folder fails with "cleave: error: NAME: PATTERN".
+bad() {
+  local name=$1 pattern=$2
+  shift 2
+  checked="$checked$name "
+  expect 1 "^cleave: error: ${name//./\\.}: $pattern" -- "$CLEAVE" inspect "$name" "$@"
+}
+
+if [ ! -x "$PYTHON" ]; then
+  gen=127
+  echo "SKIP: $PYTHON not found; malformed-input checks skipped"
+else
+  "$PYTHON" "$HERE/make_bad_models.py" "$BAD" 2>"$WORK/make_bad_models.err"
+  gen=$?
+  if [ "$gen" -eq 77 ]; then
+    # make_bad_models.py says SKIP and why; byte-level cases are still checked.
+    echo "$(head -n 1 "$WORK/make_bad_models.err") [$PYTHON]"
+  elif [ "$gen" -ne 0 ]; then
+    fail=$((fail + 1))
+    echo "FAIL: make_bad_models.py exited $gen: $(tail -n 3 "$WORK/make_bad_models.err")"
+  fi
+fi
+
+if [ "$gen" -eq 0 ] || [ "$gen" -eq 77 ]; then
+  # Byte-level damage: written without onnx.
+  bad empty.onnx "empty file, not an ONNX model"
+  bad random.onnx "not an ONNX model"
+  bad text.onnx "not an ONNX model"
+  for f in "$BAD"/truncated_*.onnx; do
+    bad "$(basename "$f")" "not an ONNX model"
+    bad "$(basename "$f")" "not an ONNX model" --batch 3 --format json
+  done
+fi
+
+if [ "$gen" -eq 0 ]; then
+  # Graph structure
+  bad cycle.onnx "node 'node_(a|b)' \((Add|Relu)\) is part of a cycle"
+  bad self_loop.onnx "node 'loop_add' \(Add\) is part of a cycle"
+  bad undefined_input.onnx "node 'relu_undef' \(Relu\): input 'nowhere' is not defined"
+  bad defined_twice.onnx "node 'second' \(Neg\): output 'y' is already defined elsewhere"
+  bad output_shadows_input.onnx "node 'shadow_relu' \(Relu\): output 'x' is already defined elsewhere"
+  bad initializer_twice.onnx "value 'w' is defined more than once"
+  bad output_not_produced.onnx "graph output 'ghost' is not produced by any node"
+  bad empty_op_type.onnx "node #0 has no op_type"
+  bad newline_name.onnx "node 'line1 line2' \(Relu\): input 'nowhere' is not defined"
+  bad no_graph.onnx "not an ONNX model \(no graph\)"
+  bad bad_ir_version.onnx "not an ONNX model \(missing or invalid ir_version\)"
+  bad local_function.onnx "model-local functions are not supported"
+  bad sparse_initializer.onnx "sparse initializers are not supported"
+
+  # Ops: unknown, arity, attributes, opset, subgraphs
+  bad unknown_op.onnx "node 'foo_node': op 'FooBar' is not supported \(supported: [A-Za-z, ]*\bAdd\b[A-Za-z, ]*\bMatMul\b" --strict
+  expect_ok "FooBar: foo_node" -- "$CLEAVE" inspect unknown_op.onnx
+  bad too_few_inputs.onnx "node 'lonely_add' \(Add\): has 1 inputs"
+  bad too_many_outputs.onnx "node 'relu_two_out' \(Relu\): has 2 outputs"
+  bad required_input_omitted.onnx "node 'gemm_no_a' \(Gemm\): required input 0 is missing"
+  bad concat_no_axis.onnx "node 'concat_no_axis' \(Concat\): .*attribute 'axis' is (required|missing)"
+  bad cast_no_to.onnx "node 'cast_no_to' \(Cast\): required attribute 'to' is missing"
+  bad constant_no_tensor.onnx "node 'const_bad'.*attribute 'value' has no tensor"
+  bad opset_too_old.onnx "node 'expand_v7' \(Expand\): opset 7 is outside the supported range"
+  bad subgraph_if.onnx "node 'branch' \(If\): attribute '(then|else)_branch' holds a subgraph"
+
+  # Shapes
+  bad add_mismatch.onnx "node 'add_2x3_4x5' \(Add\): cannot broadcast dimension"
+  bad matmul_mismatch.onnx "node 'mm_3_vs_4' \(MatMul\): inner dimensions differ: 3 vs 4"
+  bad gemm_mismatch.onnx "node 'gemm_k' \(Gemm\): inner dimensions differ"
+  bad gemm_bias_mismatch.onnx "node 'gemm_c' \(Gemm\): C's dimension 7 does not broadcast to 4"
+  bad reshape_mismatch.onnx "node 'reshape_6_to_4' \(Reshape\): cannot reshape 6 elements into 4"
+  bad reshape_bad_target.onnx "node 'reshape_minus2' \(Reshape\): invalid target dimension -2"
+  bad gather_out_of_range.onnx "node 'gather_oob' \(Gather\): index 5 is out of range"
+  bad transpose_bad_perm.onnx "node 'bad_perm' \(Transpose\): perm is not a permutation"
+  bad empty_list_attribute.onnx "node 'empty_perm' \(Transpose\): perm has 0 entries for rank 2"
+  bad bad_axis.onnx "node 'softmax_axis9' \(Softmax\): axis 9 is out of range"
+
+  # Dtypes and tensor contents
+  bad add_float_int64.onnx "node 'add_mixed' \(Add\): input 'b' is int64 but 'a' is float32"
+  bad gather_float_indices.onnx "node 'gather_float_idx' \(Gather\): indices 'idx' are float32"
+  bad raw_data_length.onnx "initializer 'w_raw': raw_data holds 10 bytes, the shape needs 24"
+  bad float_data_count.onnx "initializer 'w_fd': float_data holds 5 values, the shape needs 6"
+  bad int64_data_count.onnx "initializer 'w_i64': int64_data holds 2 values, the shape needs 3"
+  bad string_tensor.onnx "initializer 'w_str': string tensors are not supported"
+  bad complex_tensor.onnx "initializer 'w_c64': unsupported tensor data type 14"
+  bad input_bad_elem_type.onnx "value 'x': unsupported element type 99"
+  bad rank_too_high.onnx "initializer 'w_rank9': rank 9 exceeds the maximum 8"
+
+  # Sizes
+  bad huge_initializer.onnx "initializer 'w_huge': dimensions overflow the tensor size limit"
+  bad big_without_data.onnx "initializer 'w_big': float_data holds 0 values, the shape needs 8589934592"
+  bad huge_input.onnx "node 'relu_huge' \(Relu\): output 'y' is too large"
+  bad huge_input.onnx "node 'relu_huge' \(Relu\): output 'y' is too large" --batch 3
+  bad huge_matmul.onnx "node 'mm_huge' \(MatMul\): output 'y' is too large"
+  bad negative_input_dim.onnx "value 'x': negative dimension -3"
+  bad negative_initializer_dim.onnx "initializer 'w_neg': negative dimension -1"
+  # Not an error: the product overflows, so the flattened dims stay unknown.
+  checked="${checked}huge_reshape.onnx "
+  expect_ok "flatten_huge" -- "$CLEAVE" inspect huge_reshape.onnx
+
+  # External data
+  bad ext_escape.onnx "initializer 'w_ext': external data location '\.\./escape\.bin' leaves the model's folder"
+  bad ext_escape_nested.onnx "initializer 'w_ext': external data location 'sub/\.\./\.\./escape\.bin' leaves"
+  bad ext_absolute.onnx "initializer 'w_ext': external data location '/etc/passwd' leaves the model's folder"
+  bad ext_symlink.onnx "initializer 'w_ext': external data location 'link\.bin' resolves outside the model's folder"
+  bad ext_missing.onnx "initializer 'w_ext': external data file 'no_such_weights\.bin' not found"
+  bad ext_directory.onnx "initializer 'w_ext': external data file 'subdir' is not a readable regular file"
+  bad ext_offset_past_end.onnx "initializer 'w_ext': external data offset 100 lies past the end of 'weights\.bin' \(24 bytes\)"
+  bad ext_length_past_end.onnx "initializer 'w_ext': external data \[offset 8, length 24\] lies outside 'weights\.bin'"
+  bad ext_length_short.onnx "initializer 'w_ext': external data holds 12 bytes, the shape needs 24"
+  bad ext_big.onnx "initializer 'w_ext': external data holds 24 bytes, the shape needs 34359738368"
+  bad ext_offset_garbage.onnx "initializer 'w_ext': external data offset '12abc' is not a non-negative integer"
+  bad ext_offset_negative.onnx "initializer 'w_ext': external data offset '-4' is not a non-negative integer"
+  bad ext_no_location.onnx "initializer 'w_ext': external data has no location"
+  # The valid one loads from any working folder.
+  checked="${checked}ext_ok.onnx "
+  expect_ok "add_ext" -- "$CLEAVE" inspect ext_ok.onnx
+  RUN_DIR=/
+  expect_ok "add_ext" -- "$CLEAVE" inspect "$BAD/ext_ok.onnx" --batch 2
+  expect 1 "^cleave: error: $WORK/bad/ext_escape\.onnx: .*leaves the model's folder" -- "$CLEAVE" inspect "$BAD/ext_escape.onnx"
+  RUN_DIR=$BAD
+fi
+
+# Cases make_bad_models.py wrote that no check above names: each must still
+# fail cleanly with one line naming the file.
+for f in "$BAD"/*.onnx; do
+  [ -e "$f" ] || continue
+  name=$(basename "$f")
+  case "$checked" in
+  *" $name "*) ;;
+  *)
+    echo "note: $name has no specific check"
+    bad "$name" ""
+    ;;
+  esac
+done
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

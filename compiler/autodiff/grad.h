@@ -1,0 +1,44 @@
+/* grad.h - building the training graph: gradient rules construct their
+ * results from ordinary graph ops with these builders, so a rule is a few
+ * lines and every op it uses already has shape and codegen rules.
+ *
+ * Builders create a node in the backward phase, run its shape rule at once,
+ * and return its first output (NULL with the Diag set on failure; callers
+ * pass NULL through, so rules need not check every step). */
+#ifndef CLEAVE_GRAD_H
+#define CLEAVE_GRAD_H
+
+#include "../ir/ir.h"
+
+typedef struct GradCtx GradCtx;
+struct GradCtx {
+    Graph *g;
+    Diag *d;
+    NodePhase phase; /* phase given to built nodes */
+};
+
+/* A node of op (domain "" or "cleave") with the given inputs; attributes
+ * are added before gb_finish runs its shape rule. */
+Node *gb_start(GradCtx *c, const char *domain, const char *op, int n_in, Value *const *in, int n_out);
+void gb_attr_i(GradCtx *c, Node *n, const char *name, int64_t v);
+void gb_attr_f(GradCtx *c, Node *n, const char *name, float v);
+void gb_attr_ints(GradCtx *c, Node *n, const char *name, const int64_t *v, int count);
+Value *gb_finish(GradCtx *c, Node *n);
+
+Value *gb_op1(GradCtx *c, const char *op, Value *a);
+Value *gb_op2(GradCtx *c, const char *op, Value *a, Value *b);
+/* Internal ops of the "cleave" domain. */
+Value *gb_internal2(GradCtx *c, const char *op, Value *a, Value *b);
+/* Scalar float32 constant. */
+Value *gb_const_f(GradCtx *c, float x);
+/* x scaled by s (x itself when s == 1). */
+Value *gb_scale(GradCtx *c, Value *x, float s);
+/* Sums x over the dimensions broadcast to reach its shape from `like`'s:
+ * the gradient of an operand that was broadcast.  x itself when equal. */
+Value *gb_sum_to(GradCtx *c, Value *x, const Value *like);
+/* x reshaped to `like`'s shape (a copy of its shape as a constant). */
+Value *gb_reshape_like(GradCtx *c, Value *x, const Value *like);
+/* Transpose with the given permutation. */
+Value *gb_transpose(GradCtx *c, Value *x, const int64_t *perm, int rank);
+
+#endif

@@ -1,0 +1,240 @@
+/* train.c - loss construction, the backward sweep and optimizer updates. */
+#include "train.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grad.h"
+#include "../cost/node_cost.h"
+#include "../ops/ops.h"
+
+const char *loss_kind_name(LossKind k) {
+    return k == LOSS_CE ? "ce" : k == LOSS_MSE ? "mse" : "model";
+}
+
+static Value *add_input(Graph *g, const char *name, DType t, int rank, const Dim *dims, Diag *d) {
+    if (graph_find_value(g, name)) {
+        diag_error(d, DIAG_GRAPH, "%s: the model already has a value named '%s'; the loss needs that name for its labels",
+                   g->path, name);
+        return NULL;
+    }
+    Value *v = graph_add_value(g, name);
+    Value **ins = ARENA_ARRAY(&g->arena, Value *, g->n_inputs + 1);
+    if (!v || !ins) {
+        diag_error(d, DIAG_NOMEM, "%s: out of memory", g->path);
+        return NULL;
+    }
+    memcpy(ins, g->inputs, sizeof *ins * (size_t)g->n_inputs);
+    ins[g->n_inputs++] = v;
+    g->inputs = ins;
+    v->kind = VAL_INPUT;
+    v->dtype = t;
+    value_set_shape(v, rank, dims);
+    return v;
+}
+
+static Value *add_state_scalar(Graph *g, const char *name, Diag *d) {
+    Value *v = graph_add_value(g, name);
+    if (!v || !(v->konst = const_new(g, DT_FLOAT, 1))) {
+        diag_error(d, DIAG_NOMEM, "%s: out of memory", g->path);
+        return NULL;
+    }
+    v->kind = VAL_STATE;
+    v->dtype = DT_FLOAT;
+    v->rank = 0;
+    return v;
+}
+
+static bool build_loss(GradCtx *c, const TrainOptions *o, TrainGraph *t) {
+    Graph *g = c->g;
+    if (g->n_outputs < 1) return diag_error(c->d, DIAG_GRAPH, "%s: the model has no output", g->path);
+    Value *y = t->output = g->outputs[0];
+    if (!value_shape_known(y) || y->dtype != DT_FLOAT)
+        return diag_error(c->d, DIAG_SHAPE, "%s: output '%s' must be float32 with a known shape to train", g->path,
+                          y->name);
+    c->phase = PHASE_LOSS;
+    switch (o->loss) {
+    case LOSS_CE: {
+        if (y->rank != 2)
+            return diag_error(c->d, DIAG_SHAPE, "%s: --loss ce needs logits [B,C]; output '%s' has rank %d", g->path,
+                              y->name, y->rank);
+        t->labels = add_input(g, "labels", DT_INT64, 1, y->dims, c->d);
+        if (!t->labels) return false;
+        Value *in[2] = {y, t->labels};
+        t->loss = gb_finish(c, gb_start(c, "", "SoftmaxCrossEntropyLoss", 2, in, 1));
+        break;
+    }
+    case LOSS_MSE: {
+        t->labels = add_input(g, "labels", DT_FLOAT, y->rank, y->dims, c->d);
+        if (!t->labels) return false;
+        Value *diff = gb_op2(c, "Sub", y, t->labels);
+        Value *sq = gb_op2(c, "Mul", diff, diff);
+        Value *in[1] = {sq};
+        Node *n = gb_start(c, "", "ReduceMean", 1, in, 1);
+        gb_attr_i(c, n, "keepdims", 0);
+        t->loss = gb_finish(c, n);
+        break;
+    }
+    case LOSS_MODEL:
+        if (value_numel(y) != 1)
+            return diag_error(c->d, DIAG_SHAPE, "%s: --loss model needs a scalar first output; '%s' has %lld elements",
+                              g->path, y->name, (long long)value_numel(y));
+        t->loss = y;
+        break;
+    }
+    return t->loss != NULL;
+}
+
+static bool frozen(const TrainOptions *o, const char *name) {
+    for (int i = 0; i < o->n_freeze; i++)
+        if (strcmp(o->freeze[i], name) == 0) return true;
+    return false;
+}
+
+static bool collect_params(Graph *g, const TrainOptions *o, TrainGraph *t, bool *requires, Diag *d) {
+    for (int i = 0; i < o->n_freeze; i++) {
+        Value *v = graph_find_value(g, o->freeze[i]);
+        if (!v || v->kind != VAL_INITIALIZER || !dtype_is_float(v->dtype))
+            return diag_error(d, DIAG_USAGE, "%s: --freeze: '%s' is not a float initializer of the model", g->path,
+                              o->freeze[i]);
+    }
+    t->params = ARENA_ARRAY(&g->arena, Value *, g->n_values);
+    t->grads = ARENA_ARRAY(&g->arena, Value *, g->n_values);
+    if (!t->params || !t->grads) return diag_error(d, DIAG_NOMEM, "%s: out of memory", g->path);
+    for (int i = 0; i < g->n_values; i++) {
+        Value *v = g->values[i];
+        if (v->kind != VAL_INITIALIZER || !dtype_is_float(v->dtype) || !value_is_trainable(g, v)) continue;
+        if (v->dtype != DT_FLOAT)
+            return diag_error(d, DIAG_UNSUPPORTED, "%s: parameter '%s' is %s; training supports float32 parameters",
+                              g->path, v->name, dtype_name(v->dtype));
+        t->params[t->n_params++] = v;
+        if (!frozen(o, v->name)) requires[v->id] = true;
+    }
+    return true;
+}
+
+/* Accumulates a gradient contribution for value v. */
+static void accumulate(GradCtx *c, Value **gm, Value *v, Value *dv) {
+    if (!dv) return;
+    gm[v->id] = gm[v->id] ? gb_op2(c, "Add", gm[v->id], dv) : dv;
+}
+
+static bool backward(GradCtx *c, TrainGraph *t, bool *requires, Node **order, int count) {
+    Graph *g = c->g;
+    int n_vals = g->n_values + 1;
+    /* requires: forward propagation from trainable parameters */
+    for (int i = 0; i < count; i++) {
+        Node *n = order[i];
+        bool any = false;
+        for (int k = 0; k < n->n_in; k++) any |= n->in[k] && n->in[k]->id < n_vals && requires[n->in[k]->id];
+        if (!any) continue;
+        for (int k = 0; k < n->n_out; k++)
+            if (n->out[k]) requires[n->out[k]->id] = true;
+    }
+    Value **gm = calloc((size_t)g->n_values * 16 + 256, sizeof *gm); /* grows with built values */
+    if (!gm) return diag_error(c->d, DIAG_NOMEM, "%s: out of memory", g->path);
+    int gm_cap = g->n_values * 16 + 256;
+    c->phase = PHASE_BACKWARD;
+    gm[t->loss->id] = gb_const_f(c, 1.0f);
+    bool ok = true;
+    for (int i = count - 1; i >= 0 && ok; i--) {
+        Node *n = order[i];
+        Value *dy[8] = {0};
+        bool have = false;
+        for (int k = 0; k < n->n_out && k < 8; k++)
+            if (n->out[k] && n->out[k]->id < gm_cap && gm[n->out[k]->id]) {
+                dy[k] = gm[n->out[k]->id];
+                have = true;
+            }
+        bool need[16] = {0}, any_need = false;
+        for (int k = 0; k < n->n_in && k < 16; k++)
+            if (n->in[k] && requires[n->in[k]->id]) any_need = need[k] = true;
+        if (!have || !any_need) continue;
+        if (!n->def->grad) {
+            ok = diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (%s) has no gradient rule", g->path, n->name,
+                            n->op_type);
+            break;
+        }
+        Value *dx[16] = {0};
+        if (!n->def->grad(c, n, dy, dx, need) || diag_failed(c->d)) {
+            ok = diag_error(c->d, DIAG_INTERNAL, "%s: node '%s' (%s): gradient construction failed", g->path, n->name,
+                            n->op_type);
+            break;
+        }
+        if (g->n_values >= gm_cap) {
+            ok = diag_error(c->d, DIAG_LIMIT, "%s: training graph grew beyond its bound", g->path);
+            break;
+        }
+        for (int k = 0; k < n->n_in && k < 16; k++)
+            if (need[k]) accumulate(c, gm, n->in[k], dx[k]);
+    }
+    for (int i = 0; ok && i < t->n_params; i++)
+        if (requires[t->params[i]->id]) t->grads[i] = gm[t->params[i]->id];
+    free(gm);
+    return ok && !diag_failed(c->d);
+}
+
+static Value *add_moment(Graph *g, const Value *like, const char *suffix, Diag *d) {
+    char name[512];
+    snprintf(name, sizeof name, "%s.%s", like->name, suffix);
+    Value *v = graph_add_value(g, name);
+    if (!v || !(v->konst = const_new(g, DT_FLOAT, value_numel(like)))) {
+        diag_error(d, DIAG_NOMEM, "%s: out of memory", g->path);
+        return NULL;
+    }
+    v->kind = VAL_STATE;
+    v->dtype = DT_FLOAT;
+    value_set_shape(v, like->rank, like->dims);
+    return v;
+}
+
+static bool build_optimizer(GradCtx *c, const TrainOptions *o, TrainGraph *t) {
+    Graph *g = c->g;
+    c->phase = PHASE_OPTIMIZER;
+    for (int i = 0; i < t->n_params; i++) {
+        Value *w = t->params[i], *gw = t->grads[i];
+        if (!gw) continue;
+        Node *n;
+        if (o->optimizer == OPT_ADAM) {
+            Value *in[6] = {w, gw, add_moment(g, w, "exp_avg", c->d), add_moment(g, w, "exp_avg_sq", c->d), t->lr,
+                            t->step};
+            if (!in[2] || !in[3]) return false;
+            n = gb_start(c, "cleave", "Adam", 6, in, 0);
+            gb_attr_f(c, n, "beta1", o->beta1);
+            gb_attr_f(c, n, "beta2", o->beta2);
+            gb_attr_f(c, n, "eps", o->eps);
+        } else if (o->optimizer == OPT_MOMENTUM) {
+            Value *in[4] = {w, gw, t->lr, add_moment(g, w, "momentum_buffer", c->d)};
+            if (!in[3]) return false;
+            n = gb_start(c, "cleave", "SGD", 4, in, 0);
+            gb_attr_f(c, n, "momentum", o->momentum);
+            gb_attr_i(c, n, "nesterov", o->nesterov);
+        } else {
+            Value *in[3] = {w, gw, t->lr};
+            n = gb_start(c, "cleave", "SGD", 3, in, 0);
+        }
+        gb_attr_f(c, n, "weight_decay", o->weight_decay);
+        gb_finish(c, n);
+        if (diag_failed(c->d)) return false;
+    }
+    return true;
+}
+
+bool train_build(Graph *g, const TrainOptions *o, TrainGraph *t, Diag *d) {
+    memset(t, 0, sizeof *t);
+    GradCtx c = {g, d, PHASE_LOSS};
+    if (!build_loss(&c, o, t)) return false;
+    t->lr = add_state_scalar(g, "cleave.lr", d);
+    t->step = add_state_scalar(g, "cleave.step", d);
+    if (!t->lr || !t->step) return false;
+    const_set_f(t->lr->konst, 0, o->lr);
+    bool *requires = calloc((size_t)g->n_values * 8 + 64, sizeof *requires);
+    if (!requires) return diag_error(d, DIAG_NOMEM, "%s: out of memory", g->path);
+    int count;
+    Node **order = NULL;
+    bool ok = collect_params(g, o, t, requires, d) && (order = ir_topo_order(g, &count, d)) != NULL &&
+              backward(&c, t, requires, order, count) && build_optimizer(&c, o, t);
+    free(requires);
+    return ok;
+}

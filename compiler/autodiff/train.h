@@ -1,0 +1,38 @@
+/* train.h - the training graph: loss, reverse-mode gradients, optimizer.
+ *
+ * Requires: a graph after shape inference with the batch bound, every op
+ * supported.  Provides: loss nodes (PHASE_LOSS), gradient nodes
+ * (PHASE_BACKWARD) built from each op's gradient rule, one optimizer update
+ * node per trainable parameter (PHASE_OPTIMIZER), and the runtime scalars
+ * the program reads (learning rate, step count). */
+#ifndef CLEAVE_TRAIN_H
+#define CLEAVE_TRAIN_H
+
+#include "../ir/ir.h"
+
+typedef enum { LOSS_CE, LOSS_MSE, LOSS_MODEL } LossKind;
+typedef enum { OPT_SGD, OPT_MOMENTUM, OPT_ADAM } OptKind;
+
+typedef struct TrainOptions {
+    LossKind loss;
+    OptKind optimizer;
+    float lr, momentum, weight_decay, beta1, beta2, eps;
+    bool nesterov;
+    int n_freeze;
+    const char *const *freeze; /* initializer names kept fixed */
+} TrainOptions;
+
+typedef struct TrainGraph {
+    Value *loss;   /* float32 scalar */
+    Value *output; /* the model's first output */
+    Value *labels; /* added input, NULL for LOSS_MODEL */
+    Value *lr, *step;
+    int n_params;
+    Value **params; /* float initializers read as weights */
+    Value **grads;  /* gradient per param, NULL if frozen or unused */
+} TrainGraph;
+
+bool train_build(Graph *g, const TrainOptions *o, TrainGraph *t, Diag *d);
+const char *loss_kind_name(LossKind k);
+
+#endif

@@ -1,0 +1,158 @@
+/* cmd_compile.c - `cleave compile`: an ONNX model into a training program.
+ * The pipeline runs in driver_compile (driver.c); this file reads flags. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "../driver.h"
+
+static const char compile_help[] =
+    "usage: cleave compile MODEL.onnx -o PROG --batch B [options]\n"
+    "\n"
+    "Compiles the model into a native training program (forward, loss,\n"
+    "gradients and optimizer, generated with LLVM for this CPU).\n"
+    "\n"
+    "  -o PROG              output file\n"
+    "  --batch B            global batch size (binds dim 0 of every input)\n"
+    "  --loss ce|mse|model  ce: mean softmax cross-entropy of the first output\n"
+    "                       (logits [B,C]) against an added int64 input 'labels' [B];\n"
+    "                       mse: mean of (output - labels)^2, labels shaped like the\n"
+    "                       output; model: the first output already is the loss\n"
+    "                       (default ce)\n"
+    "  --optimizer sgd|momentum|adam   (default sgd)\n"
+    "  --lr LR              learning rate (default 0.01; the program's --lr overrides)\n"
+    "  --momentum MU        momentum (default 0.9 with --optimizer momentum)\n"
+    "  --nesterov           Nesterov momentum\n"
+    "  --weight-decay WD    L2 penalty added to the gradient, as torch.optim does\n"
+    "  --beta1 B1 --beta2 B2 --eps E   Adam's constants (0.9, 0.999, 1e-8)\n"
+    "  --freeze NAME,...    initializers to keep fixed\n"
+    "  --emit exe|obj|llvm  executable (default), object file, or readable LLVM IR\n"
+    "  --emit-plan FILE     also write the plan (JSON, see docs/plan.md)\n"
+    "  --target-cpu CPU     generate code for CPU instead of this machine's\n"
+    "  --ranks N            number of MPI ranks (1 until the parallel strategies)\n"
+    "  -v, --verbose        report the stages and the planned memory\n";
+
+static bool parse_f(const char *s, float *out) {
+    if (!s || !*s) return false;
+    char *end;
+    double v = strtod(s, &end);
+    if (*end || v != v) return false;
+    *out = (float)v;
+    return true;
+}
+
+/* Splits "a,b,c" into a malloc'd array of pointers into a copy of s. */
+static int split_names(char *s, const char ***out) {
+    int n = 1;
+    for (char *p = s; *p; p++) n += *p == ',';
+    const char **arr = calloc((size_t)n, sizeof *arr);
+    if (!arr) return -1;
+    int k = 0;
+    for (char *tok = strtok(s, ","); tok; tok = strtok(NULL, ","))
+        if (*tok) arr[k++] = tok;
+    *out = arr;
+    return k;
+}
+
+int cmd_compile(int argc, char **argv) {
+    CompileOptions o = {.emit = "exe"};
+    TrainOptions *t = &o.train;
+    *t = (TrainOptions){.loss = LOSS_CE, .optimizer = OPT_SGD, .lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f,
+                        .eps = 1e-8f};
+    bool momentum_set = false;
+    char *freeze_copy = NULL;
+    int64_t ranks = 1;
+    int status = -1;
+    for (int i = 0; i < argc && status < 0; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEED_VALUE()                                                        \
+    if (!v) { status = cli_usage("compile", "%s needs a value", a); break; } \
+    i++;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(compile_help, stdout);
+            status = 0;
+        } else if (strcmp(a, "-o") == 0) {
+            NEED_VALUE();
+            o.output = v;
+        } else if (strcmp(a, "--batch") == 0) {
+            NEED_VALUE();
+            if (!cli_parse_i64(v, 1, (int64_t)1 << 31, &o.batch)) status = cli_usage("compile", "--batch needs a positive integer, got '%s'", v);
+        } else if (strcmp(a, "--loss") == 0) {
+            NEED_VALUE();
+            if (strcmp(v, "ce") == 0) t->loss = LOSS_CE;
+            else if (strcmp(v, "mse") == 0) t->loss = LOSS_MSE;
+            else if (strcmp(v, "model") == 0) t->loss = LOSS_MODEL;
+            else status = cli_usage("compile", "--loss must be ce, mse or model, got '%s'", v);
+        } else if (strcmp(a, "--optimizer") == 0) {
+            NEED_VALUE();
+            if (strcmp(v, "sgd") == 0) t->optimizer = OPT_SGD;
+            else if (strcmp(v, "momentum") == 0) t->optimizer = OPT_MOMENTUM;
+            else if (strcmp(v, "adam") == 0) t->optimizer = OPT_ADAM;
+            else status = cli_usage("compile", "--optimizer must be sgd, momentum or adam, got '%s'", v);
+        } else if (strcmp(a, "--lr") == 0 || strcmp(a, "--momentum") == 0 || strcmp(a, "--weight-decay") == 0 ||
+                   strcmp(a, "--beta1") == 0 || strcmp(a, "--beta2") == 0 || strcmp(a, "--eps") == 0) {
+            NEED_VALUE();
+            float x;
+            if (!parse_f(v, &x) || x < 0) {
+                status = cli_usage("compile", "%s needs a non-negative number, got '%s'", a, v);
+                break;
+            }
+            if (strcmp(a, "--lr") == 0) t->lr = x;
+            else if (strcmp(a, "--momentum") == 0) t->momentum = x, momentum_set = true;
+            else if (strcmp(a, "--weight-decay") == 0) t->weight_decay = x;
+            else if (strcmp(a, "--beta1") == 0) t->beta1 = x;
+            else if (strcmp(a, "--beta2") == 0) t->beta2 = x;
+            else t->eps = x;
+        } else if (strcmp(a, "--nesterov") == 0) {
+            t->nesterov = true;
+        } else if (strcmp(a, "--freeze") == 0) {
+            NEED_VALUE();
+            free(freeze_copy);
+            freeze_copy = strdup(v);
+            const char **names = NULL;
+            t->n_freeze = freeze_copy ? split_names(freeze_copy, &names) : -1;
+            t->freeze = names;
+            if (t->n_freeze < 0) status = cli_usage("compile", "out of memory");
+        } else if (strcmp(a, "--emit") == 0) {
+            NEED_VALUE();
+            if (strcmp(v, "exe") && strcmp(v, "obj") && strcmp(v, "llvm"))
+                status = cli_usage("compile", "--emit must be exe, obj or llvm, got '%s'", v);
+            o.emit = v;
+        } else if (strcmp(a, "--emit-plan") == 0) {
+            NEED_VALUE();
+            o.plan_out = v;
+        } else if (strcmp(a, "--target-cpu") == 0) {
+            NEED_VALUE();
+            o.target_cpu = v;
+        } else if (strcmp(a, "--ranks") == 0) {
+            NEED_VALUE();
+            if (!cli_parse_i64(v, 1, 1 << 20, &ranks)) status = cli_usage("compile", "--ranks needs a positive integer");
+            else if (ranks != 1) status = cli_usage("compile", "--ranks %lld: only single-rank programs are supported so far", (long long)ranks);
+        } else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) {
+            o.verbose = true;
+        } else if (a[0] == '-') {
+            status = cli_usage("compile", "unknown flag '%s'", a);
+        } else if (o.model) {
+            status = cli_usage("compile", "one model at a time ('%s' and '%s')", o.model, a);
+        } else {
+            o.model = a;
+        }
+#undef NEED_VALUE
+    }
+    if (status < 0) {
+        if (!o.model) status = cli_usage("compile", "no model given");
+        else if (!o.output) status = cli_usage("compile", "no output given (-o PROG)");
+        else if (!o.batch) status = cli_usage("compile", "--batch is required");
+        else if (t->nesterov && t->optimizer != OPT_MOMENTUM)
+            status = cli_usage("compile", "--nesterov needs --optimizer momentum");
+    }
+    if (status < 0) {
+        if (t->optimizer == OPT_MOMENTUM && !momentum_set) t->momentum = 0.9f;
+        Diag d = {0};
+        status = driver_compile(&o, &d) ? 0 : cli_fail(&d);
+    }
+    free((void *)t->freeze);
+    free(freeze_copy);
+    return status;
+}

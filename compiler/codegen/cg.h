@@ -1,0 +1,130 @@
+/* cg.h - code generation with the LLVM C API.
+ *
+ * Every node becomes one kernel: an LLVM function whose parameters are
+ * pointers to the node's buffers (distinct buffers are `noalias`, so loops
+ * vectorise without run-time overlap checks), with loops over shapes known
+ * at compile time.  The step functions only call kernels with arena
+ * offsets.  An op's codegen rule (OpDef.cg) builds its kernel with the
+ * helpers below; element-wise ops give a scalar function and reuse the
+ * generic broadcasting loop nest.
+ *
+ * Files: cg_kernel.c (kernel scaffolding, loops, element-wise nests),
+ * cg_module.c (module, step functions, metadata, optimisation, emission),
+ * cg_link.c (linking the program). */
+#ifndef CLEAVE_CG_H
+#define CLEAVE_CG_H
+
+#include <llvm-c/Core.h>
+#include <llvm-c/TargetMachine.h>
+
+#include "../ir/ir.h"
+#include "../plan/plan.h"
+
+#define CG_MAX_BUFS 16
+
+typedef struct CgKernel {
+    LLVMValueRef fn;
+    int n_bufs;
+    const Value *bufs[CG_MAX_BUFS];
+} CgKernel;
+
+typedef struct Cg Cg;
+struct Cg {
+    LLVMContextRef ctx;
+    LLVMModuleRef mod;
+    LLVMBuilderRef b;
+    LLVMTypeRef t_void, t_i1, t_i8, t_i32, t_i64, t_f32, t_f64, t_ptr;
+    Graph *g;
+    Diag *d;
+    const RankPlan *rp;
+    CgKernel *kernels; /* per node id */
+    /* the kernel being built */
+    const Node *node;
+    CgKernel *cur;
+    LLVMValueRef args[CG_MAX_BUFS];
+};
+
+/* ---- kernels ---- */
+/* Starts the kernel of node n over the given buffers (inputs, outputs,
+ * state; duplicates allowed).  Leaves the builder in its entry block. */
+bool cg_kernel_begin(Cg *c, const Node *n, int n_bufs, const Value *const *bufs);
+void cg_kernel_end(Cg *c);
+/* Kernel over all present inputs then all present outputs. */
+bool cg_kernel_begin_io(Cg *c, const Node *n);
+/* Base pointer of v's buffer inside the current kernel. */
+LLVMValueRef cg_buf(Cg *c, const Value *v);
+
+/* ---- loops ---- */
+typedef struct CgLoop {
+    LLVMBasicBlockRef header, exit, preheader;
+    LLVMValueRef iv;
+} CgLoop;
+/* for (iv = 0; iv < n; iv++) — returns iv (i64); body follows. */
+LLVMValueRef cg_for(Cg *c, CgLoop *l, LLVMValueRef n);
+void cg_for_end(Cg *c, CgLoop *l);
+
+/* ---- values ---- */
+LLVMValueRef cg_i64(Cg *c, int64_t x);
+LLVMValueRef cg_f32(Cg *c, double x);
+LLVMValueRef cg_add(Cg *c, LLVMValueRef a, LLVMValueRef b);        /* i64 */
+LLVMValueRef cg_mul(Cg *c, LLVMValueRef a, int64_t k);             /* i64 a*k */
+LLVMValueRef cg_mad(Cg *c, LLVMValueRef a, int64_t k, LLVMValueRef b); /* a*k+b */
+/* Element idx of v as float32 (integers converted). */
+LLVMValueRef cg_load(Cg *c, const Value *v, LLVMValueRef idx);
+/* Element idx of v as i64 (integer buffers). */
+LLVMValueRef cg_load_i(Cg *c, const Value *v, LLVMValueRef idx);
+void cg_store(Cg *c, const Value *v, LLVMValueRef idx, LLVMValueRef x);
+/* float32 math from libm / intrinsics: "exp", "log", "tanh", "erf",
+ * "sqrt", "pow" (two arguments), "fabs". */
+LLVMValueRef cg_math(Cg *c, const char *fn, LLVMValueRef x, LLVMValueRef y);
+LLVMValueRef cg_select_gt0(Cg *c, LLVMValueRef cond_x, LLVMValueRef a, LLVMValueRef b); /* x>0 ? a : b */
+LLVMValueRef cg_max(Cg *c, LLVMValueRef a, LLVMValueRef b);
+/* A stack slot in the current function's entry block. */
+LLVMValueRef cg_alloca(Cg *c, LLVMTypeRef t);
+/* Vector dot product of K contiguous floats of a and b. */
+LLVMValueRef cg_dot(Cg *c, const Value *a, LLVMValueRef abase, const Value *b, LLVMValueRef bbase, int64_t K);
+/* dst[dst_off + sum_j i_j*dst_strides[j]] = src[src_off + sum_j i_j*src_strides[j]]
+ * for every index (i_0..i_rank-1) < dims: transposes, slices, broadcasts,
+ * concatenation blocks. */
+void cg_strided_copy(Cg *c, const Value *dst, int64_t dst_off, const int64_t *dst_strides, const Value *src,
+                     int64_t src_off, const int64_t *src_strides, int rank, const int64_t *dims);
+/* Fills n floats of v from index 0 with x. */
+void cg_fill(Cg *c, const Value *v, int64_t n, LLVMValueRef x);
+/* Copies v's bytes into w's buffer (same byte size). */
+void cg_copy(Cg *c, const Value *dst, const Value *src);
+
+/* ---- element-wise nests ---- */
+/* out[i] = fn(in0[b0(i)], in1[b1(i)], ...) with numpy broadcasting of the
+ * present inputs against output 0; inputs listed in order. */
+typedef LLVMValueRef (*CgScalarFn)(Cg *c, const Node *n, LLVMValueRef *x);
+bool cg_elementwise(Cg *c, const Node *n, CgScalarFn fn);
+/* Row decomposition of an axis: [outer, len, inner] of v around axis. */
+void cg_axis_split(const Value *v, int axis, int64_t *outer, int64_t *len, int64_t *inner);
+
+/* ---- module ---- */
+typedef struct CgOptions {
+    const char *target_cpu;  /* NULL: the host's */
+    const char *emit;        /* "exe", "obj" or "llvm" */
+    const char *output;
+    const char *model_path;  /* embedded for --save */
+    const char *meta_json;   /* embedded program description */
+    bool verbose;
+} CgOptions;
+
+bool cg_compile_plan(const Plan *p, const CgOptions *o, Diag *d);
+
+/* The same in steps: build the module, then emit it, or run it in this
+ * process (tests): the JIT resolves cleave_train_step, cleave_eval_step,
+ * cleave_init, ... by name. */
+typedef struct CgModule CgModule;
+typedef struct CgJit CgJit;
+CgModule *cg_build(const Plan *p, const CgOptions *o, Diag *d);
+bool cg_emit(CgModule *m, const CgOptions *o, Diag *d);
+void cg_module_free(CgModule *m);
+CgJit *cg_jit(CgModule *m, Diag *d); /* takes the module's code */
+void *cg_jit_lookup(CgJit *j, const char *name, Diag *d);
+void cg_jit_free(CgJit *j);
+/* Links obj into an executable with the runtime. */
+bool cg_link(const char *obj, const char *out, Diag *d);
+
+#endif

@@ -1,0 +1,314 @@
+/* cg_kernel.c - kernel scaffolding, loops, loads and stores, and the
+ * broadcasting element-wise loop nest shared by every element-wise op. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cg.h"
+
+bool cg_kernel_begin(Cg *c, const Node *n, int n_bufs, const Value *const *bufs) {
+    if (n_bufs > CG_MAX_BUFS) return diag_error(c->d, DIAG_INTERNAL, "node '%s': too many buffers", n->name);
+    CgKernel *k = &c->kernels[n->id];
+    k->n_bufs = n_bufs;
+    LLVMTypeRef params[CG_MAX_BUFS];
+    for (int i = 0; i < n_bufs; i++) {
+        k->bufs[i] = bufs[i];
+        params[i] = c->t_ptr;
+        if (c->rp->offset[bufs[i]->id] < 0)
+            return diag_error(c->d, DIAG_INTERNAL, "node '%s': value '%s' has no buffer", n->name, bufs[i]->name);
+    }
+    char name[64];
+    snprintf(name, sizeof name, "k%d_%s", n->id, n->op_type);
+    LLVMTypeRef fty = LLVMFunctionType(c->t_void, params, (unsigned)n_bufs, 0);
+    k->fn = LLVMAddFunction(c->mod, name, fty);
+    LLVMSetLinkage(k->fn, LLVMInternalLinkage);
+    /* Distinct buffers never overlap: tell LLVM so it can vectorise. */
+    unsigned noalias = LLVMGetEnumAttributeKindForName("noalias", 7);
+    for (int i = 0; i < n_bufs; i++) {
+        bool shared = false;
+        for (int j = 0; j < n_bufs; j++)
+            if (j != i && c->rp->offset[bufs[j]->id] == c->rp->offset[bufs[i]->id]) shared = true;
+        if (!shared)
+            LLVMAddAttributeAtIndex(k->fn, (unsigned)i + 1, LLVMCreateEnumAttribute(c->ctx, noalias, 0));
+        c->args[i] = LLVMGetParam(k->fn, (unsigned)i);
+    }
+    LLVMBasicBlockRef entry = LLVMAppendBasicBlockInContext(c->ctx, k->fn, "entry");
+    LLVMPositionBuilderAtEnd(c->b, entry);
+    c->node = n;
+    c->cur = k;
+    return true;
+}
+
+bool cg_kernel_begin_io(Cg *c, const Node *n) {
+    const Value *bufs[CG_MAX_BUFS];
+    int nb = 0;
+    for (int i = 0; i < n->n_in && nb < CG_MAX_BUFS; i++)
+        if (n->in[i]) bufs[nb++] = n->in[i];
+    for (int k = 0; k < n->n_out && nb < CG_MAX_BUFS; k++)
+        if (n->out[k]) bufs[nb++] = n->out[k];
+    return cg_kernel_begin(c, n, nb, bufs);
+}
+
+void cg_kernel_end(Cg *c) {
+    LLVMBuildRetVoid(c->b);
+    c->node = NULL;
+    c->cur = NULL;
+}
+
+LLVMValueRef cg_buf(Cg *c, const Value *v) {
+    for (int i = 0; i < c->cur->n_bufs; i++)
+        if (c->cur->bufs[i] == v) return c->args[i];
+    diag_error(c->d, DIAG_INTERNAL, "kernel of '%s' reads '%s' without a buffer", c->node->name, v->name);
+    return LLVMGetUndef(c->t_ptr);
+}
+
+LLVMValueRef cg_for(Cg *c, CgLoop *l, LLVMValueRef n) {
+    LLVMValueRef fn = LLVMGetBasicBlockParent(LLVMGetInsertBlock(c->b));
+    l->preheader = LLVMGetInsertBlock(c->b);
+    l->header = LLVMAppendBasicBlockInContext(c->ctx, fn, "loop");
+    LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(c->ctx, fn, "body");
+    l->exit = LLVMAppendBasicBlockInContext(c->ctx, fn, "done");
+    LLVMBuildBr(c->b, l->header);
+    LLVMPositionBuilderAtEnd(c->b, l->header);
+    l->iv = LLVMBuildPhi(c->b, c->t_i64, "i");
+    LLVMValueRef zero = cg_i64(c, 0);
+    LLVMAddIncoming(l->iv, &zero, &l->preheader, 1);
+    LLVMValueRef more = LLVMBuildICmp(c->b, LLVMIntSLT, l->iv, n, "");
+    LLVMBuildCondBr(c->b, more, body, l->exit);
+    LLVMPositionBuilderAtEnd(c->b, body);
+    return l->iv;
+}
+
+void cg_for_end(Cg *c, CgLoop *l) {
+    LLVMValueRef next = LLVMBuildNUWAdd(c->b, l->iv, cg_i64(c, 1), "");
+    LLVMBasicBlockRef latch = LLVMGetInsertBlock(c->b);
+    LLVMBuildBr(c->b, l->header);
+    LLVMAddIncoming(l->iv, &next, &latch, 1);
+    LLVMPositionBuilderAtEnd(c->b, l->exit);
+}
+
+LLVMValueRef cg_i64(Cg *c, int64_t x) { return LLVMConstInt(c->t_i64, (unsigned long long)x, 1); }
+LLVMValueRef cg_f32(Cg *c, double x) { return LLVMConstReal(c->t_f32, x); }
+LLVMValueRef cg_add(Cg *c, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildNSWAdd(c->b, a, b, ""); }
+LLVMValueRef cg_mul(Cg *c, LLVMValueRef a, int64_t k) {
+    return k == 1 ? a : LLVMBuildNSWMul(c->b, a, cg_i64(c, k), "");
+}
+LLVMValueRef cg_mad(Cg *c, LLVMValueRef a, int64_t k, LLVMValueRef b) { return cg_add(c, cg_mul(c, a, k), b); }
+
+static LLVMTypeRef elem_type(Cg *c, const Value *v) {
+    if (dtype_is_float(v->dtype)) return c->t_f32;
+    return plan_value_bytes(v) == value_numel(v) ? c->t_i8 : c->t_i64;
+}
+
+static LLVMValueRef elem_ptr(Cg *c, const Value *v, LLVMValueRef idx) {
+    LLVMValueRef base = cg_buf(c, v);
+    return LLVMBuildInBoundsGEP2(c->b, elem_type(c, v), base, &idx, 1, "");
+}
+
+LLVMValueRef cg_load(Cg *c, const Value *v, LLVMValueRef idx) {
+    LLVMTypeRef t = elem_type(c, v);
+    LLVMValueRef x = LLVMBuildLoad2(c->b, t, elem_ptr(c, v, idx), "");
+    if (t == c->t_f32) return x;
+    return LLVMBuildSIToFP(c->b, x, c->t_f32, "");
+}
+
+LLVMValueRef cg_load_i(Cg *c, const Value *v, LLVMValueRef idx) {
+    LLVMTypeRef t = elem_type(c, v);
+    LLVMValueRef x = LLVMBuildLoad2(c->b, t, elem_ptr(c, v, idx), "");
+    if (t == c->t_i64) return x;
+    if (t == c->t_f32) return LLVMBuildFPToSI(c->b, x, c->t_i64, "");
+    return LLVMBuildSExt(c->b, x, c->t_i64, "");
+}
+
+void cg_store(Cg *c, const Value *v, LLVMValueRef idx, LLVMValueRef x) {
+    LLVMTypeRef t = elem_type(c, v);
+    LLVMTypeRef xt = LLVMTypeOf(x);
+    if (t != xt) {
+        if (t == c->t_f32) x = LLVMBuildSIToFP(c->b, x, t, "");
+        else if (xt == c->t_f32) x = LLVMBuildFPToSI(c->b, x, t, "");
+        else x = LLVMBuildIntCast2(c->b, x, t, 1, "");
+    }
+    LLVMBuildStore(c->b, x, elem_ptr(c, v, idx));
+}
+
+static LLVMValueRef declare_math(Cg *c, const char *name, int arity) {
+    LLVMValueRef f = LLVMGetNamedFunction(c->mod, name);
+    if (f) return f;
+    LLVMTypeRef ps[2] = {c->t_f32, c->t_f32};
+    f = LLVMAddFunction(c->mod, name, LLVMFunctionType(c->t_f32, ps, (unsigned)arity, 0));
+    return f;
+}
+
+LLVMValueRef cg_math(Cg *c, const char *fn, LLVMValueRef x, LLVMValueRef y) {
+    /* Intrinsics where LLVM has them (they vectorise); libm otherwise. */
+    static const struct { const char *op, *sym; int arity; } table[] = {
+        {"sqrt", "llvm.sqrt.f32", 1}, {"fabs", "llvm.fabs.f32", 1}, {"exp", "expf", 1},
+        {"log", "logf", 1},           {"tanh", "tanhf", 1},         {"erf", "erff", 1},
+        {"pow", "powf", 2},
+    };
+    for (size_t i = 0; i < sizeof table / sizeof *table; i++) {
+        if (strcmp(table[i].op, fn)) continue;
+        LLVMValueRef f = declare_math(c, table[i].sym, table[i].arity);
+        LLVMTypeRef ps[2] = {c->t_f32, c->t_f32};
+        LLVMValueRef args[2] = {x, y};
+        return LLVMBuildCall2(c->b, LLVMFunctionType(c->t_f32, ps, (unsigned)table[i].arity, 0), f, args,
+                              (unsigned)table[i].arity, "");
+    }
+    diag_error(c->d, DIAG_INTERNAL, "unknown math function %s", fn);
+    return x;
+}
+
+LLVMValueRef cg_select_gt0(Cg *c, LLVMValueRef cond_x, LLVMValueRef a, LLVMValueRef b) {
+    LLVMValueRef gt = LLVMBuildFCmp(c->b, LLVMRealOGT, cond_x, cg_f32(c, 0), "");
+    return LLVMBuildSelect(c->b, gt, a, b, "");
+}
+
+LLVMValueRef cg_max(Cg *c, LLVMValueRef a, LLVMValueRef b) {
+    /* NaN-propagating max, as torch.max does */
+    LLVMValueRef gt = LLVMBuildFCmp(c->b, LLVMRealUGT, a, b, "");
+    return LLVMBuildSelect(c->b, gt, a, b, "");
+}
+
+void cg_fill(Cg *c, const Value *v, int64_t n, LLVMValueRef x) {
+    CgLoop l;
+    LLVMValueRef i = cg_for(c, &l, cg_i64(c, n));
+    cg_store(c, v, i, x);
+    cg_for_end(c, &l);
+}
+
+void cg_copy(Cg *c, const Value *dst, const Value *src) {
+    int64_t bytes = plan_value_bytes(src);
+    LLVMBuildMemCpy(c->b, cg_buf(c, dst), 16, cg_buf(c, src), 16, cg_i64(c, bytes));
+}
+
+void cg_axis_split(const Value *v, int axis, int64_t *outer, int64_t *len, int64_t *inner) {
+    *outer = *inner = 1;
+    for (int j = 0; j < axis; j++) *outer *= v->dims[j].k;
+    *len = v->dims[axis].k;
+    for (int j = axis + 1; j < v->rank; j++) *inner *= v->dims[j].k;
+}
+
+/* Element-wise nest.  The output's dims are walked with one loop each,
+ * after merging neighbouring dims that every input either spans fully or
+ * broadcasts over alike; each input's index is the sum of loop counters
+ * times its strides (0 along broadcast dims). */
+bool cg_elementwise(Cg *c, const Node *n, CgScalarFn fn) {
+    enum { MAXIN = 8 };
+    const Value *y = n->out[0];
+    const Value *ins[MAXIN];
+    int n_in = 0;
+    for (int i = 0; i < n->n_in && n_in < MAXIN; i++)
+        if (n->in[i]) ins[n_in++] = n->in[i];
+    int r = y->rank;
+    /* strides[i][j]: input i's stride along output dim j */
+    int64_t strides[MAXIN][MAX_RANK], ydims[MAX_RANK];
+    for (int j = 0; j < r; j++) ydims[j] = y->dims[j].k;
+    for (int i = 0; i < n_in; i++) {
+        int64_t s = 1;
+        for (int j = r - 1; j >= 0; j--) {
+            int ij = j - (r - ins[i]->rank);
+            int64_t dk = ij >= 0 ? ins[i]->dims[ij].k : 1;
+            strides[i][j] = dk == 1 ? 0 : s;
+            s *= dk;
+        }
+    }
+    /* merge dim j into j+1 when every input's strides are compatible */
+    int64_t md[MAX_RANK], ms[MAXIN][MAX_RANK];
+    int mr = 0;
+    for (int j = 0; j < r; j++) {
+        bool merge = mr > 0;
+        for (int i = 0; i < n_in && merge; i++)
+            merge = ms[i][mr - 1] == strides[i][j] * ydims[j];
+        if (merge) {
+            md[mr - 1] *= ydims[j];
+            for (int i = 0; i < n_in; i++) ms[i][mr - 1] = strides[i][j];
+        } else {
+            md[mr] = ydims[j];
+            for (int i = 0; i < n_in; i++) ms[i][mr] = strides[i][j];
+            mr++;
+        }
+    }
+    if (!cg_kernel_begin_io(c, n)) return false;
+    CgLoop loops[MAX_RANK];
+    LLVMValueRef out_idx = cg_i64(c, 0), in_idx[MAXIN];
+    for (int i = 0; i < n_in; i++) in_idx[i] = cg_i64(c, 0);
+    for (int j = 0; j < mr; j++) {
+        LLVMValueRef iv = cg_for(c, &loops[j], cg_i64(c, md[j]));
+        out_idx = cg_mad(c, out_idx, md[j], iv);
+        for (int i = 0; i < n_in; i++)
+            if (ms[i][j]) in_idx[i] = cg_add(c, in_idx[i], cg_mul(c, iv, ms[i][j]));
+    }
+    LLVMValueRef x[MAXIN];
+    for (int i = 0; i < n_in; i++) x[i] = cg_load(c, ins[i], in_idx[i]);
+    cg_store(c, y, out_idx, fn(c, n, x));
+    for (int j = mr - 1; j >= 0; j--) cg_for_end(c, &loops[j]);
+    cg_kernel_end(c);
+    return true;
+}
+
+LLVMValueRef cg_alloca(Cg *c, LLVMTypeRef t) {
+    /* Allocas belong in the entry block, where mem2reg promotes them and
+     * loops do not grow the stack. */
+    LLVMValueRef fn = LLVMGetBasicBlockParent(LLVMGetInsertBlock(c->b));
+    LLVMBasicBlockRef entry = LLVMGetEntryBasicBlock(fn);
+    LLVMBuilderRef tb = LLVMCreateBuilderInContext(c->ctx);
+    LLVMValueRef first = LLVMGetFirstInstruction(entry);
+    if (first) LLVMPositionBuilderBefore(tb, first);
+    else LLVMPositionBuilderAtEnd(tb, entry);
+    LLVMValueRef a = LLVMBuildAlloca(tb, t, "");
+    LLVMDisposeBuilder(tb);
+    return a;
+}
+
+/* sum_k a[abase+k] * b[bbase+k] with 8-wide vector partial sums combined
+ * in a fixed order, so the result does not depend on anything but K. */
+LLVMValueRef cg_dot(Cg *c, const Value *a, LLVMValueRef abase, const Value *b, LLVMValueRef bbase, int64_t K) {
+    enum { W = 8 };
+    LLVMTypeRef vt = LLVMVectorType(c->t_f32, W);
+    LLVMValueRef acc = cg_alloca(c, vt), tail = cg_alloca(c, c->t_f32);
+    LLVMBuildStore(c->b, LLVMConstNull(vt), acc);
+    LLVMBuildStore(c->b, cg_f32(c, 0), tail);
+    int64_t kv = K / W;
+    if (kv > 0) {
+        CgLoop l;
+        LLVMValueRef i = cg_for(c, &l, cg_i64(c, kv));
+        LLVMValueRef off = cg_mul(c, i, W);
+        LLVMValueRef ia = cg_add(c, abase, off), ib = cg_add(c, bbase, off);
+        LLVMValueRef pa = LLVMBuildInBoundsGEP2(c->b, c->t_f32, cg_buf(c, a), &ia, 1, "");
+        LLVMValueRef pb = LLVMBuildInBoundsGEP2(c->b, c->t_f32, cg_buf(c, b), &ib, 1, "");
+        LLVMValueRef va = LLVMBuildLoad2(c->b, vt, pa, ""), vb = LLVMBuildLoad2(c->b, vt, pb, "");
+        LLVMSetAlignment(va, 4);
+        LLVMSetAlignment(vb, 4);
+        LLVMValueRef sum = LLVMBuildFAdd(c->b, LLVMBuildLoad2(c->b, vt, acc, ""), LLVMBuildFMul(c->b, va, vb, ""), "");
+        LLVMBuildStore(c->b, sum, acc);
+        cg_for_end(c, &l);
+    }
+    if (K % W) {
+        CgLoop l;
+        LLVMValueRef i = cg_for(c, &l, cg_i64(c, K % W));
+        LLVMValueRef k = cg_add(c, i, cg_i64(c, kv * W));
+        LLVMValueRef p = LLVMBuildFMul(c->b, cg_load(c, a, cg_add(c, abase, k)), cg_load(c, b, cg_add(c, bbase, k)), "");
+        LLVMBuildStore(c->b, LLVMBuildFAdd(c->b, LLVMBuildLoad2(c->b, c->t_f32, tail, ""), p, ""), tail);
+        cg_for_end(c, &l);
+    }
+    LLVMValueRef v = LLVMBuildLoad2(c->b, vt, acc, "");
+    LLVMValueRef lanes[W];
+    for (int i = 0; i < W; i++) lanes[i] = LLVMBuildExtractElement(c->b, v, LLVMConstInt(c->t_i32, (unsigned)i, 0), "");
+    for (int w = W; w > 1; w /= 2)
+        for (int i = 0; i < w / 2; i++) lanes[i] = LLVMBuildFAdd(c->b, lanes[2 * i], lanes[2 * i + 1], "");
+    return LLVMBuildFAdd(c->b, lanes[0], LLVMBuildLoad2(c->b, c->t_f32, tail, ""), "");
+}
+
+void cg_strided_copy(Cg *c, const Value *dst, int64_t dst_off, const int64_t *dst_strides, const Value *src,
+                     int64_t src_off, const int64_t *src_strides, int rank, const int64_t *dims) {
+    CgLoop loops[MAX_RANK];
+    LLVMValueRef di = cg_i64(c, dst_off), si = cg_i64(c, src_off);
+    for (int j = 0; j < rank; j++) {
+        LLVMValueRef iv = cg_for(c, &loops[j], cg_i64(c, dims[j]));
+        if (dst_strides[j]) di = cg_add(c, di, cg_mul(c, iv, dst_strides[j]));
+        if (src_strides[j]) si = cg_add(c, si, cg_mul(c, iv, src_strides[j]));
+    }
+    /* integer buffers keep their exact values */
+    if (dtype_is_float(src->dtype)) cg_store(c, dst, di, cg_load(c, src, si));
+    else cg_store(c, dst, di, cg_load_i(c, src, si));
+    for (int j = rank - 1; j >= 0; j--) cg_for_end(c, &loops[j]);
+}

@@ -1,0 +1,107 @@
+/* plan.c - the single-rank plan, and the plan's JSON form. */
+#include "plan.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+bool memplan_assign(Graph *g, RankPlan *r, Value *const *keep, int n_keep, Diag *d);
+
+/* Phases are causal (forward, loss, backward, optimizer), so ordering by
+ * phase and then topologically is a valid schedule; it also keeps every
+ * optimizer update, which writes its parameter in place, after the last
+ * reader of that parameter. */
+static bool order_steps(Graph *g, RankPlan *r, Diag *d) {
+    int count;
+    Node **topo = ir_topo_order(g, &count, d);
+    if (!topo) return false;
+    r->train = ARENA_ARRAY(&g->arena, PlanStep, count ? count : 1);
+    r->eval = ARENA_ARRAY(&g->arena, PlanStep, count ? count : 1);
+    if (!r->train || !r->eval) return diag_error(d, DIAG_NOMEM, "%s: out of memory", g->path);
+    for (int phase = PHASE_FORWARD; phase <= PHASE_OPTIMIZER; phase++)
+        for (int i = 0; i < count; i++) {
+            Node *n = topo[i];
+            if ((int)n->phase != phase) continue;
+            r->train[r->n_train++] = (PlanStep){STEP_COMPUTE, n};
+            if (phase <= PHASE_LOSS) r->eval[r->n_eval++] = (PlanStep){STEP_COMPUTE, n};
+        }
+    return true;
+}
+
+bool plan_single(Graph *g, const TrainGraph *t, int64_t batch, Plan *p, Diag *d) {
+    memset(p, 0, sizeof *p);
+    p->g = g;
+    p->t = t;
+    p->strategy = "single";
+    p->batch = batch;
+    p->n_ranks = 1;
+    p->ranks = ARENA_ARRAY(&g->arena, RankPlan, 1);
+    if (!p->ranks) return diag_error(d, DIAG_NOMEM, "%s: out of memory", g->path);
+    Value *keep[2] = {t->loss, t->output};
+    return order_steps(g, &p->ranks[0], d) && memplan_assign(g, &p->ranks[0], keep, 2, d);
+}
+
+bool plan_forward(Graph *g, Plan *p, Diag *d) {
+    memset(p, 0, sizeof *p);
+    p->g = g;
+    p->strategy = "forward";
+    p->n_ranks = 1;
+    p->ranks = ARENA_ARRAY(&g->arena, RankPlan, 1);
+    if (!p->ranks) return diag_error(d, DIAG_NOMEM, "%s: out of memory", g->path);
+    return order_steps(g, &p->ranks[0], d) && memplan_assign(g, &p->ranks[0], NULL, 0, d);
+}
+
+static json_t *shape_of(const Value *v) {
+    json_t *a = json_array();
+    for (int j = 0; j < v->rank; j++) json_array_append_new(a, json_integer(v->dims[j].k));
+    return a;
+}
+
+static const char *phase_name(NodePhase p) {
+    static const char *names[] = {"forward", "loss", "backward", "optimizer"};
+    return names[p];
+}
+
+char *plan_to_json(const Plan *p, const TrainOptions *o) {
+    const Graph *g = p->g;
+    json_t *ranks = json_array();
+    for (int r = 0; r < p->n_ranks; r++) {
+        const RankPlan *rp = &p->ranks[r];
+        json_t *steps = json_array(), *buffers = json_array();
+        for (int s = 0; s < rp->n_train; s++) {
+            const Node *n = rp->train[s].node;
+            json_t *ins = json_array(), *outs = json_array();
+            for (int k = 0; k < n->n_in; k++) json_array_append_new(ins, n->in[k] ? json_string(n->in[k]->name) : json_null());
+            for (int k = 0; k < n->n_out; k++) json_array_append_new(outs, n->out[k] ? json_string(n->out[k]->name) : json_null());
+            json_array_append_new(steps, json_pack("{s:s, s:s, s:s, s:s, s:o, s:o}", "kind", "compute", "node", n->name,
+                                                   "op", n->op_type, "phase", phase_name(n->phase), "inputs", ins,
+                                                   "outputs", outs));
+        }
+        for (int i = 0; i < g->n_values; i++) {
+            const Value *v = g->values[i];
+            if (rp->offset[i] < 0) continue;
+            static const char *kinds[] = {"intermediate", "input", "initializer", "constant", "state"};
+            json_array_append_new(buffers, json_pack("{s:s, s:s, s:s, s:o, s:I, s:I}", "name", v->name, "kind",
+                                                     kinds[v->kind], "dtype", dtype_name(v->dtype), "shape",
+                                                     shape_of(v), "offset", (json_int_t)rp->offset[i], "bytes",
+                                                     (json_int_t)plan_value_bytes(v)));
+        }
+        json_array_append_new(ranks, json_pack("{s:i, s:I, s:I, s:I, s:I, s:o, s:o}", "rank", rp->rank, "eval_steps",
+                                               (json_int_t)rp->n_eval, "arena_bytes", (json_int_t)rp->arena_bytes,
+                                               "persistent_bytes", (json_int_t)rp->init_bytes,
+                                               "transient_bytes_without_reuse", (json_int_t)rp->transient_naive,
+                                               "steps", steps, "buffers", buffers));
+    }
+    static const char *opt_names[] = {"sgd", "momentum", "adam"};
+    json_t *opt = json_pack("{s:s, s:f, s:f, s:f, s:b, s:f, s:f, s:f}", "name", opt_names[o->optimizer], "lr",
+                            (double)o->lr, "momentum", (double)o->momentum, "weight_decay", (double)o->weight_decay,
+                            "nesterov", o->nesterov, "beta1", (double)o->beta1, "beta2", (double)o->beta2, "eps",
+                            (double)o->eps);
+    json_t *root = json_pack("{s:s, s:i, s:s, s:I, s:i, s:s, s:o, s:o}", "format", "cleave-plan", "version", 1, "model",
+                             g->path, "batch", (json_int_t)p->batch, "ranks", p->n_ranks, "strategy", p->strategy,
+                             "optimizer", opt, "rank_plans", ranks);
+    json_object_set_new(root, "loss", json_string(loss_kind_name(o->loss)));
+    char *s = json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+    json_decref(root);
+    return s;
+}

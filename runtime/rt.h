@@ -1,0 +1,285 @@
+/* rt.h - the runtime's internal interfaces.
+ *
+ * The runtime is linked into every generated program and owns main()
+ * (rt_main.c).  Only rt_main.c names the symbols of rt_abi.h; it hands them to
+ * the other files as an RtProgram, so the rest of the library can be linked
+ * into unit tests that define no program at all.
+ *
+ * Library functions never exit and never print: a failing function records
+ * one line in an RtErr and returns false.  main() turns it into
+ * "PROG: error: ..." (rt_die, rt_comm.c). */
+#ifndef CLEAVE_RT_H
+#define CLEAVE_RT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* rt_abi.h's opening comment holds "runtime/" followed by "*.c", which
+ * -Wcomment reports as a comment inside a comment. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wcomment"
+#include "rt_abi.h"
+#pragma GCC diagnostic pop
+
+/* .npy '<' data, ONNX raw_data and the arena slots are all little-endian and
+ * copied byte for byte. */
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the cleave runtime assumes a little-endian host"
+#endif
+
+/* ---- errors: rt_err.c ---------------------------------------------------- */
+
+typedef struct RtErr {
+    int status; /* exit status: 0 while no error, 2 for usage, 1 otherwise */
+    char msg[1024];
+} RtErr;
+
+/* Record the first error (later ones are dropped: the first is the cause) and
+ * return false, so callers can write `return rt_error(e, ...)`. */
+bool rt_error(RtErr *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Same for a bad command line: exits with status 2. */
+bool rt_usage_error(RtErr *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* "[28, 28]" into buf; returns buf. */
+const char *rt_shape_str(char *buf, size_t size, int ndim, const int64_t *dims);
+
+/* ---- MPI and process exit: rt_comm.c ------------------------------------- */
+
+void rt_comm_init(int *argc, char ***argv);
+int rt_rank(void);
+int rt_ranks(void);
+const char *rt_prog_name(void);
+/* Prints "PROG: error: MSG" and ends the program with e->status; with more
+ * than one rank it aborts the whole job so no rank waits for a dead one. */
+_Noreturn void rt_die(const RtErr *e);
+void rt_comm_finalize(void);
+
+/* ---- the program's metadata: rt_meta.c ----------------------------------- */
+
+#define RT_MAX_DIMS 8
+
+typedef enum { RT_F32, RT_I64 } RtDType;
+
+/* A tensor in the arena: an input, the output or a parameter. */
+typedef struct RtTensor {
+    char *name;
+    RtDType dtype;
+    int ndim;
+    int64_t shape[RT_MAX_DIMS];
+    uint64_t offset;    /* bytes into the arena */
+    int64_t elems;      /* whole tensor */
+    int64_t row_elems;  /* per sample: elems / shape[0] (inputs and output) */
+    uint64_t bytes;
+} RtTensor;
+
+typedef enum { RT_LOSS_CE, RT_LOSS_MSE, RT_LOSS_MODEL } RtLossKind;
+
+typedef struct RtMeta {
+    int64_t batch;
+    uint64_t arena_bytes; /* rounded up to a multiple of 64 */
+    uint64_t init_bytes;
+    uint64_t loss_offset, lr_offset, step_offset;
+    float lr;
+    RtTensor *inputs;
+    int n_inputs;
+    RtTensor output; /* float32 */
+    RtTensor *params;
+    int n_params;
+    RtLossKind loss_kind;
+    int labels;       /* index of the input named "labels", -1 if none */
+    int64_t classes;  /* ce: the output's last dimension */
+} RtMeta;
+
+const char *rt_dtype_name(RtDType t);
+size_t rt_dtype_size(RtDType t);
+bool rt_meta_parse(const char *json, size_t len, RtMeta *m, RtErr *e);
+void rt_meta_free(RtMeta *m);
+/* Index of the input called name, or -1. */
+int rt_meta_input(const RtMeta *m, const char *name);
+
+/* ---- command line: rt_args.c --------------------------------------------- */
+
+typedef struct RtNamedFile {
+    const char *name; /* input name, points into argv */
+    const char *path;
+} RtNamedFile;
+
+typedef struct RtArgs {
+    RtNamedFile *data;
+    int n_data;
+    RtNamedFile *eval;
+    int n_eval;
+    int64_t steps;  /* > 0 with --steps */
+    int64_t epochs; /* > 0 with --epochs */
+    bool has_lr;
+    float lr;
+    bool shuffle;
+    uint64_t seed;
+    const char *metrics, *save, *predict;
+    int64_t log_every; /* 0: only the final line */
+    bool help;
+} RtArgs;
+
+bool rt_args_parse(int argc, char **argv, RtArgs *a, RtErr *e);
+void rt_args_free(RtArgs *a);
+void rt_args_usage(FILE *out, const RtMeta *m_or_null);
+/* Gives each input of m its file from `files` (given with `flag`): paths[k]
+ * is the file of m->inputs[k].  Unknown, missing and repeated names fail. */
+bool rt_args_bind(const RtMeta *m, const RtNamedFile *files, int n, const char *flag,
+                  const char **paths, RtErr *e);
+/* Fails now, before training, when `path` could not be created later. */
+bool rt_args_check_writable(const char *flag, const char *path, RtErr *e);
+
+/* ---- data files: rt_data.c, rt_npy.c, rt_idx.c --------------------------- */
+
+/* Element types a data file may hold. */
+typedef enum {
+    RT_E_F32, RT_E_F64, RT_E_I8, RT_E_I16, RT_E_I32, RT_E_I64,
+    RT_E_U8, RT_E_U16, RT_E_U32, RT_E_U64, RT_E_BOOL,
+} RtElem;
+
+#define RT_FILE_MAX_DIMS 32
+
+/* A decoded file before conversion: what the header says, and where the
+ * elements are inside the file's bytes. */
+typedef struct RtRaw {
+    RtElem elem;
+    bool idx; /* IDX unsigned bytes: scaled by 1/255 when feeding float32 */
+    int ndim;
+    int64_t dims[RT_FILE_MAX_DIMS];
+    size_t payload_offset;
+    size_t payload_bytes;
+} RtRaw;
+
+/* One input's rows, converted to the input's dtype and loaded in full. */
+typedef struct RtArray {
+    const char *path;
+    RtDType dtype;
+    int64_t rows;
+    int64_t row_elems;
+    size_t row_bytes;
+    void *data;
+} RtArray;
+
+const char *rt_elem_name(RtElem t);
+size_t rt_elem_size(RtElem t);
+
+/* Decode the header of a whole file held in buf (path names it in errors). */
+bool rt_npy_parse(const uint8_t *buf, size_t len, const char *path, RtRaw *raw, RtErr *e);
+bool rt_idx_parse(const uint8_t *buf, size_t len, const char *path, RtRaw *raw, RtErr *e);
+/* Writes a float32 C-order .npy file (version 1.0). */
+bool rt_npy_write(const char *path, const float *data, int ndim, const int64_t *shape, RtErr *e);
+
+/* Reads path (.npy or IDX, plain or gzip) to feed `in`: checks the row shape
+ * and converts the elements to in->dtype where no information is lost. */
+bool rt_data_load(const char *path, const RtTensor *in, RtArray *out, RtErr *e);
+/* Converts an already read file (buf, len, owned by the callee on success
+ * and on failure) the same way; rt_data_load's second half. */
+bool rt_data_decode(uint8_t *buf, size_t len, const char *path, const RtTensor *in, RtArray *out,
+                    RtErr *e);
+void rt_array_free(RtArray *a);
+/* Every label must lie in [0, classes). */
+bool rt_labels_check(const RtArray *labels, int64_t classes, RtErr *e);
+
+/* ---- batch order and filling the input slots: rt_batch.c ----------------- */
+
+/* splitmix64 (Steele, Lea, Flood 2014): the one generator behind --shuffle. */
+uint64_t rt_splitmix64(uint64_t *state);
+
+/* The row order of one epoch over n rows: identity, or the documented shuffle. */
+typedef struct RtOrder {
+    int64_t n;
+    bool shuffle;
+    uint64_t seed;
+    int64_t *perm; /* NULL without shuffle: row k is row k */
+} RtOrder;
+
+bool rt_order_init(RtOrder *o, int64_t n, bool shuffle, uint64_t seed, RtErr *e);
+/* Sets the order of epoch `epoch` (0-based); allocates nothing. */
+void rt_order_epoch(RtOrder *o, int64_t epoch);
+void rt_order_free(RtOrder *o);
+/* File row feeding row r (0 <= r < batch) of step `step` of the epoch. */
+int64_t rt_batch_row(const RtOrder *o, int64_t batch, int64_t step, int64_t r);
+/* Copies rows [r0, r1) of the global batch of `step` (0-based within the
+ * epoch) of every data[k] into slot slots[k]; global row r lands at position
+ * r - r0, so a rank that owns a share of the batch passes its own range. */
+void rt_batch_fill(const RtOrder *o, const RtTensor *slots, const RtArray *data, int n,
+                   int64_t batch, int64_t step, int64_t r0, int64_t r1, char *arena);
+
+/* ---- metrics, progress and log lines: rt_metrics.c ----------------------- */
+
+typedef struct RtLog {
+    FILE *metrics;      /* JSON Lines, rank 0 with --metrics only */
+    const char *metrics_path;
+    bool quiet;         /* ranks other than 0 print nothing */
+    bool tty;           /* progress bar instead of log lines */
+    int64_t total, batch, log_every;
+    double t_start, t_mark, t_drawn;
+    int64_t step_mark;
+} RtLog;
+
+/* Current time in seconds (monotonic). */
+double rt_now(void);
+bool rt_log_open(RtLog *l, const char *metrics_path, bool quiet, bool tty, int64_t total,
+                 int64_t batch, int64_t log_every, RtErr *e);
+void rt_log_step(RtLog *l, int64_t step, float loss, double step_seconds);
+void rt_log_eval(RtLog *l, int64_t epoch, double eval_loss, bool has_accuracy, double accuracy);
+bool rt_log_close(RtLog *l, RtErr *e);
+/* Ends an open progress bar line so an error message starts on its own line. */
+void rt_log_break_line(void);
+
+/* ---- training: rt_train.c ------------------------------------------------ */
+
+/* What the generated object provides (rt_abi.h), gathered by main(). */
+typedef struct RtProgram {
+    const char *meta;
+    size_t meta_len;
+    const unsigned char *init;
+    const unsigned char *model;
+    size_t model_len;
+    void (*train_step)(char *arena);
+    void (*eval_step)(char *arena);
+} RtProgram;
+
+typedef struct RtRun {
+    const RtProgram *prog;
+    const RtMeta *meta;
+    char *arena;
+    RtArray *train; /* one per meta input */
+    int64_t train_rows;
+    RtArray *eval;  /* NULL without --eval-data */
+    int64_t eval_rows;
+    RtOrder order;
+    float lr;
+    int64_t total_steps;
+    float *predict; /* [eval_rows, output row] with --predict, else NULL */
+    RtLog log;
+} RtRun;
+
+typedef struct RtEvalResult {
+    double loss;     /* mean over the full batches */
+    double accuracy; /* ce only */
+    bool has_accuracy;
+} RtEvalResult;
+
+int64_t rt_steps_per_epoch(int64_t rows, int64_t batch);
+/* Runs every step, and the evaluations after each epoch and at the end. */
+bool rt_train_run(RtRun *r, RtErr *e);
+/* One pass over the eval rows; fills r->predict when `predict` is set. */
+void rt_eval_run(RtRun *r, bool predict, RtEvalResult *out);
+
+/* ---- --save: rt_save.c --------------------------------------------------- */
+
+uint16_t rt_f32_to_f16(float f);
+uint16_t rt_f32_to_bf16(float f);
+float rt_f16_to_f32(uint16_t h);
+/* Checks that every parameter has an initializer the trained values can be
+ * written into; run before training so a mismatch costs no training time. */
+bool rt_save_check(const RtProgram *p, const RtMeta *m, RtErr *e);
+/* Writes the embedded model with every parameter replaced by its value in
+ * the arena. */
+bool rt_save_write(const char *path, const RtProgram *p, const RtMeta *m, const char *arena,
+                   RtErr *e);
+
+#endif

@@ -1,0 +1,225 @@
+/* rt_args.c - the program's command line.
+ *
+ * Every flag takes its value as the next argument or after '='
+ * (--steps 10, --steps=10).  Mistakes are usage errors (exit status 2) and
+ * name the flag and the value. */
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "rt.h"
+
+static bool parse_count(const char *flag, const char *s, int64_t min, int64_t *out, RtErr *e) {
+    char *end = NULL;
+    errno = 0;
+    long long x = strtoll(s, &end, 10);
+    if (!*s || *end || errno || x < min || s[0] == '+' || s[0] == ' ')
+        return rt_usage_error(e, "%s needs an integer of at least %" PRId64 ", got '%s'", flag, min, s);
+    *out = (int64_t)x;
+    return true;
+}
+
+static bool parse_seed(const char *s, uint64_t *out, RtErr *e) {
+    char *end = NULL;
+    errno = 0;
+    unsigned long long x = strtoull(s, &end, 10);
+    if (!*s || *end || errno || s[0] == '-' || s[0] == '+' || s[0] == ' ')
+        return rt_usage_error(e, "--shuffle needs a seed from 0 to %llu, got '%s'", ULLONG_MAX, s);
+    *out = (uint64_t)x;
+    return true;
+}
+
+static bool parse_lr(const char *s, float *out, RtErr *e) {
+    char *end = NULL;
+    errno = 0;
+    double x = strtod(s, &end);
+    if (!*s || *end || errno == ERANGE || !isfinite(x) || !isfinite((float)x) || x < 0 || s[0] == ' ')
+        return rt_usage_error(e, "--lr needs a non-negative float32 number, got '%s'", s);
+    *out = (float)x;
+    return true;
+}
+
+static bool parse_named(const char *flag, const char *s, RtNamedFile *out, RtErr *e) {
+    const char *eq = strchr(s, '=');
+    if (!eq || eq == s || !eq[1])
+        return rt_usage_error(e, "%s needs NAME=FILE, got '%s'", flag, s);
+    /* The name is copied out of argv so argv itself is never modified. */
+    char *name = strndup(s, (size_t)(eq - s));
+    if (!name) return rt_error(e, "out of memory");
+    out->name = name;
+    out->path = eq + 1;
+    return true;
+}
+
+static bool set_once(const char **slot, const char *flag, const char *value, RtErr *e) {
+    if (*slot) return rt_usage_error(e, "%s given twice", flag);
+    if (!*value) return rt_usage_error(e, "%s needs a file name", flag);
+    *slot = value;
+    return true;
+}
+
+bool rt_args_parse(int argc, char **argv, RtArgs *a, RtErr *e) {
+    memset(a, 0, sizeof *a);
+    a->log_every = 100;
+    int n = argc > 0 ? argc : 1;
+    a->data = calloc((size_t)n, sizeof *a->data);
+    a->eval = calloc((size_t)n, sizeof *a->eval);
+    if (!a->data || !a->eval) return rt_error(e, "out of memory");
+    bool have_log_every = false, have_lr = false;
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
+            a->help = true;
+            continue;
+        }
+        if (strncmp(arg, "--", 2) != 0)
+            return rt_usage_error(e, "unexpected argument '%s' (see --help)", arg);
+        /* --flag=value or --flag value */
+        char flag[32];
+        const char *value = NULL;
+        const char *eq = strchr(arg, '=');
+        size_t flen = eq ? (size_t)(eq - arg) : strlen(arg);
+        if (flen >= sizeof flag) return rt_usage_error(e, "unknown option '%s' (see --help)", arg);
+        memcpy(flag, arg, flen);
+        flag[flen] = 0;
+        static const char *const known[] = {"--data", "--eval-data", "--steps", "--epochs", "--lr",
+                                            "--shuffle", "--metrics", "--save", "--predict",
+                                            "--log-every"};
+        bool is_known = false;
+        for (size_t k = 0; k < sizeof known / sizeof *known; k++) is_known |= strcmp(flag, known[k]) == 0;
+        if (!is_known) return rt_usage_error(e, "unknown option '%s' (see --help)", flag);
+        if (eq) value = eq + 1;
+        else if (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) value = argv[++i];
+        else return rt_usage_error(e, "%s needs a value", flag);
+
+        bool ok = true;
+        if (strcmp(flag, "--data") == 0) {
+            ok = parse_named(flag, value, &a->data[a->n_data], e);
+            a->n_data += ok;
+        } else if (strcmp(flag, "--eval-data") == 0) {
+            ok = parse_named(flag, value, &a->eval[a->n_eval], e);
+            a->n_eval += ok;
+        } else if (strcmp(flag, "--steps") == 0) {
+            if (a->steps) return rt_usage_error(e, "--steps given twice");
+            ok = parse_count(flag, value, 1, &a->steps, e);
+        } else if (strcmp(flag, "--epochs") == 0) {
+            if (a->epochs) return rt_usage_error(e, "--epochs given twice");
+            ok = parse_count(flag, value, 1, &a->epochs, e);
+        } else if (strcmp(flag, "--lr") == 0) {
+            if (have_lr) return rt_usage_error(e, "--lr given twice");
+            ok = parse_lr(value, &a->lr, e);
+            have_lr = a->has_lr = true;
+        } else if (strcmp(flag, "--shuffle") == 0) {
+            if (a->shuffle) return rt_usage_error(e, "--shuffle given twice");
+            ok = parse_seed(value, &a->seed, e);
+            a->shuffle = true;
+        } else if (strcmp(flag, "--log-every") == 0) {
+            if (have_log_every) return rt_usage_error(e, "--log-every given twice");
+            ok = parse_count(flag, value, 0, &a->log_every, e);
+            have_log_every = true;
+        } else if (strcmp(flag, "--metrics") == 0) {
+            ok = set_once(&a->metrics, flag, value, e);
+        } else if (strcmp(flag, "--save") == 0) {
+            ok = set_once(&a->save, flag, value, e);
+        } else {
+            ok = set_once(&a->predict, flag, value, e);
+        }
+        if (!ok) return false;
+    }
+    if (a->help) return true;
+    if (a->n_data == 0) return rt_usage_error(e, "no --data given (see --help)");
+    if (!a->steps && !a->epochs) return rt_usage_error(e, "give --steps K or --epochs E");
+    if (a->steps && a->epochs) return rt_usage_error(e, "give --steps or --epochs, not both");
+    if (a->predict && a->n_eval == 0) return rt_usage_error(e, "--predict needs --eval-data");
+    return true;
+}
+
+void rt_args_free(RtArgs *a) {
+    for (int i = 0; i < a->n_data; i++) free((char *)a->data[i].name);
+    for (int i = 0; i < a->n_eval; i++) free((char *)a->eval[i].name);
+    free(a->data);
+    free(a->eval);
+    memset(a, 0, sizeof *a);
+}
+
+bool rt_args_bind(const RtMeta *m, const RtNamedFile *files, int n, const char *flag,
+                  const char **paths, RtErr *e) {
+    for (int k = 0; k < m->n_inputs; k++) paths[k] = NULL;
+    for (int i = 0; i < n; i++) {
+        int k = rt_meta_input(m, files[i].name);
+        if (k < 0) {
+            char names[512];
+            size_t len = 0;
+            names[0] = 0;
+            for (int j = 0; j < m->n_inputs && len < sizeof names; j++)
+                len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", j ? ", " : "",
+                                        m->inputs[j].name);
+            return rt_usage_error(e, "%s %s=%s: the program has no input '%s' (its inputs: %s)", flag,
+                                  files[i].name, files[i].path, files[i].name, names);
+        }
+        if (paths[k]) return rt_usage_error(e, "%s %s given twice", flag, files[i].name);
+        paths[k] = files[i].path;
+    }
+    for (int k = 0; k < m->n_inputs; k++)
+        if (!paths[k])
+            return rt_usage_error(e, "no %s for input '%s' (give %s %s=FILE)", flag, m->inputs[k].name,
+                                  flag, m->inputs[k].name);
+    return true;
+}
+
+bool rt_args_check_writable(const char *flag, const char *path, RtErr *e) {
+    struct stat st;
+    if (stat(path, &st) == 0) {
+        if (S_ISDIR(st.st_mode)) return rt_error(e, "%s %s: is a folder", flag, path);
+        if (access(path, W_OK) != 0) return rt_error(e, "%s %s: not writable: %s", flag, path, strerror(errno));
+        return true;
+    }
+    const char *slash = strrchr(path, '/');
+    char dir[4096];
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return rt_error(e, "%s %s: folder %s does not exist", flag, path, dir);
+    if (access(dir, W_OK | X_OK) != 0)
+        return rt_error(e, "%s %s: cannot create files in %s: %s", flag, path, dir, strerror(errno));
+    return true;
+}
+
+void rt_args_usage(FILE *out, const RtMeta *m) {
+    const char *p = rt_prog_name();
+    fprintf(out,
+            "usage: %s --data NAME=FILE [--data NAME=FILE ...] (--steps K | --epochs E) [options]\n"
+            "\n"
+            "Trains the model compiled into this program.\n"
+            "\n"
+            "  --data NAME=FILE       training rows for input NAME; one per input, labels included.\n"
+            "                         .npy (float32, float64, int8..int64, uint8..uint64, bool; C order)\n"
+            "                         or IDX as MNIST ships it (unsigned bytes; plain or gzipped).\n"
+            "                         IDX bytes feeding a float32 input are scaled to [0, 1].\n"
+            "  --steps K              run K optimizer steps, continuing across epochs\n"
+            "  --epochs E             run E passes over the rows (E * ceil(rows / batch) steps)\n"
+            "  --lr LR                learning rate (default: the one compiled in)\n"
+            "  --shuffle SEED         new row order every epoch (splitmix64 Fisher-Yates)\n"
+            "  --metrics FILE         JSON Lines: one object per step and per evaluation\n"
+            "  --eval-data NAME=FILE  evaluation rows, one per input; evaluated after every epoch\n"
+            "                         and at the end\n"
+            "  --predict OUT.npy      after training, the model output for every evaluation row\n"
+            "  --save OUT.onnx        the model with its trained parameters\n"
+            "  --log-every N          log line every N steps when stderr is not a terminal\n"
+            "                         (default 100; 0: only the final line)\n"
+            "  -h, --help             this text\n",
+            p);
+    if (!m) return;
+    fprintf(out, "\nInputs of this program (batch %" PRId64 ", learning rate %g):\n", m->batch, (double)m->lr);
+    for (int k = 0; k < m->n_inputs; k++) {
+        char shape[256];
+        fprintf(out, "  %-20s %s %s\n", m->inputs[k].name, rt_dtype_name(m->inputs[k].dtype),
+                rt_shape_str(shape, sizeof shape, m->inputs[k].ndim, m->inputs[k].shape));
+    }
+}

@@ -1,0 +1,137 @@
+/* rt_metrics.c - what a run reports: the --metrics JSON Lines file, and on
+ * stderr either a progress bar (a terminal) or plain log lines (a file or a
+ * pipe, where a bar redrawn with \r would be noise).  Only rank 0 reports.
+ *
+ * Lines are written with fprintf rather than built with jansson so that the
+ * step loop allocates nothing. */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "rt.h"
+
+/* Whether a progress bar line is on screen without its newline; rt_die
+ * ends it first so the error starts on a line of its own. */
+static bool g_bar_open = false;
+
+double rt_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+bool rt_log_open(RtLog *l, const char *metrics_path, bool quiet, bool tty, int64_t total,
+                 int64_t batch, int64_t log_every, RtErr *e) {
+    memset(l, 0, sizeof *l);
+    l->quiet = quiet;
+    l->tty = tty;
+    l->total = total;
+    l->batch = batch;
+    l->log_every = log_every;
+    l->metrics_path = metrics_path;
+    if (metrics_path && !quiet) {
+        l->metrics = fopen(metrics_path, "w");
+        if (!l->metrics) return rt_error(e, "--metrics %s: cannot open: %s", metrics_path, strerror(errno));
+    }
+    l->t_start = l->t_mark = rt_now();
+    l->t_drawn = l->t_start - 1.0;
+    return true;
+}
+
+/* JSON has no NaN or infinity: those become null. */
+static void json_num(FILE *f, const char *fmt, double x) {
+    if (isfinite(x)) fprintf(f, fmt, x);
+    else fputs("null", f);
+}
+
+static void draw_bar(RtLog *l, int64_t step, float loss, double now) {
+    double elapsed = now - l->t_start;
+    double rate = elapsed > 0 ? (double)(step * l->batch) / elapsed : 0;
+    double eta = step > 0 ? elapsed / (double)step * (double)(l->total - step) : 0;
+    enum { WIDTH = 24 };
+    char bar[WIDTH + 1];
+    int filled = (int)((double)WIDTH * (double)step / (double)l->total);
+    for (int i = 0; i < WIDTH; i++) bar[i] = i < filled ? '#' : '-';
+    bar[WIDTH] = 0;
+    long s = (long)(eta + 0.5);
+    fprintf(stderr, "\rstep %" PRId64 "/%" PRId64 " [%s] loss %.4f %.1f samples/s ETA %ld:%02ld:%02ld\033[K",
+            step, l->total, bar, (double)loss, rate, s / 3600, s / 60 % 60, s % 60);
+    g_bar_open = true;
+    if (step == l->total) {
+        fputc('\n', stderr);
+        g_bar_open = false;
+    }
+    fflush(stderr);
+}
+
+void rt_log_step(RtLog *l, int64_t step, float loss, double step_seconds) {
+    double now = rt_now();
+    if (l->metrics) {
+        fprintf(l->metrics, "{\"step\": %" PRId64 ", \"loss\": ", step);
+        json_num(l->metrics, "%.9g", (double)loss);
+        fputs(", \"samples_per_s\": ", l->metrics);
+        json_num(l->metrics, "%.6g", step_seconds > 0 ? (double)l->batch / step_seconds : NAN);
+        fprintf(l->metrics, ", \"elapsed_s\": %.6f}\n", now - l->t_start);
+        /* Flushed per line so a run can be followed with tail -f. */
+        fflush(l->metrics);
+    }
+    if (l->quiet) return;
+    bool last = step == l->total;
+    if (l->tty) {
+        if (last || now - l->t_drawn >= 0.1) {
+            draw_bar(l, step, loss, now);
+            l->t_drawn = now;
+        }
+        return;
+    }
+    if (!last && (l->log_every == 0 || step % l->log_every != 0)) return;
+    double dt = now - l->t_mark;
+    double rate = dt > 0 ? (double)((step - l->step_mark) * l->batch) / dt : 0;
+    fprintf(stderr, "step %" PRId64 "/%" PRId64 " loss %.4f %.1f samples/s\n", step, l->total, (double)loss, rate);
+    fflush(stderr);
+    l->t_mark = now;
+    l->step_mark = step;
+}
+
+void rt_log_eval(RtLog *l, int64_t epoch, double eval_loss, bool has_accuracy, double accuracy) {
+    if (l->metrics) {
+        fprintf(l->metrics, "{\"epoch\": %" PRId64 ", \"eval_loss\": ", epoch);
+        json_num(l->metrics, "%.9g", eval_loss);
+        if (has_accuracy) {
+            fputs(", \"accuracy\": ", l->metrics);
+            json_num(l->metrics, "%.9g", accuracy);
+        }
+        fputs("}\n", l->metrics);
+        fflush(l->metrics);
+    }
+    if (l->quiet) return;
+    if (g_bar_open) {
+        fputs("\r\033[K", stderr);
+        g_bar_open = false;
+    }
+    if (has_accuracy)
+        fprintf(stderr, "epoch %" PRId64 " eval_loss %.4f accuracy %.4f\n", epoch, eval_loss, accuracy);
+    else
+        fprintf(stderr, "epoch %" PRId64 " eval_loss %.4f\n", epoch, eval_loss);
+    fflush(stderr);
+}
+
+bool rt_log_close(RtLog *l, RtErr *e) {
+    rt_log_break_line();
+    if (!l->metrics) return true;
+    bool ok = !ferror(l->metrics);
+    ok = (fclose(l->metrics) == 0) && ok;
+    l->metrics = NULL;
+    if (!ok) return rt_error(e, "--metrics %s: write error: %s", l->metrics_path, strerror(errno));
+    return true;
+}
+
+void rt_log_break_line(void) {
+    if (!g_bar_open) return;
+    fputc('\n', stderr);
+    fflush(stderr);
+    g_bar_open = false;
+}
