@@ -3,6 +3,7 @@
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "frontend/onnx.h"
 #include "ir/shapes.h"
@@ -70,15 +71,22 @@ static char *program_meta(const Plan *p, const CompileOptions *o) {
     free(plan_text);
     char hash[32];
     snprintf(hash, sizeof hash, "%016llx", (unsigned long long)h);
+    json_t *buckets = json_array();
+    for (int b = 0; b < rp->n_buckets; b++)
+        json_array_append_new(buckets, json_pack("{s:I, s:I}", "offset", (json_int_t)rp->buckets[b].offset, "count",
+                                                 (json_int_t)(rp->buckets[b].bytes / 4)));
     json_t *root = json_pack(
         "{s:i, s:s, s:i, s:i, s:I, s:I, s:I, s:{s:I}, s:{s:I, s:f}, s:{s:I}, s:o, s:{s:s, s:I, s:o}, s:o, s:s, "
         "s:{s:s}}",
-        "abi", 1, "plan_hash", hash, "ranks", 1, "rank_programs", 1, "batch", (json_int_t)o->batch, "arena_bytes",
+        "abi", 1, "plan_hash", hash, "ranks", p->n_ranks, "rank_programs", 1, "batch", (json_int_t)o->batch, "arena_bytes",
         (json_int_t)rp->arena_bytes, "init_bytes", (json_int_t)rp->init_bytes, "loss", "offset",
         (json_int_t)rp->offset[t->loss->id], "lr", "offset", (json_int_t)rp->offset[t->lr->id], "value",
         (double)o->train.lr, "step", "offset", (json_int_t)rp->offset[t->step->id], "inputs", inputs, "output",
         "name", t->output->name, "offset", (json_int_t)rp->offset[t->output->id], "shape", oshape, "params", params,
         "loss_kind", loss_kind_name(o->train.loss), "optimizer", "name", opt_names[o->train.optimizer]);
+    json_object_set_new(root, "strategy", json_string(p->strategy));
+    json_object_set_new(root, "local_batch", json_integer(p->local_batch));
+    json_object_set_new(root, "buckets", buckets);
     char *s = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(root);
     return s;
@@ -93,12 +101,24 @@ static bool write_text(const char *path, const char *text, Diag *d) {
 }
 
 bool driver_compile(const CompileOptions *o, Diag *d) {
-    DriverOptions fo = {.model = o->model, .batch = o->batch, .require_supported = true};
+    int64_t ranks = o->ranks > 0 ? o->ranks : 1;
+    bool dp = o->strategy && strcmp(o->strategy, "dp") == 0;
+    if (ranks > 1 && !dp)
+        return diag_error(d, DIAG_USAGE, "--ranks %lld needs --strategy dp (the other strategies are not built yet)",
+                          (long long)ranks);
+    if (dp && o->batch % ranks)
+        return diag_error(d, DIAG_USAGE, "--batch %lld does not divide among --ranks %lld", (long long)o->batch,
+                          (long long)ranks);
+    /* Each data-parallel rank computes batch/ranks rows. */
+    DriverOptions fo = {.model = o->model, .batch = dp ? o->batch / ranks : o->batch, .require_supported = true};
     Graph *g = driver_front_end(&fo, d);
     if (!g) return false;
     TrainGraph t;
     Plan p;
-    bool ok = train_build(g, &o->train, &t, d) && ir_verify(g, d) && plan_single(g, &t, o->batch, &p, d);
+    TrainOptions to = o->train;
+    to.replicas = dp ? (int)ranks : 1;
+    bool ok = train_build(g, &to, &t, d) && ir_verify(g, d) &&
+              (dp ? plan_dp(g, &t, o->batch, (int)ranks, o->bucket_mb, &p, d) : plan_single(g, &t, o->batch, &p, d));
     char *meta = NULL;
     if (ok && o->plan_out) {
         char *text = plan_to_json(&p, &o->train);

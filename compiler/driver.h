@@ -21,7 +21,9 @@ typedef struct DriverOptions {
 Graph *driver_front_end(const DriverOptions *opt, Diag *d);
 typedef struct CompileOptions {
     const char *model, *output, *emit, *plan_out, *target_cpu;
-    int64_t batch;
+    const char *strategy; /* "single" or "dp" */
+    int64_t batch, ranks;
+    double bucket_mb;
     TrainOptions train;
     bool verbose;
 } CompileOptions;

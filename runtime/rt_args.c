@@ -84,7 +84,7 @@ bool rt_args_parse(int argc, char **argv, RtArgs *a, RtErr *e) {
         const char *value = NULL;
         const char *eq = strchr(arg, '=');
         size_t flen = eq ? (size_t)(eq - arg) : strlen(arg);
-        if (flen >= sizeof flag) return rt_usage_error(e, "unknown option '%s' (see --help)", arg);
+        if (flen >= sizeof flag) return rt_usage_error(e, "unknown option '%.*s' (see --help)", (int)flen, arg);
         memcpy(flag, arg, flen);
         flag[flen] = 0;
         static const char *const known[] = {"--data", "--eval-data", "--steps", "--epochs", "--lr",

@@ -200,9 +200,9 @@ static bool parse_root(json_t *root, RtMeta *m, RtErr *e) {
             return rt_error(e, BAD "loss_kind ce but the output is not [batch, ..., classes]");
         m->classes = m->output.shape[m->output.ndim - 1];
         if (lab->row_elems * m->classes != m->output.row_elems)
-            return rt_error(e, BAD "loss_kind ce: %" PRId64 " labels per sample do not match an output of "
-                            "%" PRId64 " values per sample over %" PRId64 " classes",
-                            lab->row_elems, m->output.row_elems, m->classes);
+            return rt_error(e, BAD "loss_kind ce: an output of %" PRId64 " values per sample over %" PRId64
+                            " classes needs %" PRId64 " labels per sample, \"labels\" has %" PRId64,
+                            m->output.row_elems, m->classes, m->output.row_elems / m->classes, lab->row_elems);
     }
     return true;
 }

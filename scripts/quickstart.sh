@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
-# Sets up a fresh Debian 12 machine, builds cleave, and runs the main job
-# on a sample model.
+# Sets up a fresh Debian 12 machine, builds cleave, compiles the sample MLP
+# into a training program and trains it on Fashion-MNIST for two epochs,
+# reporting the test accuracy after each epoch.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 bash scripts/setup.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j "$(nproc 2>/dev/null || echo 2)"
+
+data=/usr/share/datasets/fashion-mnist
+out=build/quickstart
+mkdir -p "$out"
 ./build/cleave inspect samples/mlp.onnx --batch 64
+./build/cleave compile samples/mlp.onnx -o "$out/mlp.train" --batch 64 --loss ce --optimizer adam --lr 0.001
+"$out/mlp.train" \
+  --data input="$data/train-images-idx3-ubyte.gz" --data labels="$data/train-labels-idx1-ubyte.gz" \
+  --eval-data input="$data/t10k-images-idx3-ubyte.gz" --eval-data labels="$data/t10k-labels-idx1-ubyte.gz" \
+  --epochs 2 --shuffle 1 --metrics "$out/metrics.jsonl" --save "$out/mlp.trained.onnx"

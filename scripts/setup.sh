@@ -39,3 +39,6 @@ fi
 if ! command -v npm >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q nodejs npm
 fi
+
+# onnxruntime-node for the ONNX Runtime interop test.
+bash "$(dirname "${BASH_SOURCE[0]}")/setup_node.sh"

@@ -15,6 +15,7 @@ struct GradCtx {
     Graph *g;
     Diag *d;
     NodePhase phase; /* phase given to built nodes */
+    int replicas;    /* data-parallel replicas (gradient seed 1/replicas) */
 };
 
 /* A node of op (domain "" or "cleave") with the given inputs; attributes

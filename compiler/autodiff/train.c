@@ -136,7 +136,7 @@ static bool backward(GradCtx *c, TrainGraph *t, bool *requires, Node **order, in
     if (!gm) return diag_error(c->d, DIAG_NOMEM, "%s: out of memory", g->path);
     int gm_cap = g->n_values * 16 + 256;
     c->phase = PHASE_BACKWARD;
-    gm[t->loss->id] = gb_const_f(c, 1.0f);
+    gm[t->loss->id] = gb_const_f(c, c->replicas > 1 ? 1.0f / (float)c->replicas : 1.0f);
     bool ok = true;
     for (int i = count - 1; i >= 0 && ok; i--) {
         Node *n = order[i];
@@ -189,8 +189,32 @@ static Value *add_moment(Graph *g, const Value *like, const char *suffix, Diag *
     return v;
 }
 
+/* Copies each gradient that another node also reads, or that serves two
+ * parameters, into a value of its own: collectives then update it in place
+ * without disturbing the rest of the backward pass. */
+static void private_grads(GradCtx *c, TrainGraph *t) {
+    Graph *g = c->g;
+    int *readers = calloc((size_t)g->n_values, sizeof *readers);
+    if (!readers) return;
+    GRAPH_FOR_NODES(g, n) {
+        for (int k = 0; k < n->n_in; k++)
+            if (n->in[k]) readers[n->in[k]->id]++;
+    }
+    for (int i = 0; i < t->n_params; i++) {
+        Value *gw = t->grads[i];
+        if (!gw) continue;
+        bool shared = readers[gw->id] > 0 || !gw->producer;
+        for (int j = 0; j < i && !shared; j++) shared = t->grads[j] == gw;
+        if (shared) t->grads[i] = gb_op1(c, "Identity", gw);
+    }
+    free(readers);
+}
+
 static bool build_optimizer(GradCtx *c, const TrainOptions *o, TrainGraph *t) {
     Graph *g = c->g;
+    c->phase = PHASE_BACKWARD;
+    if (o->replicas > 1) private_grads(c, t);
+    if (diag_failed(c->d)) return false;
     c->phase = PHASE_OPTIMIZER;
     for (int i = 0; i < t->n_params; i++) {
         Value *w = t->params[i], *gw = t->grads[i];
@@ -223,7 +247,7 @@ static bool build_optimizer(GradCtx *c, const TrainOptions *o, TrainGraph *t) {
 
 bool train_build(Graph *g, const TrainOptions *o, TrainGraph *t, Diag *d) {
     memset(t, 0, sizeof *t);
-    GradCtx c = {g, d, PHASE_LOSS};
+    GradCtx c = {g, d, PHASE_LOSS, o->replicas};
     if (!build_loss(&c, o, t)) return false;
     t->lr = add_state_scalar(g, "cleave.lr", d);
     t->step = add_state_scalar(g, "cleave.step", d);

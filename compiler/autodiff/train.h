@@ -20,6 +20,11 @@ typedef struct TrainOptions {
     bool nesterov;
     int n_freeze;
     const char *const *freeze; /* initializer names kept fixed */
+    /* Data parallelism: the loss gradient is seeded with 1/replicas so that
+     * summing the replicas' gradients averages them; each parameter's
+     * gradient gets a buffer of its own that an allreduce may update in
+     * place. */
+    int replicas;
 } TrainOptions;
 
 typedef struct TrainGraph {

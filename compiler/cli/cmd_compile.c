@@ -30,7 +30,11 @@ static const char compile_help[] =
     "  --emit exe|obj|llvm  executable (default), object file, or readable LLVM IR\n"
     "  --emit-plan FILE     also write the plan (JSON, see docs/plan.md)\n"
     "  --target-cpu CPU     generate code for CPU instead of this machine's\n"
-    "  --ranks N            number of MPI ranks (1 until the parallel strategies)\n"
+    "  --ranks N            number of MPI ranks (default 1)\n"
+    "  --strategy dp        data parallelism: every rank holds the model and computes\n"
+    "                       B/N rows of each batch; gradients are averaged by bucketed\n"
+    "                       allreduce overlapped with the backward pass\n"
+    "  --bucket-mb MB       gradient bucket size for dp (default 25, as PyTorch DDP)\n"
     "  -v, --verbose        report the stages and the planned memory\n";
 
 static bool parse_f(const char *s, float *out) {
@@ -56,7 +60,7 @@ static int split_names(char *s, const char ***out) {
 }
 
 int cmd_compile(int argc, char **argv) {
-    CompileOptions o = {.emit = "exe"};
+    CompileOptions o = {.emit = "exe", .strategy = "single", .ranks = 1, .bucket_mb = 25};
     TrainOptions *t = &o.train;
     *t = (TrainOptions){.loss = LOSS_CE, .optimizer = OPT_SGD, .lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f,
                         .eps = 1e-8f};
@@ -128,7 +132,17 @@ int cmd_compile(int argc, char **argv) {
         } else if (strcmp(a, "--ranks") == 0) {
             NEED_VALUE();
             if (!cli_parse_i64(v, 1, 1 << 20, &ranks)) status = cli_usage("compile", "--ranks needs a positive integer");
-            else if (ranks != 1) status = cli_usage("compile", "--ranks %lld: only single-rank programs are supported so far", (long long)ranks);
+            o.ranks = ranks;
+        } else if (strcmp(a, "--strategy") == 0) {
+            NEED_VALUE();
+            if (strcmp(v, "dp") && strcmp(v, "single"))
+                status = cli_usage("compile", "--strategy must be dp or single (layer, pipeline and auto are not built yet), got '%s'", v);
+            o.strategy = v;
+        } else if (strcmp(a, "--bucket-mb") == 0) {
+            NEED_VALUE();
+            float mb = 0;
+            if (!parse_f(v, &mb) || !(mb > 0)) status = cli_usage("compile", "--bucket-mb needs a positive number, got '%s'", v);
+            o.bucket_mb = mb;
         } else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) {
             o.verbose = true;
         } else if (a[0] == '-') {

@@ -67,13 +67,36 @@ static unsigned char *init_image(const Plan *p, const RankPlan *rp) {
     return img;
 }
 
-/* Calls node kernels from a step function in plan order. */
+/* A runtime entry point taking one i32 (or none): RT_ABI collectives. */
+static void call_rt(Cg *c, const char *name, int arg) {
+    LLVMTypeRef pt = c->t_i32;
+    LLVMTypeRef fty = LLVMFunctionType(c->t_void, &pt, arg >= 0 ? 1 : 0, 0);
+    LLVMValueRef fn = LLVMGetNamedFunction(c->mod, name);
+    if (!fn) fn = LLVMAddFunction(c->mod, name, fty);
+    LLVMValueRef a = LLVMConstInt(c->t_i32, (unsigned long long)(arg >= 0 ? arg : 0), 0);
+    LLVMBuildCall2(c->b, fty, fn, &a, arg >= 0 ? 1 : 0, "");
+}
+
+/* Calls node kernels from a step function in plan order; collectives call
+ * the runtime, which also gets a chance to progress outstanding ones after
+ * every kernel while any is in flight. */
 static void build_step_fn(Cg *c, const char *name, const PlanStep *steps, int n) {
     LLVMTypeRef pt = c->t_ptr;
     LLVMValueRef fn = LLVMAddFunction(c->mod, name, LLVMFunctionType(c->t_void, &pt, 1, 0));
     LLVMPositionBuilderAtEnd(c->b, LLVMAppendBasicBlockInContext(c->ctx, fn, "entry"));
     LLVMValueRef arena = LLVMGetParam(fn, 0);
+    int in_flight = 0;
     for (int s = 0; s < n; s++) {
+        if (steps[s].kind == STEP_ALLREDUCE_START) {
+            call_rt(c, "cleave_rt_allreduce_start", steps[s].bucket);
+            in_flight++;
+            continue;
+        }
+        if (steps[s].kind == STEP_ALLREDUCE_WAIT) {
+            call_rt(c, "cleave_rt_allreduce_wait", steps[s].bucket);
+            in_flight--;
+            continue;
+        }
         const CgKernel *k = &c->kernels[steps[s].node->id];
         if (!k->fn) continue; /* views: nothing to run */
         LLVMValueRef args[CG_MAX_BUFS];
@@ -85,6 +108,7 @@ static void build_step_fn(Cg *c, const char *name, const PlanStep *steps, int n)
         }
         LLVMBuildCall2(c->b, LLVMFunctionType(c->t_void, types, (unsigned)k->n_bufs, 0), k->fn, args,
                        (unsigned)k->n_bufs, "");
+        if (in_flight > 0) call_rt(c, "cleave_rt_progress", -1);
     }
     LLVMBuildRetVoid(c->b);
 }
@@ -113,6 +137,7 @@ static LLVMTargetMachineRef make_target(const CgOptions *o, Diag *d) {
 
 static bool generate_kernels(Cg *c, const RankPlan *rp) {
     for (int s = 0; s < rp->n_train; s++) {
+        if (rp->train[s].kind != STEP_COMPUTE) continue;
         const Node *n = rp->train[s].node;
         if (!n->def || !n->def->cg)
             return diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (%s): no code generation rule", c->g->path,

@@ -1,8 +1,16 @@
-/* ops_nn.c - convolution, pooling and normalisation layers (NCHW). */
+/* ops_nn.c - convolution, pooling and normalisation layers (NCHW): shape
+ * rules, forward kernels, gradient rules, and the internal ops of domain
+ * "cleave" those gradients are built from (ConvGradInput, ConvGradWeight,
+ * ConvGradBias, MaxPoolGrad, AveragePoolGrad, BatchNormGrad,
+ * LayerNormGrad).  Forward and gradient kernels walk the same window
+ * geometry, so they live together. */
+#include <math.h>
 #include <string.h>
 
 #include "op_util.h"
 #include "ops_families.h"
+#include "../autodiff/grad.h"
+#include "../codegen/cg.h"
 
 /* Spatial output sizes for Conv and the pools, honouring auto_pad, pads,
  * strides, dilations and ceil_mode.  `kernel` holds the window size per

@@ -21,7 +21,6 @@ static bool infer_sce(OpCtx *c, Node *n) {
         return op_error(c, n, "labels '%s' must be [N] matching the scores", l->name);
     if (l->dtype != DT_INT64 && l->dtype != DT_INT32) return op_error(c, n, "labels must be int64 or int32");
     if (n->n_in > 2 && n->in[2]) return op_error_kind(c, n, DIAG_UNSUPPORTED, "class weights are not supported");
-    if (node_attr(n, "ignore_index")) return op_error_kind(c, n, DIAG_UNSUPPORTED, "ignore_index is not supported");
     const char *red = node_attr_s(n, "reduction", "mean");
     if (strcmp(red, "mean") && strcmp(red, "sum"))
         return op_error_kind(c, n, DIAG_UNSUPPORTED, "reduction '%s' is not supported (mean or sum)", red);
@@ -30,13 +29,41 @@ static bool infer_sce(OpCtx *c, Node *n) {
     return true;
 }
 
-/* loss = scale * sum_rows (logsumexp(x_r) - x_r[label_r]) */
+/* Rows whose label equals ignore_index (when given) contribute nothing, and
+ * the mean divides by the rows that count, as ONNX and PyTorch define it.
+ * Returns the i1 "row counts" and adds it to *count. */
+static LLVMValueRef sce_row_counts(Cg *c, const Node *n, LLVMValueRef label, LLVMValueRef count) {
+    const Attr *ig = node_attr(n, "ignore_index");
+    if (!ig) return LLVMConstInt(c->t_i1, 1, 0);
+    LLVMValueRef keep = LLVMBuildICmp(c->b, LLVMIntNE, label, cg_i64(c, ig->i), "");
+    LLVMValueRef cur = LLVMBuildLoad2(c->b, c->t_f32, count, "");
+    LLVMBuildStore(c->b, LLVMBuildSelect(c->b, keep, LLVMBuildFAdd(c->b, cur, cg_f32(c, 1), ""), cur, ""), count);
+    return keep;
+}
+
+/* Rows that count under ignore_index, computed before the main loop so the
+ * mean's divisor is known. */
+static LLVMValueRef sce_count(Cg *c, const Node *n, const Value *lab, int64_t rows) {
+    LLVMValueRef count = cg_alloca(c, c->t_f32);
+    LLVMBuildStore(c->b, cg_f32(c, node_attr(n, "ignore_index") ? 0 : (double)rows), count);
+    if (node_attr(n, "ignore_index")) {
+        CgLoop l;
+        LLVMValueRef i = cg_for(c, &l, cg_i64(c, rows));
+        sce_row_counts(c, n, cg_load_i(c, lab, i), count);
+        cg_for_end(c, &l);
+    }
+    return LLVMBuildLoad2(c->b, c->t_f32, count, "");
+}
+
+/* loss = sum over counted rows (logsumexp(x_r) - x_r[label_r]), divided by
+ * their number for reduction=mean */
 static bool cg_sce(Cg *c, const Node *n) {
     const Value *x = n->in[0], *lab = n->in[1], *loss = n->out[0];
     int64_t rows = x->dims[0].k, cols = x->dims[1].k;
     bool mean = strcmp(node_attr_s(n, "reduction", "mean"), "mean") == 0;
     const Value *bufs[3] = {x, lab, loss};
     if (!cg_kernel_begin(c, n, 3, bufs)) return false;
+    LLVMValueRef counted = sce_count(c, n, lab, rows);
     LLVMValueRef acc = cg_alloca(c, c->t_f32);
     LLVMBuildStore(c->b, cg_f32(c, 0), acc);
     CgLoop r, k1, k2;
@@ -56,12 +83,17 @@ static bool cg_sce(Cg *c, const Node *n) {
     cg_for_end(c, &k2);
     LLVMValueRef lse = LLVMBuildFAdd(c->b, m, cg_math(c, "log", LLVMBuildLoad2(c->b, c->t_f32, se, ""), NULL), "");
     LLVMValueRef label = cg_load_i(c, lab, i);
-    LLVMValueRef xl = cg_load(c, x, cg_add(c, cg_mul(c, i, cols), label));
+    const Attr *ig = node_attr(n, "ignore_index");
+    LLVMValueRef keep = ig ? LLVMBuildICmp(c->b, LLVMIntNE, label, cg_i64(c, ig->i), "") : NULL;
+    /* an ignored row may hold any label: read column 0 instead */
+    LLVMValueRef col = keep ? LLVMBuildSelect(c->b, keep, label, cg_i64(c, 0), "") : label;
+    LLVMValueRef xl = cg_load(c, x, cg_add(c, cg_mul(c, i, cols), col));
     LLVMValueRef term = LLVMBuildFSub(c->b, lse, xl, "");
+    if (keep) term = LLVMBuildSelect(c->b, keep, term, cg_f32(c, 0), "");
     LLVMBuildStore(c->b, LLVMBuildFAdd(c->b, LLVMBuildLoad2(c->b, c->t_f32, acc, ""), term, ""), acc);
     cg_for_end(c, &r);
     LLVMValueRef total = LLVMBuildLoad2(c->b, c->t_f32, acc, "");
-    if (mean) total = LLVMBuildFMul(c->b, total, cg_f32(c, 1.0 / (double)rows), "");
+    if (mean) total = LLVMBuildFDiv(c->b, total, counted, "");
     cg_store(c, loss, cg_i64(c, 0), total);
     cg_kernel_end(c);
     return true;
@@ -72,6 +104,8 @@ static bool grad_sce(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bo
     Value *in[3] = {dy[0], n->in[0], n->in[1]};
     Node *g = gb_start(c, "cleave", "SoftmaxCrossEntropyLossGrad", 3, in, 1);
     gb_attr_i(c, g, "mean", strcmp(node_attr_s(n, "reduction", "mean"), "mean") == 0);
+    const Attr *ig = node_attr(n, "ignore_index");
+    if (ig) gb_attr_i(c, g, "ignore_index", ig->i);
     dx[0] = gb_finish(c, g);
     return dx[0] != NULL;
 }
@@ -93,10 +127,11 @@ static bool infer_sce_grad(OpCtx *c, Node *n) {
 static bool cg_sce_grad(Cg *c, const Node *n) {
     const Value *dl = n->in[0], *x = n->in[1], *lab = n->in[2], *dx = n->out[0];
     int64_t rows = x->dims[0].k, cols = x->dims[1].k;
-    double scale = node_attr_i(n, "mean", 1) ? 1.0 / (double)rows : 1.0;
+    bool mean = node_attr_i(n, "mean", 1) != 0;
     const Value *bufs[4] = {dl, x, lab, dx};
     if (!cg_kernel_begin(c, n, 4, bufs)) return false;
-    LLVMValueRef s = LLVMBuildFMul(c->b, cg_load(c, dl, cg_i64(c, 0)), cg_f32(c, scale), "");
+    LLVMValueRef s = cg_load(c, dl, cg_i64(c, 0));
+    if (mean) s = LLVMBuildFDiv(c->b, s, sce_count(c, n, lab, rows), "");
     LLVMValueRef mx = cg_alloca(c, c->t_f32), se = cg_alloca(c, c->t_f32);
     CgLoop r, k1, k2, k3;
     LLVMValueRef i = cg_for(c, &r, cg_i64(c, rows));
@@ -111,13 +146,17 @@ static bool cg_sce_grad(Cg *c, const Node *n) {
     cg_store(c, dx, cg_mad(c, i, cols, j), e);
     LLVMBuildStore(c->b, LLVMBuildFAdd(c->b, LLVMBuildLoad2(c->b, c->t_f32, se, ""), e, ""), se);
     cg_for_end(c, &k2);
-    LLVMValueRef inv = LLVMBuildFDiv(c->b, s, LLVMBuildLoad2(c->b, c->t_f32, se, ""), "");
     LLVMValueRef label = cg_load_i(c, lab, i);
+    const Attr *ig = node_attr(n, "ignore_index");
+    LLVMValueRef row_s = ig ? LLVMBuildSelect(c->b, LLVMBuildICmp(c->b, LLVMIntNE, label, cg_i64(c, ig->i), ""), s,
+                                              cg_f32(c, 0), "")
+                            : s;
+    LLVMValueRef inv = LLVMBuildFDiv(c->b, row_s, LLVMBuildLoad2(c->b, c->t_f32, se, ""), "");
     j = cg_for(c, &k3, cg_i64(c, cols));
     LLVMValueRef idx = cg_mad(c, i, cols, j);
     LLVMValueRef p = LLVMBuildFMul(c->b, cg_load(c, dx, idx), inv, "");
     LLVMValueRef hit = LLVMBuildICmp(c->b, LLVMIntEQ, j, label, "");
-    p = LLVMBuildSelect(c->b, hit, LLVMBuildFSub(c->b, p, s, ""), p, "");
+    p = LLVMBuildSelect(c->b, hit, LLVMBuildFSub(c->b, p, row_s, ""), p, "");
     cg_store(c, dx, idx, p);
     cg_for_end(c, &k3);
     cg_for_end(c, &r);
@@ -356,7 +395,8 @@ static const AttrSpec attrs_adam[] = {{"beta1", ATTR_FLOAT, .f = 0.9f}, {"beta2"
 
 const OpDef op_SoftmaxCrossEntropyLoss = {"SoftmaxCrossEntropyLoss", "", 12, 0, 2, 3, 1, 2, attrs_sce, 0, infer_sce,
                                           NULL, flops_sce, .grad = grad_sce, .cg = cg_sce};
-const OpDef op_SoftmaxCrossEntropyLossGrad = {"SoftmaxCrossEntropyLossGrad", "cleave", 1, 0, 3, 3, 1, 1, attrs_none, 0,
+static const AttrSpec attrs_sce_grad[] = {{"mean", ATTR_INT, .i = 1}, {"ignore_index", ATTR_INT}, {0}};
+const OpDef op_SoftmaxCrossEntropyLossGrad = {"SoftmaxCrossEntropyLossGrad", "cleave", 1, 0, 3, 3, 1, 1, attrs_sce_grad, 0,
                                               infer_sce_grad, NULL, flops_sce, .cg = cg_sce_grad};
 const OpDef op_SumTo = {"SumTo", "cleave", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_sum_to, NULL, NULL, .cg = cg_sum_to};
 const OpDef op_ReluGrad = {"ReluGrad", "cleave", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_like_first, NULL, NULL, .cg = cg_relu_grad};

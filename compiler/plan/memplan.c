@@ -75,11 +75,23 @@ bool memplan_assign(Graph *g, RankPlan *r, Value *const *keep, int n_keep, Diag 
         r->offset[i] = pos;
         pos = align_up(pos + (b ? b : 1));
     }
+    /* Bucketed gradients: dense and contiguous per bucket, so that one
+     * in-place collective covers a bucket. */
+    for (int b = 0; b < r->n_buckets; b++) {
+        Bucket *bk = &r->buckets[b];
+        bk->offset = pos;
+        for (int k = 0; k < bk->n; k++) {
+            r->offset[bk->grads[k]->id] = pos;
+            pos += plan_value_bytes(bk->grads[k]);
+        }
+        bk->bytes = pos - bk->offset;
+        pos = align_up(pos);
+    }
     r->init_bytes = pos;
     int n_iv = 0;
     for (int i = 0; i < nv; i++) {
         const Value *v = g->values[i];
-        if (is_persistent(v) || first[i] < 0) continue;
+        if (is_persistent(v) || first[i] < 0 || r->offset[i] >= 0) continue;
         int64_t b = plan_value_bytes(v);
         if (b < 0) {
             free(first); free(last); free(iv);

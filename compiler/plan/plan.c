@@ -2,6 +2,7 @@
 #include "plan.h"
 
 #include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,8 +34,8 @@ bool plan_single(Graph *g, const TrainGraph *t, int64_t batch, Plan *p, Diag *d)
     p->g = g;
     p->t = t;
     p->strategy = "single";
-    p->batch = batch;
-    p->n_ranks = 1;
+    p->batch = p->local_batch = batch;
+    p->n_ranks = p->replicas = 1;
     p->ranks = ARENA_ARRAY(&g->arena, RankPlan, 1);
     if (!p->ranks) return diag_error(d, DIAG_NOMEM, "%s: out of memory", g->path);
     Value *keep[2] = {t->loss, t->output};
@@ -45,7 +46,7 @@ bool plan_forward(Graph *g, Plan *p, Diag *d) {
     memset(p, 0, sizeof *p);
     p->g = g;
     p->strategy = "forward";
-    p->n_ranks = 1;
+    p->n_ranks = p->replicas = 1;
     p->ranks = ARENA_ARRAY(&g->arena, RankPlan, 1);
     if (!p->ranks) return diag_error(d, DIAG_NOMEM, "%s: out of memory", g->path);
     return order_steps(g, &p->ranks[0], d) && memplan_assign(g, &p->ranks[0], NULL, 0, d);
@@ -55,6 +56,13 @@ static json_t *shape_of(const Value *v) {
     json_t *a = json_array();
     for (int j = 0; j < v->rank; j++) json_array_append_new(a, json_integer(v->dims[j].k));
     return a;
+}
+
+/* A float option as the decimal the user wrote (0.01, not 0.00999999977). */
+static double f2d(float x) {
+    char b[32];
+    snprintf(b, sizeof b, "%.7g", (double)x);
+    return strtod(b, NULL);
 }
 
 static const char *phase_name(NodePhase p) {
@@ -69,6 +77,13 @@ char *plan_to_json(const Plan *p, const TrainOptions *o) {
         const RankPlan *rp = &p->ranks[r];
         json_t *steps = json_array(), *buffers = json_array();
         for (int s = 0; s < rp->n_train; s++) {
+            if (rp->train[s].kind != STEP_COMPUTE) {
+                json_array_append_new(steps, json_pack("{s:s, s:i}", "kind",
+                                                       rp->train[s].kind == STEP_ALLREDUCE_START ? "allreduce_start"
+                                                                                                 : "allreduce_wait",
+                                                       "bucket", rp->train[s].bucket));
+                continue;
+            }
             const Node *n = rp->train[s].node;
             json_t *ins = json_array(), *outs = json_array();
             for (int k = 0; k < n->n_in; k++) json_array_append_new(ins, n->in[k] ? json_string(n->in[k]->name) : json_null());
@@ -86,20 +101,29 @@ char *plan_to_json(const Plan *p, const TrainOptions *o) {
                                                      shape_of(v), "offset", (json_int_t)rp->offset[i], "bytes",
                                                      (json_int_t)plan_value_bytes(v)));
         }
-        json_array_append_new(ranks, json_pack("{s:i, s:I, s:I, s:I, s:I, s:o, s:o}", "rank", rp->rank, "eval_steps",
+        json_t *buckets = json_array();
+        for (int b = 0; b < rp->n_buckets; b++) {
+            json_t *names = json_array();
+            for (int k = 0; k < rp->buckets[b].n; k++)
+                json_array_append_new(names, json_string(rp->buckets[b].grads[k]->name));
+            json_array_append_new(buckets, json_pack("{s:I, s:I, s:o}", "offset", (json_int_t)rp->buckets[b].offset,
+                                                     "bytes", (json_int_t)rp->buckets[b].bytes, "gradients", names));
+        }
+        json_array_append_new(ranks, json_pack("{s:i, s:I, s:I, s:I, s:I, s:o, s:o, s:o}", "rank", rp->rank, "eval_steps",
                                                (json_int_t)rp->n_eval, "arena_bytes", (json_int_t)rp->arena_bytes,
                                                "persistent_bytes", (json_int_t)rp->init_bytes,
                                                "transient_bytes_without_reuse", (json_int_t)rp->transient_naive,
-                                               "steps", steps, "buffers", buffers));
+                                               "steps", steps, "buffers", buffers, "buckets", buckets));
     }
     static const char *opt_names[] = {"sgd", "momentum", "adam"};
     json_t *opt = json_pack("{s:s, s:f, s:f, s:f, s:b, s:f, s:f, s:f}", "name", opt_names[o->optimizer], "lr",
-                            (double)o->lr, "momentum", (double)o->momentum, "weight_decay", (double)o->weight_decay,
-                            "nesterov", o->nesterov, "beta1", (double)o->beta1, "beta2", (double)o->beta2, "eps",
-                            (double)o->eps);
-    json_t *root = json_pack("{s:s, s:i, s:s, s:I, s:i, s:s, s:o, s:o}", "format", "cleave-plan", "version", 1, "model",
-                             g->path, "batch", (json_int_t)p->batch, "ranks", p->n_ranks, "strategy", p->strategy,
-                             "optimizer", opt, "rank_plans", ranks);
+                            f2d(o->lr), "momentum", f2d(o->momentum), "weight_decay", f2d(o->weight_decay),
+                            "nesterov", o->nesterov, "beta1", f2d(o->beta1), "beta2", f2d(o->beta2), "eps",
+                            f2d(o->eps));
+    json_t *root = json_pack("{s:s, s:i, s:s, s:I, s:I, s:i, s:i, s:s, s:f, s:o, s:o}", "format", "cleave-plan",
+                             "version", 1, "model", g->path, "batch", (json_int_t)p->batch, "local_batch",
+                             (json_int_t)p->local_batch, "ranks", p->n_ranks, "replicas", p->replicas, "strategy",
+                             p->strategy, "bucket_mb", p->bucket_mb, "optimizer", opt, "rank_plans", ranks);
     json_object_set_new(root, "loss", json_string(loss_kind_name(o->loss)));
     char *s = json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     json_decref(root);

@@ -16,12 +16,25 @@
 
 #define PLAN_ALIGN 64
 
-typedef enum { STEP_COMPUTE = 0 } StepKind;
+typedef enum {
+    STEP_COMPUTE = 0,
+    STEP_ALLREDUCE_START, /* non-blocking sum of a bucket over the replicas */
+    STEP_ALLREDUCE_WAIT,  /* completes a bucket's allreduce */
+} StepKind;
 
 typedef struct PlanStep {
     StepKind kind;
-    Node *node;
+    Node *node; /* STEP_COMPUTE */
+    int bucket; /* allreduce steps */
 } PlanStep;
+
+/* Gradients reduced together, laid out contiguously in the persistent
+ * region so one in-place collective covers them. */
+typedef struct Bucket {
+    int n;
+    Value **grads;
+    int64_t offset, bytes;
+} Bucket;
 
 typedef struct RankPlan {
     int rank;
@@ -33,18 +46,28 @@ typedef struct RankPlan {
     int64_t init_bytes;  /* persistent region, copied from the image */
     int64_t arena_bytes; /* persistent + transient */
     int64_t transient_naive; /* bytes without reuse, for the report */
+    int n_buckets;
+    Bucket *buckets;
 } RankPlan;
 
 typedef struct Plan {
     Graph *g;
     const TrainGraph *t;
     const char *strategy;
-    int64_t batch;
+    int64_t batch;       /* global batch */
+    int64_t local_batch; /* rows each rank computes per step */
     int n_ranks;
+    int replicas;        /* data-parallel replicas (1: none) */
+    double bucket_mb;
     RankPlan *ranks;
 } Plan;
 
 bool plan_single(Graph *g, const TrainGraph *t, int64_t batch, Plan *p, Diag *d);
+/* Data parallelism: `replicas` ranks run the same step on batch/replicas
+ * rows each (g is built at that local batch); gradients are summed in
+ * buckets of about bucket_mb MiB, each started as soon as the backward pass
+ * has produced it and awaited before its first optimizer update. */
+bool plan_dp(Graph *g, const TrainGraph *t, int64_t batch, int replicas, double bucket_mb, Plan *p, Diag *d);
 /* Inference only: every node of g in topological order (its eval and train
  * sequences are the same); graph outputs stay live to the end. */
 bool plan_forward(Graph *g, Plan *p, Diag *d);
