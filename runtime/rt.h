@@ -16,12 +16,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-/* rt_abi.h's opening comment holds "runtime/" followed by "*.c", which
- * -Wcomment reports as a comment inside a comment. */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wcomment"
 #include "rt_abi.h"
-#pragma GCC diagnostic pop
 
 /* .npy '<' data, ONNX raw_data and the arena slots are all little-endian and
  * copied byte for byte. */
@@ -69,7 +64,8 @@ typedef struct RtTensor {
     int64_t shape[RT_MAX_DIMS];
     uint64_t offset;    /* bytes into the arena */
     int64_t elems;      /* whole tensor */
-    int64_t row_elems;  /* per sample: elems / shape[0] (inputs and output) */
+    int64_t row_elems;  /* per sample: elems / shape[0] (inputs and output);
+                           0 for an output without rows (loss_kind model) */
     uint64_t bytes;
 } RtTensor;
 
@@ -209,8 +205,11 @@ void rt_batch_fill(const RtOrder *o, const RtTensor *slots, const RtArray *data,
 
 /* ---- metrics, progress and log lines: rt_metrics.c ----------------------- */
 
+#define RT_METRICS_BUF 65536
+
 typedef struct RtLog {
     FILE *metrics;      /* JSON Lines, rank 0 with --metrics only */
+    char *metrics_buf;  /* its stdio buffer, RT_METRICS_BUF bytes */
     const char *metrics_path;
     bool quiet;         /* ranks other than 0 print nothing */
     bool tty;           /* progress bar instead of log lines */
@@ -225,7 +224,10 @@ bool rt_log_open(RtLog *l, const char *metrics_path, bool quiet, bool tty, int64
                  int64_t batch, int64_t log_every, RtErr *e);
 void rt_log_step(RtLog *l, int64_t step, float loss, double step_seconds);
 void rt_log_eval(RtLog *l, int64_t epoch, double eval_loss, bool has_accuracy, double accuracy);
+/* Closes the metrics file (reporting a failed write) and ends the bar. */
 bool rt_log_close(RtLog *l, RtErr *e);
+/* Closes without reporting, on the way out of a failed run. */
+void rt_log_discard(RtLog *l);
 /* Ends an open progress bar line so an error message starts on its own line. */
 void rt_log_break_line(void);
 

@@ -2,7 +2,7 @@
  * runtime linked into it.
  *
  * The compiler emits one object file per program.  It defines the symbols
- * below; the runtime (runtime/*.c, with main()) defines everything else: it
+ * below; the runtime (runtime/ *.c, with main()) defines everything else: it
  * parses the command line, reads the metadata, allocates the arena once,
  * loads the data, and calls the step functions.  All tensor math is in the
  * generated functions; the runtime only moves bytes, reduces metrics and
@@ -41,6 +41,14 @@
  *  "loss_kind": "ce"|"mse"|"model", "optimizer": {...}}
  *
  * Offsets are byte offsets into the arena, aligned to 64. */
+/* How the runtime reads the metadata (runtime/README.md): every field above
+ * is required and checked; fields it does not know are ignored.  "output"
+ * is float32.  For loss_kind "ce" the input named "labels" is int64 and
+ * holds one class index per row of logits over the output's last
+ * dimension.  Under loss_kind "model" the output is the model's loss and
+ * may have any shape, a scalar [] included; without a batch dimension it
+ * has no rows and --predict is refused.  "arena_bytes" is rounded up to a
+ * multiple of 64. */
 extern const char cleave_meta[];
 extern const uint64_t cleave_meta_len;
 

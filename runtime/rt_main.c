@@ -52,6 +52,12 @@ static bool run(const RtProgram *prog, const RtArgs *args, RtErr *e) {
         rt_error(e, "out of memory");
         goto out;
     }
+    if (args->predict && meta.output.row_elems == 0) {
+        char shape[160];
+        rt_usage_error(e, "--predict: the program's output '%s' has shape %s, not one row per sample",
+                       meta.output.name, rt_shape_str(shape, sizeof shape, meta.output.ndim, meta.output.shape));
+        goto out;
+    }
     if (!rt_args_bind(&meta, args->data, args->n_data, "--data", train_paths, e)) goto out;
     if (args->n_eval && !rt_args_bind(&meta, args->eval, args->n_eval, "--eval-data", eval_paths, e)) goto out;
     if (rank0) {
@@ -72,7 +78,10 @@ static bool run(const RtProgram *prog, const RtArgs *args, RtErr *e) {
     r.lr = args->has_lr ? args->lr : meta.lr;
     if (!rt_order_init(&r.order, r.train_rows, args->shuffle, args->seed, e)) goto out;
     if (args->predict && rank0) {
-        r.predict = malloc((size_t)(r.eval_rows * meta.output.row_elems) * sizeof(float));
+        size_t bytes;
+        bool overflow = __builtin_mul_overflow((size_t)r.eval_rows, (size_t)meta.output.row_elems, &bytes) ||
+                        __builtin_mul_overflow(bytes, sizeof(float), &bytes);
+        r.predict = overflow ? NULL : malloc(bytes ? bytes : 1);
         if (!r.predict) {
             rt_error(e, "--predict: out of memory for %" PRId64 " rows", r.eval_rows);
             goto out;
@@ -100,7 +109,7 @@ static bool run(const RtProgram *prog, const RtArgs *args, RtErr *e) {
     }
     ok = true;
 out:
-    if (r.log.metrics) fclose(r.log.metrics);
+    rt_log_discard(&r.log);
     free(r.arena);
     free(r.predict);
     rt_order_free(&r.order);

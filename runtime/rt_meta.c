@@ -63,7 +63,9 @@ static bool get_offset(json_t *obj, const char *where, uint64_t bytes, const RtM
     return true;
 }
 
-typedef enum { KIND_INPUT, KIND_OUTPUT, KIND_PARAM } TensorKind;
+/* KIND_MODEL_OUTPUT: the output under loss_kind "model", where the model's
+ * first output is its loss and may well be a scalar rather than rows. */
+typedef enum { KIND_INPUT, KIND_OUTPUT, KIND_MODEL_OUTPUT, KIND_PARAM } TensorKind;
 
 static bool get_tensor(json_t *o, const char *where, TensorKind kind, const RtMeta *m, RtTensor *t,
                        RtErr *e) {
@@ -71,9 +73,11 @@ static bool get_tensor(json_t *o, const char *where, TensorKind kind, const RtMe
     json_t *name = member(o, "name", where, JSON_STRING, e);
     if (!name) return false;
     if (!*json_string_value(name)) return rt_error(e, BAD "%s: \"name\" is empty", where);
+    bool output = kind == KIND_OUTPUT || kind == KIND_MODEL_OUTPUT;
+    bool batched = kind == KIND_INPUT || kind == KIND_OUTPUT; /* shape [batch, ...] */
     t->dtype = RT_F32;
-    json_t *dtype = kind == KIND_OUTPUT ? json_object_get(o, "dtype") : member(o, "dtype", where, JSON_STRING, e);
-    if (kind != KIND_OUTPUT && !dtype) return false;
+    json_t *dtype = output ? json_object_get(o, "dtype") : member(o, "dtype", where, JSON_STRING, e);
+    if (!output && !dtype) return false;
     if (dtype) {
         const char *s = json_is_string(dtype) ? json_string_value(dtype) : "";
         if (strcmp(s, "float32") == 0) t->dtype = RT_F32;
@@ -87,23 +91,24 @@ static bool get_tensor(json_t *o, const char *where, TensorKind kind, const RtMe
     size_t nd = json_array_size(shape);
     if (nd > RT_MAX_DIMS)
         return rt_error(e, BAD "%s: %zu dimensions, at most %d are supported", where, nd, RT_MAX_DIMS);
-    if (kind != KIND_PARAM && nd == 0)
-        return rt_error(e, BAD "%s: shape is empty, expected [batch, ...]", where);
+    if (batched && nd == 0) return rt_error(e, BAD "%s: shape is empty, expected [batch, ...]", where);
     t->ndim = (int)nd;
     t->elems = 1;
     for (size_t i = 0; i < nd; i++) {
         json_t *d = json_array_get(shape, i);
-        if (!json_is_integer(d) || json_integer_value(d) < (kind == KIND_PARAM ? 0 : 1))
+        if (!json_is_integer(d) || json_integer_value(d) < (batched ? 1 : 0))
             return rt_error(e, BAD "%s: shape[%zu] is not a %s integer", where, i,
-                            kind == KIND_PARAM ? "non-negative" : "positive");
+                            batched ? "positive" : "non-negative");
         t->shape[i] = (int64_t)json_integer_value(d);
         if (__builtin_mul_overflow(t->elems, t->shape[i], &t->elems))
             return rt_error(e, BAD "%s: shape overflows", where);
     }
-    if (kind != KIND_PARAM && t->shape[0] != m->batch)
+    if (batched && t->shape[0] != m->batch)
         return rt_error(e, BAD "%s: shape[0] is %" PRId64 ", expected the batch %" PRId64, where,
                         t->shape[0], m->batch);
-    t->row_elems = kind == KIND_PARAM ? t->elems : t->elems / m->batch;
+    if (kind == KIND_PARAM) t->row_elems = t->elems;
+    else if (nd >= 1 && t->shape[0] == m->batch) t->row_elems = t->elems / m->batch;
+    else t->row_elems = 0; /* no rows: nothing to predict */
     if (__builtin_mul_overflow((uint64_t)t->elems, (uint64_t)rt_dtype_size(t->dtype), &t->bytes))
         return rt_error(e, BAD "%s: size overflows", where);
     if (!get_offset(o, where, t->bytes, m, &t->offset, e)) return false;
@@ -169,9 +174,18 @@ static bool parse_root(json_t *root, RtMeta *m, RtErr *e) {
         return rt_error(e, BAD "lr: \"value\" %g is not a non-negative float32", lrv);
     m->lr = (float)lrv;
 
+    json_t *kind = member(root, "loss_kind", "", JSON_STRING, e);
+    if (!kind) return false;
+    const char *k = json_string_value(kind);
+    if (strcmp(k, "ce") == 0) m->loss_kind = RT_LOSS_CE;
+    else if (strcmp(k, "mse") == 0) m->loss_kind = RT_LOSS_MSE;
+    else if (strcmp(k, "model") == 0) m->loss_kind = RT_LOSS_MODEL;
+    else return rt_error(e, BAD "\"loss_kind\" \"%s\" is not ce, mse or model", k);
+
     if (!get_tensor_list(root, "inputs", KIND_INPUT, m, &m->inputs, &m->n_inputs, e)) return false;
     json_t *out = member(root, "output", "", JSON_OBJECT, e);
-    if (!out || !get_tensor(out, "output", KIND_OUTPUT, m, &m->output, e)) return false;
+    TensorKind out_kind = m->loss_kind == RT_LOSS_MODEL ? KIND_MODEL_OUTPUT : KIND_OUTPUT;
+    if (!out || !get_tensor(out, "output", out_kind, m, &m->output, e)) return false;
     if (!get_tensor_list(root, "params", KIND_PARAM, m, &m->params, &m->n_params, e)) return false;
     json_t *params = json_object_get(root, "params");
     for (int i = 0; i < m->n_params; i++) {
@@ -180,13 +194,6 @@ static bool parse_root(json_t *root, RtMeta *m, RtErr *e) {
         if (!member(json_array_get(params, (size_t)i), "trainable", where, JSON_TRUE, e)) return false;
     }
 
-    json_t *kind = member(root, "loss_kind", "", JSON_STRING, e);
-    if (!kind) return false;
-    const char *k = json_string_value(kind);
-    if (strcmp(k, "ce") == 0) m->loss_kind = RT_LOSS_CE;
-    else if (strcmp(k, "mse") == 0) m->loss_kind = RT_LOSS_MSE;
-    else if (strcmp(k, "model") == 0) m->loss_kind = RT_LOSS_MODEL;
-    else return rt_error(e, BAD "\"loss_kind\" \"%s\" is not ce, mse or model", k);
     if (!member(root, "optimizer", "", JSON_OBJECT, e)) return false;
 
     m->labels = rt_meta_input(m, "labels");

@@ -35,6 +35,16 @@ bool rt_log_open(RtLog *l, const char *metrics_path, bool quiet, bool tty, int64
     if (metrics_path && !quiet) {
         l->metrics = fopen(metrics_path, "w");
         if (!l->metrics) return rt_error(e, "--metrics %s: cannot open: %s", metrics_path, strerror(errno));
+        /* stdio would allocate its buffer at the first line, inside the
+         * step loop; give it one now. */
+        l->metrics_buf = malloc(RT_METRICS_BUF);
+        if (!l->metrics_buf || setvbuf(l->metrics, l->metrics_buf, _IOFBF, RT_METRICS_BUF) != 0) {
+            fclose(l->metrics);
+            l->metrics = NULL;
+            free(l->metrics_buf);
+            l->metrics_buf = NULL;
+            return rt_error(e, "--metrics %s: out of memory", metrics_path);
+        }
     }
     l->t_start = l->t_mark = rt_now();
     l->t_drawn = l->t_start - 1.0;
@@ -125,8 +135,17 @@ bool rt_log_close(RtLog *l, RtErr *e) {
     bool ok = !ferror(l->metrics);
     ok = (fclose(l->metrics) == 0) && ok;
     l->metrics = NULL;
+    free(l->metrics_buf);
+    l->metrics_buf = NULL;
     if (!ok) return rt_error(e, "--metrics %s: write error: %s", l->metrics_path, strerror(errno));
     return true;
+}
+
+void rt_log_discard(RtLog *l) {
+    if (l->metrics) fclose(l->metrics);
+    l->metrics = NULL;
+    free(l->metrics_buf);
+    l->metrics_buf = NULL;
 }
 
 void rt_log_break_line(void) {

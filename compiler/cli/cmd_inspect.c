@@ -8,6 +8,7 @@
 #include "cli.h"
 #include "../cost/node_cost.h"
 #include "../driver.h"
+#include "../ops/ops.h"
 
 static const char inspect_help[] =
     "usage: cleave inspect MODEL.onnx [--batch B] [--format text|json] [--strict]\n"
@@ -72,6 +73,21 @@ static json_t *unsupported_json(const Graph *g) {
     return list;
 }
 
+/* Supported ops without a gradient rule: training fails on them if they
+ * lie between a parameter and the loss, so this is the pre-flight check. */
+static json_t *no_gradient_json(const Graph *g) {
+    json_t *list = json_array();
+    GRAPH_FOR_NODES(g, n) {
+        if (!n->def || n->def->grad) continue;
+        size_t i;
+        json_t *e;
+        bool seen = false;
+        json_array_foreach(list, i, e) seen |= strcmp(json_string_value(e), n->op_type) == 0;
+        if (!seen) json_array_append_new(list, json_string(n->op_type));
+    }
+    return list;
+}
+
 static json_t *report_json(const Report *r) {
     const Graph *g = r->g;
     json_t *opsets = json_array();
@@ -97,9 +113,11 @@ static json_t *report_json(const Report *r) {
     json_t *totals = json_pack("{s:I, s:I, s:I, s:I}", "params", (json_int_t)r->params, "param_bytes",
                                (json_int_t)r->param_bytes, "flops", (json_int_t)r->flops, "flops_per_sample",
                                (json_int_t)r->flops_per_sample);
-    return json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "model", model, "batch",
+    json_t *root = json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "model", model, "batch",
                      r->batch ? json_integer(r->batch) : json_null(), "inputs", ins, "outputs", outs, "nodes", nodes,
                      "totals", totals, "unsupported", unsupported_json(g));
+    json_object_set_new(root, "no_gradient", no_gradient_json(g));
+    return root;
 }
 
 /* 1234567 -> "1,234,567" */
@@ -163,6 +181,16 @@ static void report_text(const Report *r) {
         }
     }
     json_decref(un);
+    json_t *ng = no_gradient_json(g);
+    printf("ops without a gradient rule: ");
+    if (json_array_size(ng) == 0) printf("none\n");
+    else {
+        size_t i;
+        json_t *name;
+        json_array_foreach(ng, i, name) printf("%s%s", i ? ", " : "", json_string_value(name));
+        printf(" (training fails if they lie between a parameter and the loss)\n");
+    }
+    json_decref(ng);
 }
 
 /* Fills rows from g; FLOPs come from `fg` (the same model at a bound batch). */

@@ -1,5 +1,6 @@
 /* cg_kernel.c - kernel scaffolding, loops, loads and stores, and the
  * broadcasting element-wise loop nest shared by every element-wise op. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -104,10 +105,18 @@ static LLVMValueRef elem_ptr(Cg *c, const Value *v, LLVMValueRef idx) {
     return LLVMBuildInBoundsGEP2(c->b, elem_type(c, v), base, &idx, 1, "");
 }
 
+/* Integer types whose stored bits read as unsigned (bool is 0 or 1). */
+static bool unsigned_int(DType t) {
+    return t == DT_BOOL || t == DT_UINT8 || t == DT_UINT16 || t == DT_UINT32 || t == DT_UINT64;
+}
+
 LLVMValueRef cg_load(Cg *c, const Value *v, LLVMValueRef idx) {
     LLVMTypeRef t = elem_type(c, v);
     LLVMValueRef x = LLVMBuildLoad2(c->b, t, elem_ptr(c, v, idx), "");
     if (t == c->t_f32) return x;
+    /* one-byte buffers hold bool and uint8 unsigned; uint64 uses all bits */
+    if ((t == c->t_i8 && unsigned_int(v->dtype)) || v->dtype == DT_UINT64)
+        return LLVMBuildUIToFP(c->b, x, c->t_f32, "");
     return LLVMBuildSIToFP(c->b, x, c->t_f32, "");
 }
 
@@ -116,16 +125,82 @@ LLVMValueRef cg_load_i(Cg *c, const Value *v, LLVMValueRef idx) {
     LLVMValueRef x = LLVMBuildLoad2(c->b, t, elem_ptr(c, v, idx), "");
     if (t == c->t_i64) return x;
     if (t == c->t_f32) return LLVMBuildFPToSI(c->b, x, c->t_i64, "");
+    if (unsigned_int(v->dtype)) return LLVMBuildZExt(c->b, x, c->t_i64, "");
     return LLVMBuildSExt(c->b, x, c->t_i64, "");
 }
 
+/* x (float32) rounded to the nearest float16 (ties to even), as float32:
+ * the arena keeps float16 values in float32, so every store of one rounds
+ * as float16 arithmetic would. */
+static LLVMValueRef round_to_f16(Cg *c, LLVMValueRef x) {
+    LLVMTypeRef i32 = c->t_i32;
+    /* normal range: keep 10 of the 23 mantissa bits, rounding to even */
+    LLVMValueRef bits = LLVMBuildBitCast(c->b, x, i32, "");
+    LLVMValueRef odd = LLVMBuildAnd(c->b, LLVMBuildLShr(c->b, bits, LLVMConstInt(i32, 13, 0), ""),
+                                    LLVMConstInt(i32, 1, 0), "");
+    LLVMValueRef r = LLVMBuildAdd(c->b, bits, LLVMBuildAdd(c->b, odd, LLVMConstInt(i32, 0xFFF, 0), ""), "");
+    r = LLVMBuildAnd(c->b, r, LLVMConstInt(i32, ~0x1FFFu, 0), "");
+    LLVMValueRef normal = LLVMBuildBitCast(c->b, r, c->t_f32, "");
+    /* subnormal range (|x| < 2^-14): multiples of 2^-24 */
+    LLVMValueRef rint = LLVMGetNamedFunction(c->mod, "llvm.rint.f32");
+    LLVMTypeRef fty = LLVMFunctionType(c->t_f32, &c->t_f32, 1, 0);
+    if (!rint) rint = LLVMAddFunction(c->mod, "llvm.rint.f32", fty);
+    LLVMValueRef scaled = LLVMBuildFMul(c->b, x, cg_f32(c, 16777216.0), "");
+    LLVMValueRef sub = LLVMBuildCall2(c->b, fty, rint, &scaled, 1, "");
+    sub = LLVMBuildFMul(c->b, sub, cg_f32(c, 1.0 / 16777216.0), "");
+    LLVMValueRef ax = cg_math(c, "fabs", x, NULL);
+    LLVMValueRef y = LLVMBuildSelect(c->b, LLVMBuildFCmp(c->b, LLVMRealOLT, ax, cg_f32(c, 1.0 / 16384.0), ""), sub,
+                                     normal, "");
+    /* from 65520 on, float16 rounds to infinity; NaN stays NaN */
+    LLVMValueRef inf = LLVMBuildSelect(c->b, LLVMBuildFCmp(c->b, LLVMRealOLT, x, cg_f32(c, 0), ""),
+                                       cg_f32(c, -INFINITY), cg_f32(c, INFINITY), "");
+    y = LLVMBuildSelect(c->b, LLVMBuildFCmp(c->b, LLVMRealOGE, ax, cg_f32(c, 65520.0), ""), inf, y, "");
+    return LLVMBuildSelect(c->b, LLVMBuildFCmp(c->b, LLVMRealUNO, x, x, ""), x, y, "");
+}
+
+/* x rounded to the nearest bfloat16 (ties to even), as float32. */
+static LLVMValueRef round_to_bf16(Cg *c, LLVMValueRef x) {
+    LLVMTypeRef i32 = c->t_i32;
+    LLVMValueRef bits = LLVMBuildBitCast(c->b, x, i32, "");
+    LLVMValueRef odd = LLVMBuildAnd(c->b, LLVMBuildLShr(c->b, bits, LLVMConstInt(i32, 16, 0), ""),
+                                    LLVMConstInt(i32, 1, 0), "");
+    LLVMValueRef r = LLVMBuildAdd(c->b, bits, LLVMBuildAdd(c->b, odd, LLVMConstInt(i32, 0x7FFF, 0), ""), "");
+    r = LLVMBuildAnd(c->b, r, LLVMConstInt(i32, 0xFFFF0000u, 0), "");
+    LLVMValueRef y = LLVMBuildBitCast(c->b, r, c->t_f32, "");
+    return LLVMBuildSelect(c->b, LLVMBuildFCmp(c->b, LLVMRealUNO, x, x, ""), x, y, "");
+}
+
+/* An int64 reduced to the values of the declared integer type (two's
+ * complement wrap-around, as numpy casts), kept in an int64. */
+static LLVMValueRef wrap_int(Cg *c, LLVMValueRef x, DType t) {
+    unsigned bits = t == DT_INT8 || t == DT_UINT8 ? 8 : t == DT_INT16 || t == DT_UINT16 ? 16
+                    : t == DT_INT32 || t == DT_UINT32 ? 32 : 64;
+    if (bits == 64) return x;
+    LLVMValueRef n = LLVMBuildTrunc(c->b, x, LLVMIntTypeInContext(c->ctx, bits), "");
+    return unsigned_int(t) ? LLVMBuildZExt(c->b, n, c->t_i64, "") : LLVMBuildSExt(c->b, n, c->t_i64, "");
+}
+
+/* Stores convert to the buffer's element type as ONNX's Cast does: floats
+ * to integers truncate toward zero, anything to bool tests for nonzero,
+ * integers wrap to their declared width, float16 and bfloat16 round to
+ * their precision.  Integer values of other widths (i1, i8, i32) are taken
+ * as signed. */
 void cg_store(Cg *c, const Value *v, LLVMValueRef idx, LLVMValueRef x) {
     LLVMTypeRef t = elem_type(c, v);
     LLVMTypeRef xt = LLVMTypeOf(x);
-    if (t != xt) {
-        if (t == c->t_f32) x = LLVMBuildSIToFP(c->b, x, t, "");
-        else if (xt == c->t_f32) x = LLVMBuildFPToSI(c->b, x, t, "");
-        else x = LLVMBuildIntCast2(c->b, x, t, 1, "");
+    if (t == c->t_f32) {
+        if (xt != c->t_f32) x = LLVMBuildSIToFP(c->b, x, t, "");
+        if (v->dtype == DT_FLOAT16) x = round_to_f16(c, x);
+        else if (v->dtype == DT_BFLOAT16) x = round_to_bf16(c, x);
+    } else if (v->dtype == DT_BOOL) {
+        LLVMValueRef nz = xt == c->t_f32 ? LLVMBuildFCmp(c->b, LLVMRealUNE, x, cg_f32(c, 0), "")
+                                         : LLVMBuildICmp(c->b, LLVMIntNE, x, LLVMConstNull(xt), "");
+        x = LLVMBuildZExt(c->b, nz, t, "");
+    } else {
+        if (xt == c->t_f32) x = LLVMBuildFPToSI(c->b, x, c->t_i64, "");
+        else if (xt != c->t_i64) x = LLVMBuildIntCast2(c->b, x, c->t_i64, 1, "");
+        x = wrap_int(c, x, v->dtype);
+        if (t != c->t_i64) x = LLVMBuildTrunc(c->b, x, t, "");
     }
     LLVMBuildStore(c->b, x, elem_ptr(c, v, idx));
 }
@@ -163,9 +238,11 @@ LLVMValueRef cg_select_gt0(Cg *c, LLVMValueRef cond_x, LLVMValueRef a, LLVMValue
 }
 
 LLVMValueRef cg_max(Cg *c, LLVMValueRef a, LLVMValueRef b) {
-    /* NaN-propagating max, as torch.max does */
-    LLVMValueRef gt = LLVMBuildFCmp(c->b, LLVMRealUGT, a, b, "");
-    return LLVMBuildSelect(c->b, gt, a, b, "");
+    /* NaN-propagating max, as torch.max and numpy.maximum: a NaN in either
+     * operand gives NaN (a > b, or a is NaN: a; else b, NaN or not) */
+    LLVMValueRef gt = LLVMBuildFCmp(c->b, LLVMRealOGT, a, b, "");
+    LLVMValueRef nan = LLVMBuildFCmp(c->b, LLVMRealUNO, a, a, "");
+    return LLVMBuildSelect(c->b, LLVMBuildOr(c->b, gt, nan, ""), a, b, "");
 }
 
 void cg_fill(Cg *c, const Value *v, int64_t n, LLVMValueRef x) {
@@ -190,14 +267,27 @@ void cg_axis_split(const Value *v, int axis, int64_t *outer, int64_t *len, int64
 /* Element-wise nest.  The output's dims are walked with one loop each,
  * after merging neighbouring dims that every input either spans fully or
  * broadcasts over alike; each input's index is the sum of loop counters
- * times its strides (0 along broadcast dims). */
+ * times its strides (0 along broadcast dims).
+ *
+ * When every input is an integer (or bool) tensor, the scalar function
+ * receives the elements as i64 (cg_load_i) and must build integer
+ * instructions, so int64 arithmetic stays exact; otherwise it receives
+ * float32 (cg_load).  Its result is converted by cg_store. */
 bool cg_elementwise(Cg *c, const Node *n, CgScalarFn fn) {
-    enum { MAXIN = 8 };
+    enum { MAXIN = CG_MAX_BUFS - 1 };
     const Value *y = n->out[0];
     const Value *ins[MAXIN];
     int n_in = 0;
-    for (int i = 0; i < n->n_in && n_in < MAXIN; i++)
-        if (n->in[i]) ins[n_in++] = n->in[i];
+    for (int i = 0; i < n->n_in; i++) {
+        if (!n->in[i]) continue;
+        if (n_in == MAXIN)
+            return diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (%s): more than %d inputs are not compiled",
+                              c->g->path, n->name, n->op_type, MAXIN);
+        ins[n_in++] = n->in[i];
+    }
+    bool ints = n_in > 0;
+    for (int i = 0; i < n_in; i++)
+        if (!dtype_is_int(ins[i]->dtype)) ints = false;
     int r = y->rank;
     /* strides[i][j]: input i's stride along output dim j */
     int64_t strides[MAXIN][MAX_RANK], ydims[MAX_RANK];
@@ -238,7 +328,7 @@ bool cg_elementwise(Cg *c, const Node *n, CgScalarFn fn) {
             if (ms[i][j]) in_idx[i] = cg_add(c, in_idx[i], cg_mul(c, iv, ms[i][j]));
     }
     LLVMValueRef x[MAXIN];
-    for (int i = 0; i < n_in; i++) x[i] = cg_load(c, ins[i], in_idx[i]);
+    for (int i = 0; i < n_in; i++) x[i] = ints ? cg_load_i(c, ins[i], in_idx[i]) : cg_load(c, ins[i], in_idx[i]);
     cg_store(c, y, out_idx, fn(c, n, x));
     for (int j = mr - 1; j >= 0; j--) cg_for_end(c, &loops[j]);
     cg_kernel_end(c);

@@ -306,63 +306,147 @@ static double flops_softmax(const Node *n) { return flops_per_out_elem(n, 5); }
 
 /* ---- code generation: scalar functions over the broadcasting nest ---- */
 
-static LLVMValueRef s_add(Cg *c, const Node *n, LLVMValueRef *x) { (void)n; return LLVMBuildFAdd(c->b, x[0], x[1], ""); }
-static LLVMValueRef s_sub(Cg *c, const Node *n, LLVMValueRef *x) { (void)n; return LLVMBuildFSub(c->b, x[0], x[1], ""); }
-static LLVMValueRef s_mul(Cg *c, const Node *n, LLVMValueRef *x) { (void)n; return LLVMBuildFMul(c->b, x[0], x[1], ""); }
-static LLVMValueRef s_div(Cg *c, const Node *n, LLVMValueRef *x) { (void)n; return LLVMBuildFDiv(c->b, x[0], x[1], ""); }
-static LLVMValueRef s_pow(Cg *c, const Node *n, LLVMValueRef *x) { (void)n; return cg_math(c, "pow", x[0], x[1]); }
-static LLVMValueRef s_copy(Cg *c, const Node *n, LLVMValueRef *x) { (void)c; (void)n; return x[0]; }
-static LLVMValueRef s_neg(Cg *c, const Node *n, LLVMValueRef *x) { (void)n; return LLVMBuildFNeg(c->b, x[0], ""); }
-static LLVMValueRef s_abs(Cg *c, const Node *n, LLVMValueRef *x) { (void)n; return cg_math(c, "fabs", x[0], NULL); }
-static LLVMValueRef s_sqrt(Cg *c, const Node *n, LLVMValueRef *x) { (void)n; return cg_math(c, "sqrt", x[0], NULL); }
-static LLVMValueRef s_exp(Cg *c, const Node *n, LLVMValueRef *x) { (void)n; return cg_math(c, "exp", x[0], NULL); }
-static LLVMValueRef s_log(Cg *c, const Node *n, LLVMValueRef *x) { (void)n; return cg_math(c, "log", x[0], NULL); }
-static LLVMValueRef s_tanh(Cg *c, const Node *n, LLVMValueRef *x) { (void)n; return cg_math(c, "tanh", x[0], NULL); }
-static LLVMValueRef s_erf(Cg *c, const Node *n, LLVMValueRef *x) { (void)n; return cg_math(c, "erf", x[0], NULL); }
-static LLVMValueRef s_recip(Cg *c, const Node *n, LLVMValueRef *x) {
+/* cg_elementwise hands the scalar functions i64 elements when every input
+ * is an integer tensor (exact integer arithmetic) and float32 otherwise.
+ * Only uint64 needs unsigned instructions: narrower unsigned types load
+ * zero-extended, so they are non-negative as int64. */
+static bool is_i(Cg *c, LLVMValueRef x) { return LLVMTypeOf(x) == c->t_i64; }
+static bool u64_in(const Node *n) { return n->in[0]->dtype == DT_UINT64; }
+static bool u64_out(const Node *n) { return n->out[0]->dtype == DT_UINT64; }
+/* float32 of an element, for functions that only exist in floating point */
+static LLVMValueRef as_f(Cg *c, const Node *n, LLVMValueRef x) {
+    if (!is_i(c, x)) return x;
+    return u64_in(n) ? LLVMBuildUIToFP(c->b, x, c->t_f32, "") : LLVMBuildSIToFP(c->b, x, c->t_f32, "");
+}
+static LLVMValueRef b_to_i64(Cg *c, LLVMValueRef b) { return LLVMBuildZExt(c->b, b, c->t_i64, ""); }
+
+static LLVMValueRef s_add(Cg *c, const Node *n, LLVMValueRef *x) {
     (void)n;
-    return LLVMBuildFDiv(c->b, cg_f32(c, 1), x[0], "");
+    return is_i(c, x[0]) ? LLVMBuildAdd(c->b, x[0], x[1], "") : LLVMBuildFAdd(c->b, x[0], x[1], "");
+}
+static LLVMValueRef s_sub(Cg *c, const Node *n, LLVMValueRef *x) {
+    (void)n;
+    return is_i(c, x[0]) ? LLVMBuildSub(c->b, x[0], x[1], "") : LLVMBuildFSub(c->b, x[0], x[1], "");
+}
+static LLVMValueRef s_mul(Cg *c, const Node *n, LLVMValueRef *x) {
+    (void)n;
+    return is_i(c, x[0]) ? LLVMBuildMul(c->b, x[0], x[1], "") : LLVMBuildFMul(c->b, x[0], x[1], "");
+}
+/* Integer division truncates toward zero (numpy's true division cast back
+ * to the integer type); a zero divisor gives 0 instead of trapping, and
+ * INT64_MIN / -1 wraps. */
+static LLVMValueRef s_div(Cg *c, const Node *n, LLVMValueRef *x) {
+    if (!is_i(c, x[0])) return LLVMBuildFDiv(c->b, x[0], x[1], "");
+    LLVMValueRef zero = cg_i64(c, 0), one = cg_i64(c, 1);
+    LLVMValueRef z = LLVMBuildICmp(c->b, LLVMIntEQ, x[1], zero, "");
+    LLVMValueRef d = LLVMBuildSelect(c->b, z, one, x[1], "");
+    LLVMValueRef q;
+    if (u64_out(n)) {
+        q = LLVMBuildUDiv(c->b, x[0], d, "");
+    } else {
+        LLVMValueRef m1 = LLVMBuildICmp(c->b, LLVMIntEQ, d, cg_i64(c, -1), "");
+        LLVMValueRef safe = LLVMBuildSelect(c->b, m1, one, d, "");
+        q = LLVMBuildSelect(c->b, m1, LLVMBuildSub(c->b, zero, x[0], ""), LLVMBuildSDiv(c->b, x[0], safe, ""), "");
+    }
+    return LLVMBuildSelect(c->b, z, zero, q, "");
+}
+/* Integer results are computed in double precision and truncated, which is
+ * exact while they stay below 2^53. */
+static LLVMValueRef s_pow(Cg *c, const Node *n, LLVMValueRef *x) {
+    if (dtype_is_float(n->out[0]->dtype)) return cg_math(c, "pow", as_f(c, n, x[0]), x[1]);
+    LLVMTypeRef ps[2] = {c->t_f64, c->t_f64};
+    LLVMTypeRef fty = LLVMFunctionType(c->t_f64, ps, 2, 0);
+    LLVMValueRef fn = LLVMGetNamedFunction(c->mod, "pow");
+    if (!fn) fn = LLVMAddFunction(c->mod, "pow", fty);
+    LLVMValueRef a[2];
+    for (int i = 0; i < 2; i++)
+        a[i] = is_i(c, x[i]) ? LLVMBuildSIToFP(c->b, x[i], c->t_f64, "") : LLVMBuildFPExt(c->b, x[i], c->t_f64, "");
+    return LLVMBuildFPToSI(c->b, LLVMBuildCall2(c->b, fty, fn, a, 2, ""), c->t_i64, "");
+}
+static LLVMValueRef s_copy(Cg *c, const Node *n, LLVMValueRef *x) { (void)c; (void)n; return x[0]; }
+static LLVMValueRef s_neg(Cg *c, const Node *n, LLVMValueRef *x) {
+    (void)n;
+    return is_i(c, x[0]) ? LLVMBuildSub(c->b, cg_i64(c, 0), x[0], "") : LLVMBuildFNeg(c->b, x[0], "");
+}
+static LLVMValueRef s_abs(Cg *c, const Node *n, LLVMValueRef *x) {
+    if (!is_i(c, x[0])) return cg_math(c, "fabs", x[0], NULL);
+    if (u64_in(n)) return x[0];
+    LLVMValueRef neg = LLVMBuildICmp(c->b, LLVMIntSLT, x[0], cg_i64(c, 0), "");
+    return LLVMBuildSelect(c->b, neg, LLVMBuildSub(c->b, cg_i64(c, 0), x[0], ""), x[0], "");
+}
+static LLVMValueRef s_sqrt(Cg *c, const Node *n, LLVMValueRef *x) { return cg_math(c, "sqrt", as_f(c, n, x[0]), NULL); }
+static LLVMValueRef s_exp(Cg *c, const Node *n, LLVMValueRef *x) { return cg_math(c, "exp", as_f(c, n, x[0]), NULL); }
+static LLVMValueRef s_log(Cg *c, const Node *n, LLVMValueRef *x) { return cg_math(c, "log", as_f(c, n, x[0]), NULL); }
+static LLVMValueRef s_tanh(Cg *c, const Node *n, LLVMValueRef *x) { return cg_math(c, "tanh", as_f(c, n, x[0]), NULL); }
+static LLVMValueRef s_erf(Cg *c, const Node *n, LLVMValueRef *x) { return cg_math(c, "erf", as_f(c, n, x[0]), NULL); }
+static LLVMValueRef s_recip(Cg *c, const Node *n, LLVMValueRef *x) {
+    return LLVMBuildFDiv(c->b, cg_f32(c, 1), as_f(c, n, x[0]), "");
 }
 /* x < 0 ? 0 : x keeps NaN, as torch.relu does */
 static LLVMValueRef s_relu(Cg *c, const Node *n, LLVMValueRef *x) {
-    (void)n;
+    if (is_i(c, x[0])) {
+        if (u64_in(n)) return x[0];
+        LLVMValueRef neg = LLVMBuildICmp(c->b, LLVMIntSLT, x[0], cg_i64(c, 0), "");
+        return LLVMBuildSelect(c->b, neg, cg_i64(c, 0), x[0], "");
+    }
     LLVMValueRef neg = LLVMBuildFCmp(c->b, LLVMRealOLT, x[0], cg_f32(c, 0), "");
     return LLVMBuildSelect(c->b, neg, cg_f32(c, 0), x[0], "");
 }
 static LLVMValueRef s_leaky(Cg *c, const Node *n, LLVMValueRef *x) {
-    LLVMValueRef neg = LLVMBuildFCmp(c->b, LLVMRealOLT, x[0], cg_f32(c, 0), "");
-    LLVMValueRef scaled = LLVMBuildFMul(c->b, x[0], cg_f32(c, node_attr_f(n, "alpha", 0.01f)), "");
-    return LLVMBuildSelect(c->b, neg, scaled, x[0], "");
+    LLVMValueRef v = as_f(c, n, x[0]);
+    LLVMValueRef neg = LLVMBuildFCmp(c->b, LLVMRealOLT, v, cg_f32(c, 0), "");
+    LLVMValueRef scaled = LLVMBuildFMul(c->b, v, cg_f32(c, node_attr_f(n, "alpha", 0.01f)), "");
+    return LLVMBuildSelect(c->b, neg, scaled, v, "");
 }
 static LLVMValueRef s_sigmoid(Cg *c, const Node *n, LLVMValueRef *x) {
-    (void)n;
-    LLVMValueRef e = cg_math(c, "exp", LLVMBuildFNeg(c->b, x[0], ""), NULL);
+    LLVMValueRef e = cg_math(c, "exp", LLVMBuildFNeg(c->b, as_f(c, n, x[0]), ""), NULL);
     return LLVMBuildFDiv(c->b, cg_f32(c, 1), LLVMBuildFAdd(c->b, cg_f32(c, 1), e, ""), "");
 }
+/* The condition is bool: loaded as 0/1 (i64, or float32 when x and y are
+ * floats). */
 static LLVMValueRef s_where(Cg *c, const Node *n, LLVMValueRef *x) {
     (void)n;
-    LLVMValueRef t = LLVMBuildFCmp(c->b, LLVMRealUNE, x[0], cg_f32(c, 0), "");
+    LLVMValueRef t = is_i(c, x[0]) ? LLVMBuildICmp(c->b, LLVMIntNE, x[0], cg_i64(c, 0), "")
+                                   : LLVMBuildFCmp(c->b, LLVMRealUNE, x[0], cg_f32(c, 0), "");
     return LLVMBuildSelect(c->b, t, x[1], x[2], "");
 }
-static LLVMValueRef cmp_to_f(Cg *c, LLVMRealPredicate p, LLVMValueRef a, LLVMValueRef b) {
-    return LLVMBuildSelect(c->b, LLVMBuildFCmp(c->b, p, a, b, ""), cg_f32(c, 1), cg_f32(c, 0), "");
+/* Comparisons give 0/1 for the bool output (cg_store). */
+static LLVMValueRef compare(Cg *c, const Node *n, LLVMRealPredicate fp, LLVMIntPredicate sp, LLVMIntPredicate up,
+                            LLVMValueRef a, LLVMValueRef b) {
+    if (is_i(c, a)) return b_to_i64(c, LLVMBuildICmp(c->b, u64_in(n) ? up : sp, a, b, ""));
+    return LLVMBuildSelect(c->b, LLVMBuildFCmp(c->b, fp, a, b, ""), cg_f32(c, 1), cg_f32(c, 0), "");
 }
-static LLVMValueRef s_equal(Cg *c, const Node *n, LLVMValueRef *x) { (void)n; return cmp_to_f(c, LLVMRealOEQ, x[0], x[1]); }
-static LLVMValueRef s_less(Cg *c, const Node *n, LLVMValueRef *x) { (void)n; return cmp_to_f(c, LLVMRealOLT, x[0], x[1]); }
-static LLVMValueRef s_greater(Cg *c, const Node *n, LLVMValueRef *x) { (void)n; return cmp_to_f(c, LLVMRealOGT, x[0], x[1]); }
-static LLVMValueRef s_max(Cg *c, const Node *n, LLVMValueRef *x) {
-    LLVMValueRef m = x[0];
-    for (int i = 1; i < n->n_in; i++) m = cg_max(c, m, x[i]);
-    return m;
+static LLVMValueRef s_equal(Cg *c, const Node *n, LLVMValueRef *x) {
+    return compare(c, n, LLVMRealOEQ, LLVMIntEQ, LLVMIntEQ, x[0], x[1]);
 }
-static LLVMValueRef s_min(Cg *c, const Node *n, LLVMValueRef *x) {
+static LLVMValueRef s_less(Cg *c, const Node *n, LLVMValueRef *x) {
+    return compare(c, n, LLVMRealOLT, LLVMIntSLT, LLVMIntULT, x[0], x[1]);
+}
+static LLVMValueRef s_greater(Cg *c, const Node *n, LLVMValueRef *x) {
+    return compare(c, n, LLVMRealOGT, LLVMIntSGT, LLVMIntUGT, x[0], x[1]);
+}
+/* Max and Min over the present inputs; NaN propagates as numpy's maximum
+ * and minimum do. */
+static LLVMValueRef s_extreme(Cg *c, const Node *n, LLVMValueRef *x, bool max) {
+    int k = 0;
+    for (int i = 0; i < n->n_in; i++) k += n->in[i] != NULL;
     LLVMValueRef m = x[0];
-    for (int i = 1; i < n->n_in; i++) {
-        LLVMValueRef lt = LLVMBuildFCmp(c->b, LLVMRealULT, x[i], m, "");
-        m = LLVMBuildSelect(c->b, lt, x[i], m, "");
+    for (int i = 1; i < k; i++) {
+        if (is_i(c, m)) {
+            LLVMIntPredicate p = u64_in(n) ? (max ? LLVMIntUGT : LLVMIntULT) : (max ? LLVMIntSGT : LLVMIntSLT);
+            m = LLVMBuildSelect(c->b, LLVMBuildICmp(c->b, p, x[i], m, ""), x[i], m, "");
+        } else if (max) {
+            m = cg_max(c, m, x[i]);
+        } else {
+            LLVMValueRef lt = LLVMBuildFCmp(c->b, LLVMRealOLT, m, x[i], "");
+            LLVMValueRef nan = LLVMBuildFCmp(c->b, LLVMRealUNO, m, m, "");
+            m = LLVMBuildSelect(c->b, LLVMBuildOr(c->b, lt, nan, ""), m, x[i], "");
+        }
     }
     return m;
 }
+static LLVMValueRef s_max(Cg *c, const Node *n, LLVMValueRef *x) { return s_extreme(c, n, x, true); }
+static LLVMValueRef s_min(Cg *c, const Node *n, LLVMValueRef *x) { return s_extreme(c, n, x, false); }
 
 #define CG_EW(name, fn) \
     static bool name(Cg *c, const Node *n) { return cg_elementwise(c, n, fn); }

@@ -96,15 +96,41 @@ static LLVMValueRef mat_at(Cg *c, const Mat *m, LLVMValueRef i, LLVMValueRef j) 
 }
 
 /* y[m, n] (+)= alpha * sum_k a(m,k) b(k,n), y row-major with leading
- * dimension ldy at element offset ybase.  When b is contiguous along n the
- * n loop is innermost (an axpy that vectorises); when a and b are both
- * contiguous along k a vector dot product is used; otherwise scalar. */
+ * dimension ldy at element offset ybase.  For float32 outputs: when b is
+ * contiguous along n the n loop is innermost (an axpy that vectorises);
+ * when a and b are both contiguous along k a vector dot product is used;
+ * otherwise scalar.  Integer outputs accumulate exactly in an i64 register
+ * (alpha is 1 for them), and float16/bfloat16 outputs in a float32
+ * register, so that y is rounded once, not after every product. */
 static void gemm_block(Cg *c, const Mat *a, const Mat *b, const Value *y, LLVMValueRef ybase, int64_t M, int64_t N,
                        int64_t K, float alpha) {
+    bool ints = !dtype_is_float(y->dtype), narrow = y->dtype == DT_FLOAT16 || y->dtype == DT_BFLOAT16;
+    bool dot = a->sj == 1 && b->si == 1 && b->sj != 1;
     CgLoop lm, lk, ln;
     LLVMValueRef m = cg_for(c, &lm, cg_i64(c, M));
     LLVMValueRef yrow = cg_add(c, ybase, cg_mul(c, m, N));
-    if (b->sj == 1 || a->sj != 1 || b->si != 1) {
+    if (ints || (narrow && !dot)) {
+        LLVMTypeRef t = ints ? c->t_i64 : c->t_f32;
+        LLVMValueRef acc = cg_alloca(c, t);
+        LLVMValueRef n = cg_for(c, &ln, cg_i64(c, N));
+        LLVMBuildStore(c->b, LLVMConstNull(t), acc);
+        LLVMValueRef k = cg_for(c, &lk, cg_i64(c, K));
+        LLVMValueRef ia = mat_at(c, a, m, k), ib = mat_at(c, b, k, n), s = LLVMBuildLoad2(c->b, t, acc, "");
+        if (ints)
+            s = LLVMBuildAdd(c->b, s, LLVMBuildMul(c->b, cg_load_i(c, a->v, ia), cg_load_i(c, b->v, ib), ""), "");
+        else
+            s = LLVMBuildFAdd(c->b, s, LLVMBuildFMul(c->b, cg_load(c, a->v, ia), cg_load(c, b->v, ib), ""), "");
+        LLVMBuildStore(c->b, s, acc);
+        cg_for_end(c, &lk);
+        LLVMValueRef yi = cg_add(c, yrow, n), sum = LLVMBuildLoad2(c->b, t, acc, "");
+        if (ints) {
+            cg_store(c, y, yi, LLVMBuildAdd(c->b, cg_load_i(c, y, yi), sum, ""));
+        } else {
+            if (alpha != 1.0f) sum = LLVMBuildFMul(c->b, sum, cg_f32(c, alpha), "");
+            cg_store(c, y, yi, LLVMBuildFAdd(c->b, cg_load(c, y, yi), sum, ""));
+        }
+        cg_for_end(c, &ln);
+    } else if (!dot) {
         LLVMValueRef k = cg_for(c, &lk, cg_i64(c, K));
         LLVMValueRef av = cg_load(c, a->v, mat_at(c, a, m, k));
         if (alpha != 1.0f) av = LLVMBuildFMul(c->b, av, cg_f32(c, alpha), "");
@@ -116,21 +142,27 @@ static void gemm_block(Cg *c, const Mat *a, const Mat *b, const Value *y, LLVMVa
         cg_for_end(c, &lk);
     } else {
         LLVMValueRef n = cg_for(c, &ln, cg_i64(c, N));
-        LLVMValueRef dot = cg_dot(c, a->v, mat_at(c, a, m, cg_i64(c, 0)), b->v, mat_at(c, b, cg_i64(c, 0), n), K);
-        if (alpha != 1.0f) dot = LLVMBuildFMul(c->b, dot, cg_f32(c, alpha), "");
+        LLVMValueRef d = cg_dot(c, a->v, mat_at(c, a, m, cg_i64(c, 0)), b->v, mat_at(c, b, cg_i64(c, 0), n), K);
+        if (alpha != 1.0f) d = LLVMBuildFMul(c->b, d, cg_f32(c, alpha), "");
         LLVMValueRef yi = cg_add(c, yrow, n);
-        cg_store(c, y, yi, LLVMBuildFAdd(c->b, cg_load(c, y, yi), dot, ""));
+        cg_store(c, y, yi, LLVMBuildFAdd(c->b, cg_load(c, y, yi), d, ""));
         cg_for_end(c, &ln);
     }
     cg_for_end(c, &lm);
 }
 
-/* Y = alpha * op(A) op(B) + beta * C */
+/* Y = alpha * op(A) op(B) + beta * C.  Integer Gemm is exact in int64 when
+ * alpha is 1 and beta 0 or 1; other scalings of integers are refused. */
 static bool k_gemm(Cg *c, const Node *n) {
     const Value *A = n->in[0], *B = n->in[1], *C = n->n_in > 2 ? n->in[2] : NULL, *Y = n->out[0];
     bool ta = node_attr_i(n, "transA", 0) != 0, tb = node_attr_i(n, "transB", 0) != 0;
     float alpha = node_attr_f(n, "alpha", 1.0f), beta = node_attr_f(n, "beta", 1.0f);
     int64_t M = Y->dims[0].k, N = Y->dims[1].k, K = A->dims[ta ? 0 : 1].k;
+    bool ints = !dtype_is_float(Y->dtype);
+    if (ints && (alpha != 1.0f || (beta != 0.0f && beta != 1.0f)))
+        return diag_error(c->d, DIAG_UNSUPPORTED,
+                          "%s: node '%s' (Gemm): integer Gemm with alpha %g and beta %g is not compiled (only "
+                          "alpha 1, beta 0 or 1 are exact)", c->g->path, n->name, alpha, beta);
     if (!cg_kernel_begin_io(c, n)) return false;
     /* Y starts as beta*C broadcast (or 0) */
     int64_t cs0 = 0, cs1 = 0;
@@ -143,9 +175,10 @@ static bool k_gemm(Cg *c, const Node *n) {
     CgLoop l0, l1;
     LLVMValueRef i = cg_for(c, &l0, cg_i64(c, M));
     LLVMValueRef j = cg_for(c, &l1, cg_i64(c, N));
-    LLVMValueRef init = cg_f32(c, 0);
+    LLVMValueRef init = ints ? cg_i64(c, 0) : cg_f32(c, 0);
     if (C && beta != 0.0f) {
-        init = cg_load(c, C, cg_add(c, cg_mul(c, i, cs0), cg_mul(c, j, cs1)));
+        LLVMValueRef ci = cg_add(c, cg_mul(c, i, cs0), cg_mul(c, j, cs1));
+        init = ints ? cg_load_i(c, C, ci) : cg_load(c, C, ci);
         if (beta != 1.0f) init = LLVMBuildFMul(c->b, init, cg_f32(c, beta), "");
     }
     cg_store(c, Y, cg_mad(c, i, N, j), init);
@@ -159,7 +192,8 @@ static bool k_gemm(Cg *c, const Node *n) {
 }
 
 /* Batched matmul with numpy broadcasting of the batch dims; 1-D operands
- * are promoted as in infer_matmul. */
+ * are promoted as in infer_matmul (A [K] is a row [1,K], B [K] a column
+ * [K,1]), and the promoted dims are absent from Y. */
 static bool k_matmul(Cg *c, const Node *n) {
     const Value *A = n->in[0], *B = n->in[1], *Y = n->out[0];
     int64_t M = A->rank >= 2 ? A->dims[A->rank - 2].k : 1, K = A->dims[A->rank - 1].k;

@@ -15,3 +15,5 @@ X(SoftmaxCrossEntropyLoss)
 /* cleave's own ops (domain "cleave"): gradients and optimizer updates */
 X(SoftmaxCrossEntropyLossGrad) X(SumTo) X(ReluGrad) X(LeakyReluGrad) X(SigmoidGrad)
 X(TanhGrad) X(SoftmaxGrad) X(LogSoftmaxGrad) X(ReduceGrad) X(SGD) X(Adam)
+/* gradients of convolution, pooling and normalisation (ops_nn.c) */
+X(ConvGradInput) X(ConvGradWeight) X(ConvGradBias) X(MaxPoolGrad) X(AveragePoolGrad) X(BatchNormGrad) X(LayerNormGrad)

@@ -105,8 +105,6 @@ static bool infer_pool(OpCtx *c, Node *n) {
     const int64_t *ks;
     int nk = node_attr_ints(n, "kernel_shape", &ks);
     if (nk != nsp) return op_error(c, n, "kernel_shape must have %d entries", nsp);
-    if (node_attr_i(n, "storage_order", 0) != 0)
-        return op_error_kind(c, n, DIAG_UNSUPPORTED, "storage_order=1 is not supported");
     Dim out[MAX_RANK];
     out[0] = x->dims[0];
     out[1] = x->dims[1];
@@ -195,6 +193,1065 @@ static bool infer_layernorm(OpCtx *c, Node *n) {
 
 static double flops_norm(const Node *n) { return flops_per_out_elem(n, 5); }
 
+/* ==== code generation: window geometry ====
+ *
+ * Conv and the pools slide a window over the spatial dims.  Along spatial
+ * axis j, output position o and kernel offset k read input position
+ * i = o*s - pb + k*d, which exists when 0 <= i < in; positions outside are
+ * padding (skipped: zeros for Conv, excluded for MaxPool and AveragePool).
+ * Loops run only over the valid ranges, so no kernel tests bounds per
+ * element. */
+
+typedef struct Win {
+    int nsp; /* spatial dims */
+    int64_t in[MAX_RANK], out[MAX_RANK], k[MAX_RANK], s[MAX_RANK], d[MAX_RANK], pb[MAX_RANK], pe[MAX_RANK];
+    int64_t in_sz, out_sz, k_sz; /* elements of one spatial plane / kernel */
+} Win;
+
+/* Geometry of node n whose input-shaped value is x and output-shaped value
+ * y (both NCHW), with the given kernel sizes: strides, dilations, and the
+ * padding auto_pad or pads amount to. */
+static void win_resolve(const Node *n, const Value *x, const Value *y, const int64_t *kernel, Win *w) {
+    int nsp = x->rank - 2;
+    const int64_t *strides = NULL, *pads = NULL, *dil = NULL;
+    int ks = node_attr_ints(n, "strides", &strides), kp = node_attr_ints(n, "pads", &pads),
+        kd = node_attr_ints(n, "dilations", &dil);
+    const char *ap = node_attr_s(n, "auto_pad", "NOTSET");
+    bool upper = strcmp(ap, "SAME_UPPER") == 0, lower = strcmp(ap, "SAME_LOWER") == 0;
+    bool valid = strcmp(ap, "VALID") == 0;
+    w->nsp = nsp;
+    w->in_sz = w->out_sz = w->k_sz = 1;
+    for (int i = 0; i < nsp; i++) {
+        w->in[i] = x->dims[2 + i].k;
+        w->out[i] = y->dims[2 + i].k;
+        w->k[i] = kernel[i];
+        w->s[i] = ks == nsp ? strides[i] : 1;
+        w->d[i] = kd == nsp ? dil[i] : 1;
+        if (upper || lower) {
+            /* SAME: the total padding that makes out = ceil(in / s), the
+             * odd element at the end (UPPER) or the beginning (LOWER) */
+            int64_t total = (w->out[i] - 1) * w->s[i] + (w->k[i] - 1) * w->d[i] + 1 - w->in[i];
+            if (total < 0) total = 0;
+            w->pb[i] = upper ? total / 2 : total - total / 2;
+            w->pe[i] = total - w->pb[i];
+        } else if (valid || kp != 2 * nsp) {
+            w->pb[i] = w->pe[i] = 0;
+        } else {
+            w->pb[i] = pads[i];
+            w->pe[i] = pads[nsp + i];
+        }
+        w->in_sz *= w->in[i];
+        w->out_sz *= w->out[i];
+        w->k_sz *= w->k[i];
+    }
+}
+
+/* Row-major strides of dims[0..r). */
+static void strides_of(const int64_t *dims, int r, int64_t *st) {
+    int64_t s = 1;
+    for (int j = r - 1; j >= 0; j--) {
+        st[j] = s;
+        s *= dims[j];
+    }
+}
+
+static LLVMValueRef imax(Cg *c, LLVMValueRef a, LLVMValueRef b) {
+    return LLVMBuildSelect(c->b, LLVMBuildICmp(c->b, LLVMIntSGT, a, b, ""), a, b, "");
+}
+
+static LLVMValueRef imin(Cg *c, LLVMValueRef a, LLVMValueRef b) {
+    return LLVMBuildSelect(c->b, LLVMBuildICmp(c->b, LLVMIntSLT, a, b, ""), a, b, "");
+}
+
+/* a + x*m for constants a and m. */
+static LLVMValueRef affine(Cg *c, int64_t a, LLVMValueRef x, int64_t m) {
+    return cg_add(c, cg_i64(c, a), cg_mul(c, x, m));
+}
+
+static LLVMValueRef sdiv_k(Cg *c, LLVMValueRef a, int64_t k) {
+    return k == 1 ? a : LLVMBuildSDiv(c->b, a, cg_i64(c, k), "");
+}
+
+/* Smallest j >= 0 with j*div >= t: max(0, ceil(t/div)). */
+static LLVMValueRef lo_bound(Cg *c, LLVMValueRef t, int64_t div) {
+    return sdiv_k(c, cg_add(c, imax(c, t, cg_i64(c, 0)), cg_i64(c, div - 1)), div);
+}
+
+/* One past the largest j < limit with j*div <= u: clamp(floor(u/div)+1,
+ * 0, limit); 0 when u < 0. */
+static LLVMValueRef hi_bound(Cg *c, LLVMValueRef u, int64_t div, int64_t limit) {
+    LLVMValueRef v = sdiv_k(c, cg_add(c, imax(c, u, cg_i64(c, -1)), cg_i64(c, div)), div);
+    return imin(c, v, cg_i64(c, limit));
+}
+
+/* Kernel offsets k of axis j that read inside the input at output o. */
+static void kernel_range(Cg *c, const Win *w, int j, LLVMValueRef o, LLVMValueRef *lo, LLVMValueRef *hi) {
+    *lo = lo_bound(c, affine(c, w->pb[j], o, -w->s[j]), w->d[j]);
+    *hi = hi_bound(c, affine(c, w->in[j] - 1 + w->pb[j], o, -w->s[j]), w->d[j], w->k[j]);
+}
+
+/* Output positions o of axis j whose kernel offset k reads inside. */
+static void output_range(Cg *c, const Win *w, int j, LLVMValueRef k, LLVMValueRef *lo, LLVMValueRef *hi) {
+    *lo = lo_bound(c, affine(c, w->pb[j], k, -w->d[j]), w->s[j]);
+    *hi = hi_bound(c, affine(c, w->in[j] - 1 + w->pb[j], k, -w->d[j]), w->s[j], w->out[j]);
+}
+
+/* Input position o*s - pb + k*d of axis j. */
+static LLVMValueRef in_pos(Cg *c, const Win *w, int j, LLVMValueRef o, LLVMValueRef k) {
+    return cg_add(c, affine(c, -w->pb[j], o, w->s[j]), cg_mul(c, k, w->d[j]));
+}
+
+/* for (iv = lo; iv < hi; iv++); no iterations when hi <= lo. */
+static LLVMValueRef for_range(Cg *c, CgLoop *l, LLVMValueRef lo, LLVMValueRef hi) {
+    return cg_add(c, lo, cg_for(c, l, LLVMBuildNSWSub(c->b, hi, lo, "")));
+}
+
+/* A stack of open loops, closed innermost first. */
+typedef struct Nest {
+    CgLoop l[2 * MAX_RANK + 2];
+    int n;
+} Nest;
+
+static LLVMValueRef nest_for(Cg *c, Nest *ns, LLVMValueRef n) { return cg_for(c, &ns->l[ns->n++], n); }
+static LLVMValueRef nest_range(Cg *c, Nest *ns, LLVMValueRef lo, LLVMValueRef hi) {
+    return for_range(c, &ns->l[ns->n++], lo, hi);
+}
+static void nest_close(Cg *c, Nest *ns) {
+    while (ns->n > 0) cg_for_end(c, &ns->l[--ns->n]);
+}
+
+static LLVMValueRef f_add(Cg *c, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFAdd(c->b, a, b, ""); }
+static LLVMValueRef f_sub(Cg *c, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFSub(c->b, a, b, ""); }
+static LLVMValueRef f_mul(Cg *c, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFMul(c->b, a, b, ""); }
+static LLVMValueRef f_div(Cg *c, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFDiv(c->b, a, b, ""); }
+static LLVMValueRef load_f(Cg *c, LLVMValueRef slot) { return LLVMBuildLoad2(c->b, c->t_f32, slot, ""); }
+
+/* v[i] += x */
+static void add_to(Cg *c, const Value *v, LLVMValueRef i, LLVMValueRef x) {
+    cg_store(c, v, i, f_add(c, cg_load(c, v, i), x));
+}
+
+/* sum over t < len of a[ab + t] * b[bb + t*bs], or of a[ab + t] alone when
+ * b is NULL, len known at run time.  When both run contiguously the sum
+ * is kept in 8 vector lanes combined in a fixed order at the end (as
+ * cg_dot does); otherwise it is a scalar loop. */
+static LLVMValueRef dot_rt(Cg *c, const Value *a, LLVMValueRef ab, const Value *b, LLVMValueRef bb, int64_t bs,
+                           LLVMValueRef len) {
+    enum { W = 8 };
+    LLVMTypeRef vt = LLVMVectorType(c->t_f32, W);
+    LLVMValueRef tail = cg_alloca(c, c->t_f32), vacc = NULL;
+    LLVMBuildStore(c->b, cg_f32(c, 0), tail);
+    len = imax(c, len, cg_i64(c, 0));
+    LLVMValueRef done = cg_i64(c, 0);
+    if (!b || bs == 1) {
+        vacc = cg_alloca(c, vt);
+        LLVMBuildStore(c->b, LLVMConstNull(vt), vacc);
+        LLVMValueRef nv = LLVMBuildLShr(c->b, len, cg_i64(c, 3), "");
+        CgLoop l;
+        LLVMValueRef off = cg_mul(c, cg_for(c, &l, nv), W);
+        LLVMValueRef ia = cg_add(c, ab, off);
+        LLVMValueRef va = LLVMBuildLoad2(c->b, vt, LLVMBuildInBoundsGEP2(c->b, c->t_f32, cg_buf(c, a), &ia, 1, ""), "");
+        LLVMSetAlignment(va, 4);
+        if (b) {
+            LLVMValueRef ib = cg_add(c, bb, off);
+            LLVMValueRef vb =
+                LLVMBuildLoad2(c->b, vt, LLVMBuildInBoundsGEP2(c->b, c->t_f32, cg_buf(c, b), &ib, 1, ""), "");
+            LLVMSetAlignment(vb, 4);
+            va = f_mul(c, va, vb);
+        }
+        LLVMBuildStore(c->b, f_add(c, LLVMBuildLoad2(c->b, vt, vacc, ""), va), vacc);
+        cg_for_end(c, &l);
+        done = cg_mul(c, nv, W);
+    }
+    CgLoop l;
+    LLVMValueRef t = cg_add(c, done, cg_for(c, &l, LLVMBuildNSWSub(c->b, len, done, "")));
+    LLVMValueRef x = cg_load(c, a, cg_add(c, ab, t));
+    if (b) x = f_mul(c, x, cg_load(c, b, cg_add(c, bb, cg_mul(c, t, bs))));
+    LLVMBuildStore(c->b, f_add(c, load_f(c, tail), x), tail);
+    cg_for_end(c, &l);
+    LLVMValueRef sum = load_f(c, tail);
+    if (vacc) {
+        LLVMValueRef v = LLVMBuildLoad2(c->b, vt, vacc, ""), lanes[W];
+        for (int i = 0; i < W; i++)
+            lanes[i] = LLVMBuildExtractElement(c->b, v, LLVMConstInt(c->t_i32, (unsigned)i, 0), "");
+        for (int n = W; n > 1; n /= 2)
+            for (int i = 0; i < n / 2; i++) lanes[i] = f_add(c, lanes[2 * i], lanes[2 * i + 1]);
+        sum = f_add(c, lanes[0], sum);
+    }
+    return sum;
+}
+
+/* ==== Conv and its gradients ====
+ *
+ * The three convolution kernels share one walk over (output, kernel)
+ * pairs of a single input plane / output plane / filter: loops over the
+ * outer output dims, each followed by its valid kernel range, then the
+ * last kernel dim; the body gets the range of the last output dim, which
+ * it runs innermost, so every inner loop reads and writes the output
+ * contiguously (and the input too at stride 1). */
+
+typedef struct ConvAt {
+    LLVMValueRef o_off;  /* spatial output offset of the outer dims */
+    LLVMValueRef i_off;  /* spatial input offset at o_last = 0 (may be negative) */
+    LLVMValueRef k_off;  /* flat kernel offset */
+    LLVMValueRef lo, hi; /* range of o_last */
+} ConvAt;
+
+typedef struct ConvBufs {
+    const Value *x, *w, *y; /* input-shaped, filter-shaped, output-shaped */
+    LLVMValueRef xb, wb, yb; /* plane / filter base offsets */
+} ConvBufs;
+
+typedef void (*ConvBody)(Cg *c, const Win *w, const ConvAt *at, const ConvBufs *b);
+
+static void conv_walk(Cg *c, const Win *w, const ConvBufs *b, ConvBody body) {
+    int r = w->nsp;
+    int64_t is[MAX_RANK], os[MAX_RANK], ks[MAX_RANK];
+    strides_of(w->in, r, is);
+    strides_of(w->out, r, os);
+    strides_of(w->k, r, ks);
+    Nest ns = {.n = 0};
+    ConvAt at = {cg_i64(c, 0), cg_i64(c, 0), cg_i64(c, 0), NULL, NULL};
+    for (int j = 0; j < r - 1; j++) {
+        LLVMValueRef o = nest_for(c, &ns, cg_i64(c, w->out[j]));
+        at.o_off = cg_add(c, at.o_off, cg_mul(c, o, os[j]));
+        LLVMValueRef lo, hi;
+        kernel_range(c, w, j, o, &lo, &hi);
+        LLVMValueRef k = nest_range(c, &ns, lo, hi);
+        at.i_off = cg_add(c, at.i_off, cg_mul(c, in_pos(c, w, j, o, k), is[j]));
+        at.k_off = cg_add(c, at.k_off, cg_mul(c, k, ks[j]));
+    }
+    int j = r - 1;
+    LLVMValueRef k = nest_for(c, &ns, cg_i64(c, w->k[j]));
+    at.i_off = cg_add(c, at.i_off, affine(c, -w->pb[j], k, w->d[j]));
+    at.k_off = cg_add(c, at.k_off, k);
+    output_range(c, w, j, k, &at.lo, &at.hi);
+    body(c, w, &at, b);
+    nest_close(c, &ns);
+}
+
+/* y[o] += w[k] * x[i] over the last output dim */
+static void body_conv(Cg *c, const Win *w, const ConvAt *at, const ConvBufs *b) {
+    LLVMValueRef wv = cg_load(c, b->w, cg_add(c, b->wb, at->k_off));
+    LLVMValueRef yb = cg_add(c, b->yb, at->o_off), xb = cg_add(c, b->xb, at->i_off);
+    CgLoop l;
+    LLVMValueRef o = for_range(c, &l, at->lo, at->hi);
+    LLVMValueRef yi = cg_add(c, yb, o);
+    add_to(c, b->y, yi, f_mul(c, wv, cg_load(c, b->x, cg_add(c, xb, cg_mul(c, o, w->s[w->nsp - 1])))));
+    cg_for_end(c, &l);
+}
+
+/* dx[i] += w[k] * dy[o]: the transposed convolution */
+static void body_conv_dx(Cg *c, const Win *w, const ConvAt *at, const ConvBufs *b) {
+    LLVMValueRef wv = cg_load(c, b->w, cg_add(c, b->wb, at->k_off));
+    LLVMValueRef yb = cg_add(c, b->yb, at->o_off), xb = cg_add(c, b->xb, at->i_off);
+    CgLoop l;
+    LLVMValueRef o = for_range(c, &l, at->lo, at->hi);
+    LLVMValueRef xi = cg_add(c, xb, cg_mul(c, o, w->s[w->nsp - 1]));
+    add_to(c, b->x, xi, f_mul(c, wv, cg_load(c, b->y, cg_add(c, yb, o))));
+    cg_for_end(c, &l);
+}
+
+/* dw[k] += sum_o dy[o] * x[i] */
+static void body_conv_dw(Cg *c, const Win *w, const ConvAt *at, const ConvBufs *b) {
+    int64_t s = w->s[w->nsp - 1];
+    LLVMValueRef yb = cg_add(c, cg_add(c, b->yb, at->o_off), at->lo);
+    LLVMValueRef xb = cg_add(c, cg_add(c, b->xb, at->i_off), cg_mul(c, at->lo, s));
+    LLVMValueRef dot = dot_rt(c, b->y, yb, b->x, xb, s, LLVMBuildNSWSub(c->b, at->hi, at->lo, ""));
+    add_to(c, b->w, cg_add(c, b->wb, at->k_off), dot);
+}
+
+static void conv_kernel_sizes(const Value *w, int64_t *kernel) {
+    for (int i = 2; i < w->rank; i++) kernel[i - 2] = w->dims[i].k;
+}
+
+/* A pointwise convolution (1x1 kernel, stride 1, no padding) maps each
+ * plane element to itself: walk it as one contiguous row. */
+static void conv_flatten_pointwise(Win *w) {
+    for (int j = 0; j < w->nsp; j++)
+        if (w->k[j] != 1 || w->s[j] != 1 || w->pb[j] != 0 || w->pe[j] != 0 || w->in[j] != w->out[j]) return;
+    *w = (Win){.nsp = 1, .in = {w->in_sz}, .out = {w->out_sz}, .k = {1}, .s = {1}, .d = {1},
+               .in_sz = w->in_sz, .out_sz = w->out_sz, .k_sz = 1};
+}
+
+/* Y[n,m] = B[m] + sum_{c in m's group} X[n,c] (*) W[m,c] */
+static bool k_conv(Cg *c, const Node *n) {
+    const Value *X = n->in[0], *W = n->in[1], *B = n->n_in > 2 ? n->in[2] : NULL, *Y = n->out[0];
+    int64_t kernel[MAX_RANK];
+    conv_kernel_sizes(W, kernel);
+    Win w;
+    win_resolve(n, X, Y, kernel, &w);
+    conv_flatten_pointwise(&w);
+    int64_t N = X->dims[0].k, C = X->dims[1].k, M = Y->dims[1].k, G = node_attr_i(n, "group", 1);
+    int64_t Cpg = C / G, Mpg = M / G;
+    if (!cg_kernel_begin_io(c, n)) return false;
+    Nest ns = {.n = 0};
+    LLVMValueRef in = nest_for(c, &ns, cg_i64(c, N)), g = nest_for(c, &ns, cg_i64(c, G));
+    LLVMValueRef m = cg_mad(c, g, Mpg, nest_for(c, &ns, cg_i64(c, Mpg)));
+    LLVMValueRef yb = cg_mul(c, cg_mad(c, in, M, m), w.out_sz);
+    LLVMValueRef init = B ? cg_load(c, B, m) : cg_f32(c, 0);
+    CgLoop lf;
+    LLVMValueRef i = cg_for(c, &lf, cg_i64(c, w.out_sz));
+    cg_store(c, Y, cg_add(c, yb, i), init);
+    cg_for_end(c, &lf);
+    LLVMValueRef ch = nest_for(c, &ns, cg_i64(c, Cpg));
+    ConvBufs b = {X, W, Y, cg_mul(c, cg_add(c, cg_mul(c, in, C), cg_mad(c, g, Cpg, ch)), w.in_sz),
+                  cg_mul(c, cg_mad(c, m, Cpg, ch), w.k_sz), yb};
+    conv_walk(c, &w, &b, body_conv);
+    nest_close(c, &ns);
+    cg_kernel_end(c);
+    return true;
+}
+
+/* ConvGradInput(dY, W) -> dX: each input plane gathers the contributions
+ * of the output channels of its group. */
+static bool k_conv_grad_input(Cg *c, const Node *n) {
+    const Value *dY = n->in[0], *W = n->in[1], *dX = n->out[0];
+    int64_t kernel[MAX_RANK];
+    conv_kernel_sizes(W, kernel);
+    Win w;
+    win_resolve(n, dX, dY, kernel, &w);
+    conv_flatten_pointwise(&w);
+    int64_t N = dX->dims[0].k, C = dX->dims[1].k, M = dY->dims[1].k, G = node_attr_i(n, "group", 1);
+    int64_t Cpg = C / G, Mpg = M / G;
+    if (!cg_kernel_begin_io(c, n)) return false;
+    Nest ns = {.n = 0};
+    LLVMValueRef in = nest_for(c, &ns, cg_i64(c, N)), g = nest_for(c, &ns, cg_i64(c, G));
+    LLVMValueRef ch = nest_for(c, &ns, cg_i64(c, Cpg));
+    LLVMValueRef xb = cg_mul(c, cg_add(c, cg_mul(c, in, C), cg_mad(c, g, Cpg, ch)), w.in_sz);
+    CgLoop lf;
+    LLVMValueRef i = cg_for(c, &lf, cg_i64(c, w.in_sz));
+    cg_store(c, dX, cg_add(c, xb, i), cg_f32(c, 0));
+    cg_for_end(c, &lf);
+    LLVMValueRef m = cg_mad(c, g, Mpg, nest_for(c, &ns, cg_i64(c, Mpg)));
+    ConvBufs b = {dX, W, dY, xb, cg_mul(c, cg_mad(c, m, Cpg, ch), w.k_sz), cg_mul(c, cg_mad(c, in, M, m), w.out_sz)};
+    conv_walk(c, &w, &b, body_conv_dx);
+    nest_close(c, &ns);
+    cg_kernel_end(c);
+    return true;
+}
+
+/* ConvGradWeight(dY, X) -> dW: correlation of each output plane with the
+ * input planes of its group, summed over the batch. */
+static bool k_conv_grad_weight(Cg *c, const Node *n) {
+    const Value *dY = n->in[0], *X = n->in[1], *dW = n->out[0];
+    int64_t kernel[MAX_RANK];
+    conv_kernel_sizes(dW, kernel);
+    Win w;
+    win_resolve(n, X, dY, kernel, &w);
+    conv_flatten_pointwise(&w);
+    int64_t N = X->dims[0].k, C = X->dims[1].k, M = dY->dims[1].k, G = node_attr_i(n, "group", 1);
+    int64_t Cpg = C / G, Mpg = M / G;
+    if (!cg_kernel_begin_io(c, n)) return false;
+    cg_fill(c, dW, value_numel(dW), cg_f32(c, 0));
+    /* batch outermost: one sample's planes stay in cache while every
+     * filter of it accumulates */
+    Nest ns = {.n = 0};
+    LLVMValueRef in = nest_for(c, &ns, cg_i64(c, N));
+    LLVMValueRef g = nest_for(c, &ns, cg_i64(c, G));
+    LLVMValueRef m = cg_mad(c, g, Mpg, nest_for(c, &ns, cg_i64(c, Mpg)));
+    LLVMValueRef ch = nest_for(c, &ns, cg_i64(c, Cpg));
+    ConvBufs b = {X, dW, dY, cg_mul(c, cg_add(c, cg_mul(c, in, C), cg_mad(c, g, Cpg, ch)), w.in_sz),
+                  cg_mul(c, cg_mad(c, m, Cpg, ch), w.k_sz), cg_mul(c, cg_mad(c, in, M, m), w.out_sz)};
+    conv_walk(c, &w, &b, body_conv_dw);
+    nest_close(c, &ns);
+    cg_kernel_end(c);
+    return true;
+}
+
+/* ConvGradBias(dY) -> dB[m] = sum over batch and space of dY[:, m] */
+static bool k_conv_grad_bias(Cg *c, const Node *n) {
+    const Value *dY = n->in[0], *dB = n->out[0];
+    int64_t N = dY->dims[0].k, M = dY->dims[1].k, P = value_numel(dY) / (N * M > 0 ? N * M : 1);
+    if (!cg_kernel_begin_io(c, n)) return false;
+    LLVMValueRef acc = cg_alloca(c, c->t_f32);
+    CgLoop lm, ln;
+    LLVMValueRef m = cg_for(c, &lm, cg_i64(c, M));
+    LLVMBuildStore(c->b, cg_f32(c, 0), acc);
+    LLVMValueRef in = cg_for(c, &ln, cg_i64(c, N));
+    LLVMValueRef s = dot_rt(c, dY, cg_mul(c, cg_mad(c, in, M, m), P), NULL, NULL, 1, cg_i64(c, P));
+    LLVMBuildStore(c->b, f_add(c, load_f(c, acc), s), acc);
+    cg_for_end(c, &ln);
+    cg_store(c, dB, m, load_f(c, acc));
+    cg_for_end(c, &lm);
+    cg_kernel_end(c);
+    return true;
+}
+
+/* ==== pools ==== */
+
+/* Opens one loop per output spatial dim; o[] gets the positions, the
+ * result is the flat spatial output offset. */
+static LLVMValueRef open_out_loops(Cg *c, const Win *w, Nest *ns, LLVMValueRef *o) {
+    LLVMValueRef off = cg_i64(c, 0);
+    for (int j = 0; j < w->nsp; j++) {
+        o[j] = nest_for(c, ns, cg_i64(c, w->out[j]));
+        off = cg_mad(c, off, w->out[j], o[j]);
+    }
+    return off;
+}
+
+/* Valid kernel ranges at output position o[]. */
+static void window_ranges(Cg *c, const Win *w, const LLVMValueRef *o, LLVMValueRef *lo, LLVMValueRef *hi) {
+    for (int j = 0; j < w->nsp; j++) kernel_range(c, w, j, o[j], &lo[j], &hi[j]);
+}
+
+/* Opens the loops over the valid window positions, in row-major kernel
+ * order; returns the flat spatial input offset. */
+static LLVMValueRef open_window_loops(Cg *c, const Win *w, const LLVMValueRef *o, const LLVMValueRef *lo,
+                                      const LLVMValueRef *hi, Nest *ns) {
+    LLVMValueRef off = cg_i64(c, 0);
+    for (int j = 0; j < w->nsp; j++) {
+        LLVMValueRef k = nest_range(c, ns, lo[j], hi[j]);
+        off = cg_mad(c, off, w->in[j], in_pos(c, w, j, o[j], k));
+    }
+    return off;
+}
+
+/* Divisor of AveragePool at output o[]: the valid positions, or with
+ * count_include_pad the positions inside the padded input (a window that
+ * ceil_mode lets run past the end padding counts only what it covers). */
+static LLVMValueRef avg_count(Cg *c, const Win *w, const LLVMValueRef *o, const LLVMValueRef *lo,
+                              const LLVMValueRef *hi, bool include_pad) {
+    LLVMValueRef cnt = cg_i64(c, 1);
+    for (int j = 0; j < w->nsp; j++) {
+        LLVMValueRef len;
+        if (include_pad)
+            len = hi_bound(c, affine(c, w->in[j] + w->pb[j] + w->pe[j] - 1, o[j], -w->s[j]), w->d[j], w->k[j]);
+        else
+            len = imax(c, LLVMBuildNSWSub(c->b, hi[j], lo[j], ""), cg_i64(c, 0));
+        cnt = LLVMBuildNSWMul(c->b, cnt, len, "");
+    }
+    return LLVMBuildSIToFP(c->b, cnt, c->t_f32, "");
+}
+
+/* Elements of MaxPool's input and output: uint8 needs unsigned
+ * conversions, which cg_load and cg_store do not make. */
+static LLVMValueRef pool_load(Cg *c, const Value *v, LLVMValueRef i) {
+    if (v->dtype != DT_UINT8) return cg_load(c, v, i);
+    LLVMValueRef p = LLVMBuildInBoundsGEP2(c->b, c->t_i8, cg_buf(c, v), &i, 1, "");
+    return LLVMBuildUIToFP(c->b, LLVMBuildLoad2(c->b, c->t_i8, p, ""), c->t_f32, "");
+}
+
+static void pool_store(Cg *c, const Value *v, LLVMValueRef i, LLVMValueRef x) {
+    if (v->dtype != DT_UINT8) {
+        cg_store(c, v, i, x);
+        return;
+    }
+    LLVMValueRef p = LLVMBuildInBoundsGEP2(c->b, c->t_i8, cg_buf(c, v), &i, 1, "");
+    LLVMBuildStore(c->b, LLVMBuildFPToUI(c->b, x, c->t_i8, ""), p);
+}
+
+/* The first maximum of the window at output o[] of the plane at xb, in
+ * window order, NaN winning as in torch: *best gets its value and *arg its
+ * flat spatial input offset (-1 for an empty window). */
+static void window_argmax(Cg *c, const Win *w, const Value *x, LLVMValueRef xb, const LLVMValueRef *o,
+                          LLVMValueRef best, LLVMValueRef arg) {
+    LLVMValueRef lo[MAX_RANK], hi[MAX_RANK];
+    window_ranges(c, w, o, lo, hi);
+    LLVMBuildStore(c->b, cg_f32(c, -INFINITY), best);
+    LLVMBuildStore(c->b, cg_i64(c, -1), arg);
+    Nest ns = {.n = 0};
+    LLVMValueRef off = open_window_loops(c, w, o, lo, hi, &ns);
+    LLVMValueRef v = pool_load(c, x, cg_add(c, xb, off));
+    LLVMValueRef cur = load_f(c, best), ca = LLVMBuildLoad2(c->b, c->t_i64, arg, "");
+    LLVMValueRef first = LLVMBuildICmp(c->b, LLVMIntSLT, ca, cg_i64(c, 0), "");
+    LLVMValueRef gt = LLVMBuildFCmp(c->b, LLVMRealOGT, v, cur, "");
+    LLVMValueRef nan = LLVMBuildAnd(c->b, LLVMBuildFCmp(c->b, LLVMRealUNO, v, v, ""),
+                                    LLVMBuildFCmp(c->b, LLVMRealORD, cur, cur, ""), "");
+    LLVMValueRef take = LLVMBuildOr(c->b, first, LLVMBuildOr(c->b, gt, nan, ""), "");
+    LLVMBuildStore(c->b, LLVMBuildSelect(c->b, take, v, cur, ""), best);
+    LLVMBuildStore(c->b, LLVMBuildSelect(c->b, take, off, ca, ""), arg);
+    nest_close(c, &ns);
+}
+
+/* Spatial offset a (row-major) in column-major order, for MaxPool's
+ * Indices with storage_order=1. */
+static LLVMValueRef col_major(Cg *c, const Win *w, LLVMValueRef a) {
+    int64_t cs[MAX_RANK], s = 1;
+    for (int j = 0; j < w->nsp; j++) {
+        cs[j] = s;
+        s *= w->in[j];
+    }
+    LLVMValueRef r = cg_i64(c, 0);
+    for (int j = w->nsp - 1; j >= 0; j--) {
+        LLVMValueRef pos = LLVMBuildSRem(c->b, a, cg_i64(c, w->in[j]), "");
+        r = cg_add(c, r, cg_mul(c, pos, cs[j]));
+        a = sdiv_k(c, a, w->in[j]);
+    }
+    return r;
+}
+
+/* MaxPool; Indices (when requested) are flat indices into X, batch and
+ * channel included, with the spatial part row-major (storage_order 0) or
+ * column-major (1), as ONNX defines them. */
+static bool k_maxpool(Cg *c, const Node *n) {
+    const Value *X = n->in[0], *Y = n->out[0], *I = n->n_out > 1 ? n->out[1] : NULL;
+    const int64_t *ks;
+    node_attr_ints(n, "kernel_shape", &ks);
+    Win w;
+    win_resolve(n, X, Y, ks, &w);
+    int64_t NC = X->dims[0].k * X->dims[1].k;
+    if (!cg_kernel_begin_io(c, n)) return false;
+    LLVMValueRef best = cg_alloca(c, c->t_f32), arg = cg_alloca(c, c->t_i64);
+    Nest ns = {.n = 0};
+    LLVMValueRef nc = nest_for(c, &ns, cg_i64(c, NC)), o[MAX_RANK];
+    LLVMValueRef xb = cg_mul(c, nc, w.in_sz), yi = cg_add(c, cg_mul(c, nc, w.out_sz), open_out_loops(c, &w, &ns, o));
+    window_argmax(c, &w, X, xb, o, best, arg);
+    pool_store(c, Y, yi, load_f(c, best));
+    if (I) {
+        LLVMValueRef a = LLVMBuildLoad2(c->b, c->t_i64, arg, "");
+        if (node_attr_i(n, "storage_order", 0) != 0) a = col_major(c, &w, a);
+        cg_store(c, I, yi, cg_add(c, xb, a));
+    }
+    nest_close(c, &ns);
+    cg_kernel_end(c);
+    return true;
+}
+
+/* MaxPoolGrad(dY, X) -> dX: dY routed to the window's first maximum. */
+static bool k_maxpool_grad(Cg *c, const Node *n) {
+    const Value *dY = n->in[0], *X = n->in[1], *dX = n->out[0];
+    const int64_t *ks;
+    node_attr_ints(n, "kernel_shape", &ks);
+    Win w;
+    win_resolve(n, X, dY, ks, &w);
+    int64_t NC = X->dims[0].k * X->dims[1].k;
+    if (!cg_kernel_begin_io(c, n)) return false;
+    cg_fill(c, dX, value_numel(dX), cg_f32(c, 0));
+    LLVMValueRef best = cg_alloca(c, c->t_f32), arg = cg_alloca(c, c->t_i64);
+    Nest ns = {.n = 0};
+    LLVMValueRef nc = nest_for(c, &ns, cg_i64(c, NC)), o[MAX_RANK];
+    LLVMValueRef xb = cg_mul(c, nc, w.in_sz), yi = cg_add(c, cg_mul(c, nc, w.out_sz), open_out_loops(c, &w, &ns, o));
+    window_argmax(c, &w, X, xb, o, best, arg);
+    LLVMValueRef a = LLVMBuildLoad2(c->b, c->t_i64, arg, "");
+    LLVMValueRef found = LLVMBuildICmp(c->b, LLVMIntSGE, a, cg_i64(c, 0), "");
+    LLVMValueRef g = LLVMBuildSelect(c->b, found, cg_load(c, dY, yi), cg_f32(c, 0), "");
+    add_to(c, dX, cg_add(c, xb, imax(c, a, cg_i64(c, 0))), g);
+    nest_close(c, &ns);
+    cg_kernel_end(c);
+    return true;
+}
+
+static bool k_avgpool(Cg *c, const Node *n) {
+    const Value *X = n->in[0], *Y = n->out[0];
+    const int64_t *ks;
+    node_attr_ints(n, "kernel_shape", &ks);
+    Win w;
+    win_resolve(n, X, Y, ks, &w);
+    bool include_pad = node_attr_i(n, "count_include_pad", 0) != 0;
+    int64_t NC = X->dims[0].k * X->dims[1].k;
+    if (!cg_kernel_begin_io(c, n)) return false;
+    LLVMValueRef sum = cg_alloca(c, c->t_f32);
+    Nest ns = {.n = 0};
+    LLVMValueRef nc = nest_for(c, &ns, cg_i64(c, NC)), o[MAX_RANK], lo[MAX_RANK], hi[MAX_RANK];
+    LLVMValueRef xb = cg_mul(c, nc, w.in_sz), yi = cg_add(c, cg_mul(c, nc, w.out_sz), open_out_loops(c, &w, &ns, o));
+    window_ranges(c, &w, o, lo, hi);
+    LLVMValueRef cnt = avg_count(c, &w, o, lo, hi, include_pad);
+    LLVMBuildStore(c->b, cg_f32(c, 0), sum);
+    Nest wn = {.n = 0};
+    LLVMValueRef off = open_window_loops(c, &w, o, lo, hi, &wn);
+    LLVMBuildStore(c->b, f_add(c, load_f(c, sum), cg_load(c, X, cg_add(c, xb, off))), sum);
+    nest_close(c, &wn);
+    cg_store(c, Y, yi, f_div(c, load_f(c, sum), cnt));
+    nest_close(c, &ns);
+    cg_kernel_end(c);
+    return true;
+}
+
+/* AveragePoolGrad(dY) -> dX: dY / count spread over each window. */
+static bool k_avgpool_grad(Cg *c, const Node *n) {
+    const Value *dY = n->in[0], *dX = n->out[0];
+    const int64_t *ks;
+    node_attr_ints(n, "kernel_shape", &ks);
+    Win w;
+    win_resolve(n, dX, dY, ks, &w);
+    bool include_pad = node_attr_i(n, "count_include_pad", 0) != 0;
+    int64_t NC = dX->dims[0].k * dX->dims[1].k;
+    if (!cg_kernel_begin_io(c, n)) return false;
+    cg_fill(c, dX, value_numel(dX), cg_f32(c, 0));
+    Nest ns = {.n = 0};
+    LLVMValueRef nc = nest_for(c, &ns, cg_i64(c, NC)), o[MAX_RANK], lo[MAX_RANK], hi[MAX_RANK];
+    LLVMValueRef xb = cg_mul(c, nc, w.in_sz), yi = cg_add(c, cg_mul(c, nc, w.out_sz), open_out_loops(c, &w, &ns, o));
+    window_ranges(c, &w, o, lo, hi);
+    LLVMValueRef g = f_div(c, cg_load(c, dY, yi), avg_count(c, &w, o, lo, hi, include_pad));
+    Nest wn = {.n = 0};
+    LLVMValueRef off = open_window_loops(c, &w, o, lo, hi, &wn);
+    add_to(c, dX, cg_add(c, xb, off), g);
+    nest_close(c, &wn);
+    nest_close(c, &ns);
+    cg_kernel_end(c);
+    return true;
+}
+
+/* Y[n,c] = mean of the plane X[n,c] */
+static bool k_global_avgpool(Cg *c, const Node *n) {
+    const Value *X = n->in[0], *Y = n->out[0];
+    int64_t NC = X->dims[0].k * X->dims[1].k, P = 1;
+    for (int j = 2; j < X->rank; j++) P *= X->dims[j].k;
+    if (!cg_kernel_begin_io(c, n)) return false;
+    CgLoop l;
+    LLVMValueRef nc = cg_for(c, &l, cg_i64(c, NC));
+    LLVMValueRef s = dot_rt(c, X, cg_mul(c, nc, P), NULL, NULL, 1, cg_i64(c, P));
+    cg_store(c, Y, nc, f_div(c, s, cg_f32(c, (double)(P ? P : 1))));
+    cg_for_end(c, &l);
+    cg_kernel_end(c);
+    return true;
+}
+
+/* ==== BatchNormalization (inference form) ==== */
+
+/* True (with the Diag set) when the node is not the inference form. */
+static bool bn_refused(Diag *d, const Graph *g, const Node *n) {
+    if (node_attr_i(n, "training_mode", 0) != 0) {
+        diag_error(d, DIAG_UNSUPPORTED,
+                   "%s: node '%s' (BatchNormalization): training_mode=1 (batch statistics) is not supported; only "
+                   "the inference form with running mean and variance is",
+                   g->path, n->name);
+        return true;
+    }
+    for (int k = 1; k < n->n_out; k++)
+        if (n->out[k]) {
+            diag_error(d, DIAG_UNSUPPORTED,
+                       "%s: node '%s' (BatchNormalization): output %d ('%s') is requested; only Y of the inference "
+                       "form is supported",
+                       g->path, n->name, k, n->out[k]->name);
+            return true;
+        }
+    return false;
+}
+
+static LLVMValueRef inv_std(Cg *c, LLVMValueRef var, float eps) {
+    return f_div(c, cg_f32(c, 1), cg_math(c, "sqrt", f_add(c, var, cg_f32(c, eps)), NULL));
+}
+
+/* Y = (X - mean[c]) * (scale[c] / sqrt(var[c] + eps)) + B[c] */
+static bool k_batchnorm(Cg *c, const Node *n) {
+    if (bn_refused(c->d, c->g, n)) return false;
+    const Value *X = n->in[0], *S = n->in[1], *B = n->in[2], *M = n->in[3], *V = n->in[4], *Y = n->out[0];
+    float eps = node_attr_f(n, "epsilon", 1e-5f);
+    int64_t outer, C, inner;
+    cg_axis_split(X, 1, &outer, &C, &inner);
+    const Value *bufs[6] = {X, S, B, M, V, Y};
+    if (!cg_kernel_begin(c, n, 6, bufs)) return false;
+    Nest ns = {.n = 0};
+    LLVMValueRef nn = nest_for(c, &ns, cg_i64(c, outer)), ch = nest_for(c, &ns, cg_i64(c, C));
+    LLVMValueRef a = f_mul(c, cg_load(c, S, ch), inv_std(c, cg_load(c, V, ch), eps));
+    LLVMValueRef mean = cg_load(c, M, ch), bias = cg_load(c, B, ch);
+    LLVMValueRef base = cg_mul(c, cg_mad(c, nn, C, ch), inner);
+    LLVMValueRef i = cg_add(c, base, nest_for(c, &ns, cg_i64(c, inner)));
+    cg_store(c, Y, i, f_add(c, f_mul(c, f_sub(c, cg_load(c, X, i), mean), a), bias));
+    nest_close(c, &ns);
+    cg_kernel_end(c);
+    return true;
+}
+
+/* BatchNormGrad(dY, X, scale, mean, var) -> dX, dScale, dB of the
+ * inference form: dX = dY * scale * invstd, dScale[c] = sum dY * xhat,
+ * dB[c] = sum dY. */
+static bool k_batchnorm_grad(Cg *c, const Node *n) {
+    const Value *dY = n->in[0], *X = n->in[1], *S = n->in[2], *M = n->in[3], *V = n->in[4];
+    const Value *dX = n->out[0], *dS = n->out[1], *dB = n->out[2];
+    float eps = node_attr_f(n, "epsilon", 1e-5f);
+    int64_t outer, C, inner;
+    cg_axis_split(X, 1, &outer, &C, &inner);
+    if (!cg_kernel_begin_io(c, n)) return false;
+    LLVMValueRef s1 = cg_alloca(c, c->t_f32), s2 = cg_alloca(c, c->t_f32);
+    Nest ns = {.n = 0};
+    LLVMValueRef ch = nest_for(c, &ns, cg_i64(c, C));
+    LLVMValueRef inv = inv_std(c, cg_load(c, V, ch), eps);
+    LLVMValueRef a = f_mul(c, cg_load(c, S, ch), inv), mean = cg_load(c, M, ch);
+    LLVMBuildStore(c->b, cg_f32(c, 0), s1);
+    LLVMBuildStore(c->b, cg_f32(c, 0), s2);
+    Nest in = {.n = 0};
+    LLVMValueRef nn = nest_for(c, &in, cg_i64(c, outer));
+    LLVMValueRef i = cg_add(c, cg_mul(c, cg_mad(c, nn, C, ch), inner), nest_for(c, &in, cg_i64(c, inner)));
+    LLVMValueRef dy = cg_load(c, dY, i);
+    cg_store(c, dX, i, f_mul(c, dy, a));
+    LLVMBuildStore(c->b, f_add(c, load_f(c, s1), dy), s1);
+    LLVMBuildStore(c->b, f_add(c, load_f(c, s2), f_mul(c, dy, f_sub(c, cg_load(c, X, i), mean))), s2);
+    nest_close(c, &in);
+    cg_store(c, dB, ch, load_f(c, s1));
+    cg_store(c, dS, ch, f_mul(c, load_f(c, s2), inv));
+    nest_close(c, &ns);
+    cg_kernel_end(c);
+    return true;
+}
+
+/* ==== LayerNormalization ==== */
+
+/* Index of a parameter p (Scale or B) broadcast over the normalised dims
+ * [axis, rank) of x, at flat offset j inside a row. */
+typedef struct Bcast {
+    int nd;                   /* normalised dims */
+    int64_t dims[MAX_RANK];   /* their sizes */
+    int64_t after[MAX_RANK];  /* elements after each of them in a row */
+    int64_t pst[MAX_RANK];    /* p's stride along each (0: broadcast) */
+    bool same, scalar;        /* p spans the row exactly / is one element */
+} Bcast;
+
+static void bcast_init(Bcast *bc, const Value *x, int axis, const Value *p) {
+    bc->nd = x->rank - axis;
+    int64_t row = 1, pn = value_numel(p), s = 1;
+    for (int t = bc->nd - 1; t >= 0; t--) {
+        bc->dims[t] = x->dims[axis + t].k;
+        bc->after[t] = row;
+        row *= bc->dims[t];
+        int pj = t - (bc->nd - p->rank);
+        int64_t pd = pj >= 0 ? p->dims[pj].k : 1;
+        bc->pst[t] = pd == 1 ? 0 : s;
+        s *= pd;
+    }
+    bc->same = pn == row;
+    bc->scalar = pn == 1;
+}
+
+static LLVMValueRef bcast_index(Cg *c, const Bcast *bc, LLVMValueRef j) {
+    if (bc->same) return j;
+    if (bc->scalar) return cg_i64(c, 0);
+    LLVMValueRef idx = cg_i64(c, 0);
+    for (int t = 0; t < bc->nd; t++) {
+        if (!bc->pst[t]) continue;
+        LLVMValueRef q = LLVMBuildSRem(c->b, sdiv_k(c, j, bc->after[t]), cg_i64(c, bc->dims[t]), "");
+        idx = cg_add(c, idx, cg_mul(c, q, bc->pst[t]));
+    }
+    return idx;
+}
+
+/* Mean and 1/sqrt(var + eps) of the row of `len` elements at base, as
+ * ONNX's function body computes them (D = X - mean, var = mean(D*D)),
+ * summed in double. */
+static void ln_stats(Cg *c, const Value *x, LLVMValueRef base, int64_t len, float eps, LLVMValueRef *mean,
+                     LLVMValueRef *inv) {
+    LLVMValueRef acc = cg_alloca(c, c->t_f64);
+    LLVMBuildStore(c->b, LLVMConstReal(c->t_f64, 0), acc);
+    CgLoop l1, l2;
+    LLVMValueRef j = cg_for(c, &l1, cg_i64(c, len));
+    LLVMValueRef xv = LLVMBuildFPExt(c->b, cg_load(c, x, cg_add(c, base, j)), c->t_f64, "");
+    LLVMBuildStore(c->b, f_add(c, LLVMBuildLoad2(c->b, c->t_f64, acc, ""), xv), acc);
+    cg_for_end(c, &l1);
+    LLVMValueRef rl = LLVMConstReal(c->t_f64, 1.0 / (double)len);
+    *mean = LLVMBuildFPTrunc(c->b, f_mul(c, LLVMBuildLoad2(c->b, c->t_f64, acc, ""), rl), c->t_f32, "");
+    LLVMBuildStore(c->b, LLVMConstReal(c->t_f64, 0), acc);
+    j = cg_for(c, &l2, cg_i64(c, len));
+    LLVMValueRef dv = f_sub(c, cg_load(c, x, cg_add(c, base, j)), *mean);
+    LLVMValueRef sq = LLVMBuildFPExt(c->b, f_mul(c, dv, dv), c->t_f64, "");
+    LLVMBuildStore(c->b, f_add(c, LLVMBuildLoad2(c->b, c->t_f64, acc, ""), sq), acc);
+    cg_for_end(c, &l2);
+    LLVMValueRef var = LLVMBuildFPTrunc(c->b, f_mul(c, LLVMBuildLoad2(c->b, c->t_f64, acc, ""), rl), c->t_f32, "");
+    *inv = inv_std(c, var, eps);
+}
+
+static int ln_axis(const Node *n, const Value *x) {
+    int64_t axis = node_attr_i(n, "axis", -1);
+    return (int)(axis < 0 ? axis + x->rank : axis);
+}
+
+/* Y = (X - mean) * invstd * Scale + B per row; Mean and InvStdDev stored
+ * when requested. */
+static bool k_layernorm(Cg *c, const Node *n) {
+    const Value *X = n->in[0], *S = n->in[1], *B = n->n_in > 2 ? n->in[2] : NULL, *Y = n->out[0];
+    const Value *Mo = n->n_out > 1 ? n->out[1] : NULL, *Io = n->n_out > 2 ? n->out[2] : NULL;
+    int axis = ln_axis(n, X);
+    float eps = node_attr_f(n, "epsilon", 1e-5f);
+    int64_t outer = 1, len = 1;
+    for (int j = 0; j < X->rank; j++) *(j < axis ? &outer : &len) *= X->dims[j].k;
+    Bcast bs, bb;
+    bcast_init(&bs, X, axis, S);
+    if (B) bcast_init(&bb, X, axis, B);
+    if (!cg_kernel_begin_io(c, n)) return false;
+    CgLoop lr, lj;
+    LLVMValueRef r = cg_for(c, &lr, cg_i64(c, outer)), base = cg_mul(c, r, len), mean, inv;
+    ln_stats(c, X, base, len, eps, &mean, &inv);
+    if (Mo) cg_store(c, Mo, r, mean);
+    if (Io) cg_store(c, Io, r, inv);
+    LLVMValueRef j = cg_for(c, &lj, cg_i64(c, len)), i = cg_add(c, base, j);
+    LLVMValueRef y = f_mul(c, f_mul(c, f_sub(c, cg_load(c, X, i), mean), inv), cg_load(c, S, bcast_index(c, &bs, j)));
+    if (B) y = f_add(c, y, cg_load(c, B, bcast_index(c, &bb, j)));
+    cg_store(c, Y, i, y);
+    cg_for_end(c, &lj);
+    cg_for_end(c, &lr);
+    cg_kernel_end(c);
+    return true;
+}
+
+/* LayerNormGrad(dY, X, Scale) -> dX, dScale, dB, the latter two over the
+ * normalised dims (summed to the parameters' shapes by the rule).  With
+ * g = dY*Scale and xhat = (X - mean)*invstd, per row:
+ *   dX = invstd * (g - mean(g) - xhat * mean(g*xhat)). */
+static bool k_layernorm_grad(Cg *c, const Node *n) {
+    const Value *dY = n->in[0], *X = n->in[1], *S = n->in[2];
+    const Value *dX = n->out[0], *dS = n->out[1], *dB = n->out[2];
+    int axis = ln_axis(n, X);
+    float eps = node_attr_f(n, "epsilon", 1e-5f);
+    int64_t outer = 1, len = 1;
+    for (int j = 0; j < X->rank; j++) *(j < axis ? &outer : &len) *= X->dims[j].k;
+    Bcast bs;
+    bcast_init(&bs, X, axis, S);
+    if (!cg_kernel_begin_io(c, n)) return false;
+    cg_fill(c, dS, len, cg_f32(c, 0));
+    cg_fill(c, dB, len, cg_f32(c, 0));
+    LLVMValueRef sg = cg_alloca(c, c->t_f64), sgx = cg_alloca(c, c->t_f64);
+    CgLoop lr, l1, l2;
+    LLVMValueRef r = cg_for(c, &lr, cg_i64(c, outer)), base = cg_mul(c, r, len), mean, inv;
+    ln_stats(c, X, base, len, eps, &mean, &inv);
+    LLVMBuildStore(c->b, LLVMConstReal(c->t_f64, 0), sg);
+    LLVMBuildStore(c->b, LLVMConstReal(c->t_f64, 0), sgx);
+    LLVMValueRef j = cg_for(c, &l1, cg_i64(c, len)), i = cg_add(c, base, j);
+    LLVMValueRef g = f_mul(c, cg_load(c, dY, i), cg_load(c, S, bcast_index(c, &bs, j)));
+    LLVMValueRef xh = f_mul(c, f_sub(c, cg_load(c, X, i), mean), inv);
+    LLVMBuildStore(c->b, f_add(c, LLVMBuildLoad2(c->b, c->t_f64, sg, ""), LLVMBuildFPExt(c->b, g, c->t_f64, "")), sg);
+    LLVMBuildStore(c->b, f_add(c, LLVMBuildLoad2(c->b, c->t_f64, sgx, ""),
+                              LLVMBuildFPExt(c->b, f_mul(c, g, xh), c->t_f64, "")), sgx);
+    cg_for_end(c, &l1);
+    LLVMValueRef rl = LLVMConstReal(c->t_f64, 1.0 / (double)len);
+    LLVMValueRef mg = LLVMBuildFPTrunc(c->b, f_mul(c, LLVMBuildLoad2(c->b, c->t_f64, sg, ""), rl), c->t_f32, "");
+    LLVMValueRef mgx = LLVMBuildFPTrunc(c->b, f_mul(c, LLVMBuildLoad2(c->b, c->t_f64, sgx, ""), rl), c->t_f32, "");
+    j = cg_for(c, &l2, cg_i64(c, len));
+    i = cg_add(c, base, j);
+    LLVMValueRef dy = cg_load(c, dY, i);
+    g = f_mul(c, dy, cg_load(c, S, bcast_index(c, &bs, j)));
+    xh = f_mul(c, f_sub(c, cg_load(c, X, i), mean), inv);
+    cg_store(c, dX, i, f_mul(c, inv, f_sub(c, f_sub(c, g, mg), f_mul(c, xh, mgx))));
+    add_to(c, dS, j, f_mul(c, dy, xh));
+    add_to(c, dB, j, dy);
+    cg_for_end(c, &l2);
+    cg_for_end(c, &lr);
+    cg_kernel_end(c);
+    return true;
+}
+
+/* ==== gradient rules ==== */
+
+static bool grad_refuse(GradCtx *c, const Node *n, const char *why) {
+    return diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (%s): %s", c->g->path, n->name, n->op_type, why);
+}
+
+/* The geometry of a windowed node as explicit attributes of a gradient
+ * node: strides, pads (auto_pad resolved), dilations, kernel_shape. */
+static void win_attrs(GradCtx *c, Node *g, const Win *w) {
+    int64_t pads[2 * MAX_RANK];
+    for (int i = 0; i < w->nsp; i++) {
+        pads[i] = w->pb[i];
+        pads[w->nsp + i] = w->pe[i];
+    }
+    gb_attr_ints(c, g, "kernel_shape", w->k, w->nsp);
+    gb_attr_ints(c, g, "strides", w->s, w->nsp);
+    gb_attr_ints(c, g, "pads", pads, 2 * w->nsp);
+    gb_attr_ints(c, g, "dilations", w->d, w->nsp);
+}
+
+static bool spatial_known(const Value *v) {
+    if (v->rank < 3) return false;
+    for (int j = 2; j < v->rank; j++)
+        if (!dim_is_const(v->dims[j])) return false;
+    return true;
+}
+
+/* dX = ConvGradInput(dY, W), dW = ConvGradWeight(dY, X), dB = ConvGradBias(dY) */
+static bool g_conv(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    Value *X = n->in[0], *W = n->in[1], *Y = n->out[0];
+    if (!spatial_known(X) || !spatial_known(Y) || !value_shape_known(W))
+        return grad_refuse(c, n, "the gradient needs static spatial and filter shapes");
+    int64_t kernel[MAX_RANK], group = node_attr_i(n, "group", 1);
+    conv_kernel_sizes(W, kernel);
+    Win w;
+    win_resolve(n, X, Y, kernel, &w);
+    if (need[0]) {
+        Value *in[2] = {dy[0], W};
+        Node *g = gb_start(c, "cleave", "ConvGradInput", 2, in, 1);
+        win_attrs(c, g, &w);
+        gb_attr_i(c, g, "group", group);
+        gb_attr_ints(c, g, "spatial", w.in, w.nsp);
+        dx[0] = gb_finish(c, g);
+    }
+    if (need[1]) {
+        Value *in[2] = {dy[0], X};
+        Node *g = gb_start(c, "cleave", "ConvGradWeight", 2, in, 1);
+        win_attrs(c, g, &w);
+        gb_attr_i(c, g, "group", group);
+        dx[1] = gb_finish(c, g);
+    }
+    if (n->n_in > 2 && n->in[2] && need[2]) {
+        Value *in[1] = {dy[0]};
+        dx[2] = gb_finish(c, gb_start(c, "cleave", "ConvGradBias", 1, in, 1));
+    }
+    return true;
+}
+
+static bool g_maxpool(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    Value *X = n->in[0], *Y = n->out[0];
+    if (!need[0] || !dy[0]) return true;
+    if (!spatial_known(X) || !spatial_known(Y)) return grad_refuse(c, n, "the gradient needs static spatial shapes");
+    const int64_t *ks;
+    node_attr_ints(n, "kernel_shape", &ks);
+    Win w;
+    win_resolve(n, X, Y, ks, &w);
+    Value *in[2] = {dy[0], X};
+    Node *g = gb_start(c, "cleave", "MaxPoolGrad", 2, in, 1);
+    win_attrs(c, g, &w);
+    dx[0] = gb_finish(c, g);
+    return true;
+}
+
+static bool g_avgpool(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    Value *X = n->in[0], *Y = n->out[0];
+    if (!need[0]) return true;
+    if (!spatial_known(X) || !spatial_known(Y)) return grad_refuse(c, n, "the gradient needs static spatial shapes");
+    const int64_t *ks;
+    node_attr_ints(n, "kernel_shape", &ks);
+    Win w;
+    win_resolve(n, X, Y, ks, &w);
+    Value *in[1] = {dy[0]};
+    Node *g = gb_start(c, "cleave", "AveragePoolGrad", 1, in, 1);
+    win_attrs(c, g, &w);
+    gb_attr_i(c, g, "count_include_pad", node_attr_i(n, "count_include_pad", 0));
+    gb_attr_ints(c, g, "spatial", w.in, w.nsp);
+    dx[0] = gb_finish(c, g);
+    return true;
+}
+
+/* dX = dY broadcast over the plane, divided by its size (ReduceGrad). */
+static bool g_global_avgpool(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    Value *X = n->in[0];
+    if (!need[0]) return true;
+    if (!spatial_known(X)) return grad_refuse(c, n, "the gradient needs static spatial shapes");
+    int64_t axes[MAX_RANK], P = 1;
+    for (int j = 2; j < X->rank; j++) {
+        axes[j - 2] = j;
+        P *= X->dims[j].k;
+    }
+    Value *in[2] = {dy[0], X};
+    Node *g = gb_start(c, "cleave", "ReduceGrad", 2, in, 1);
+    gb_attr_ints(c, g, "axes", axes, X->rank - 2);
+    gb_attr_f(c, g, "scale", 1.0f / (float)(P ? P : 1));
+    dx[0] = gb_finish(c, g);
+    return true;
+}
+
+/* Inference form: mean and var are state, so only X, scale and B get
+ * gradients, from one BatchNormGrad node. */
+static bool g_batchnorm(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    if (bn_refused(c->d, c->g, n)) return false;
+    if (!need[0] && !need[1] && !need[2]) return true;
+    Value *in[5] = {dy[0], n->in[0], n->in[1], n->in[3], n->in[4]};
+    Node *g = gb_start(c, "cleave", "BatchNormGrad", 5, in, 3);
+    if (!g) return false;
+    gb_attr_f(c, g, "epsilon", node_attr_f(n, "epsilon", 1e-5f));
+    if (!gb_finish(c, g)) return false;
+    for (int i = 0; i < 3; i++)
+        if (need[i]) dx[i] = g->out[i];
+    return true;
+}
+
+static bool g_layernorm(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    if ((n->n_out > 1 && dy[1]) || (n->n_out > 2 && dy[2]))
+        return grad_refuse(c, n, "gradients flowing into the Mean or InvStdDev outputs are not supported");
+    if (!dy[0]) return true;
+    Value *X = n->in[0], *S = n->in[1], *B = n->n_in > 2 ? n->in[2] : NULL;
+    if (!value_shape_known(X)) return grad_refuse(c, n, "the gradient needs a static input shape");
+    Value *in[3] = {dy[0], X, S};
+    Node *g = gb_start(c, "cleave", "LayerNormGrad", 3, in, 3);
+    if (!g) return false;
+    gb_attr_i(c, g, "axis", ln_axis(n, X));
+    gb_attr_f(c, g, "epsilon", node_attr_f(n, "epsilon", 1e-5f));
+    if (!gb_finish(c, g)) return false;
+    if (need[0]) dx[0] = g->out[0];
+    if (need[1]) dx[1] = gb_sum_to(c, g->out[1], S);
+    if (B && need[2]) dx[2] = gb_sum_to(c, g->out[2], B);
+    return true;
+}
+
+/* ==== shape rules of the internal gradient ops ==== */
+
+/* [N, C, spatial...] with N and C from dY and the spatial dims from the
+ * "spatial" attribute. */
+static bool spatial_out(OpCtx *c, Node *n, Dim ch) {
+    const Value *dy = n->in[0];
+    const int64_t *sp;
+    int ns = node_attr_ints(n, "spatial", &sp);
+    if (ns != dy->rank - 2) return op_error(c, n, "'spatial' needs %d entries", dy->rank - 2);
+    Dim out[MAX_RANK];
+    out[0] = dy->dims[0];
+    out[1] = ch;
+    for (int i = 0; i < ns; i++) out[2 + i] = dim_const(sp[i]);
+    set_out(n, 0, dy->dtype, dy->rank, out);
+    return true;
+}
+
+static bool infer_conv_grad_input(OpCtx *c, Node *n) {
+    const Value *w = n->in[1];
+    if (!dim_is_const(w->dims[1])) return op_error(c, n, "filter channels must be known");
+    return spatial_out(c, n, dim_const(w->dims[1].k * node_attr_i(n, "group", 1)));
+}
+
+static bool infer_conv_grad_weight(OpCtx *c, Node *n) {
+    const Value *dy = n->in[0], *x = n->in[1];
+    const int64_t *ks;
+    int nk = node_attr_ints(n, "kernel_shape", &ks);
+    int64_t group = node_attr_i(n, "group", 1);
+    if (nk != x->rank - 2 || !dim_is_const(x->dims[1]) || group <= 0)
+        return op_error(c, n, "kernel_shape, group and input channels must be known");
+    Dim out[MAX_RANK];
+    out[0] = dy->dims[1];
+    out[1] = dim_const(x->dims[1].k / group);
+    for (int i = 0; i < nk; i++) out[2 + i] = dim_const(ks[i]);
+    set_out(n, 0, dy->dtype, x->rank, out);
+    return true;
+}
+
+static bool infer_conv_grad_bias(OpCtx *c, Node *n) {
+    (void)c;
+    set_out(n, 0, n->in[0]->dtype, 1, &n->in[0]->dims[1]);
+    return true;
+}
+
+static bool infer_like_second(OpCtx *c, Node *n) {
+    (void)c;
+    same_as_input(n, 0, 1);
+    return true;
+}
+
+static bool infer_avgpool_grad(OpCtx *c, Node *n) { return spatial_out(c, n, n->in[0]->dims[1]); }
+
+static bool infer_bn_grad(OpCtx *c, Node *n) {
+    (void)c;
+    same_as_input(n, 0, 1);
+    same_as_input(n, 1, 2);
+    same_as_input(n, 2, 2);
+    return true;
+}
+
+static bool infer_ln_grad(OpCtx *c, Node *n) {
+    const Value *x = n->in[1];
+    int64_t axis = node_attr_i(n, "axis", -1);
+    if (!norm_axis(c, n, &axis, x->rank)) return false;
+    same_as_input(n, 0, 1);
+    for (int k = 1; k < 3; k++) set_out(n, k, x->dtype, x->rank - (int)axis, x->dims + axis);
+    return true;
+}
+
+/* 2 * (filter elements per output channel) per dY element, as the forward
+ * convolution. */
+static double flops_conv_grad(const Node *n) {
+    const Value *dy = n->in[0], *w = strcmp(n->op_type, "ConvGradInput") == 0 ? n->in[1] : n->out[0];
+    int64_t e = value_numel(dy);
+    if (e < 0 || !value_shape_known(w)) return 0;
+    double per = 1;
+    for (int i = 1; i < w->rank; i++) per *= (double)w->dims[i].k;
+    return 2 * per * (double)e;
+}
+
+static double flops_in_elems(const Node *n) {
+    int64_t e = value_numel(n->in[0]);
+    return e < 0 ? 0 : (double)e;
+}
+
+static double flops_norm_grad(const Node *n) {
+    int64_t e = value_numel(n->in[0]);
+    return e < 0 ? 0 : 8.0 * (double)e;
+}
+
 static const AttrSpec attrs_conv[] = {
     {"auto_pad", ATTR_STRING, .s = "NOTSET"}, {"dilations", ATTR_INTS}, {"group", ATTR_INT, .i = 1},
     {"kernel_shape", ATTR_INTS},              {"pads", ATTR_INTS},      {"strides", ATTR_INTS}, {0}};
@@ -212,10 +1269,34 @@ static const AttrSpec attrs_bn[] = {
 static const AttrSpec attrs_ln[] = {
     {"axis", ATTR_INT, .i = -1}, {"epsilon", ATTR_FLOAT, .f = 1e-5f}, {"stash_type", ATTR_INT, .i = 1}, {0}};
 
-const OpDef op_Conv = {"Conv", "", 1, 0, 2, 3, 1, 1, attrs_conv, 0, infer_conv, NULL, flops_conv};
-const OpDef op_MaxPool = {"MaxPool", "", 1, 0, 1, 1, 1, 2, attrs_maxpool, 0, infer_pool, NULL, flops_pool};
-const OpDef op_AveragePool = {"AveragePool", "", 1, 0, 1, 1, 1, 1, attrs_avgpool, 0, infer_pool, NULL, flops_pool};
-const OpDef op_GlobalAveragePool = {"GlobalAveragePool", "", 1, 0, 1, 1, 1, 1, attrs_none, 0, infer_global_pool, NULL, flops_global_pool};
+/* Explicit geometry of the internal ops (auto_pad already resolved). */
+static const AttrSpec attrs_conv_grad_input[] = {
+    {"dilations", ATTR_INTS}, {"group", ATTR_INT, .i = 1}, {"kernel_shape", ATTR_INTS}, {"pads", ATTR_INTS},
+    {"spatial", ATTR_INTS, .required = true}, {"strides", ATTR_INTS}, {0}};
+static const AttrSpec attrs_conv_grad_weight[] = {
+    {"dilations", ATTR_INTS}, {"group", ATTR_INT, .i = 1}, {"kernel_shape", ATTR_INTS, .required = true},
+    {"pads", ATTR_INTS}, {"strides", ATTR_INTS}, {0}};
+static const AttrSpec attrs_maxpool_grad[] = {
+    {"dilations", ATTR_INTS}, {"kernel_shape", ATTR_INTS, .required = true}, {"pads", ATTR_INTS},
+    {"strides", ATTR_INTS}, {0}};
+static const AttrSpec attrs_avgpool_grad[] = {
+    {"count_include_pad", ATTR_INT, .i = 0}, {"dilations", ATTR_INTS}, {"kernel_shape", ATTR_INTS, .required = true},
+    {"pads", ATTR_INTS}, {"spatial", ATTR_INTS, .required = true}, {"strides", ATTR_INTS}, {0}};
+static const AttrSpec attrs_bn_grad[] = {{"epsilon", ATTR_FLOAT, .f = 1e-5f}, {0}};
+static const AttrSpec attrs_ln_grad[] = {{"axis", ATTR_INT, .i = -1}, {"epsilon", ATTR_FLOAT, .f = 1e-5f}, {0}};
+
+const OpDef op_Conv = {"Conv", "", 1, 0, 2, 3, 1, 1, attrs_conv, 0, infer_conv, NULL, flops_conv, .grad = g_conv, .cg = k_conv};
+const OpDef op_MaxPool = {"MaxPool", "", 1, 0, 1, 1, 1, 2, attrs_maxpool, 0, infer_pool, NULL, flops_pool, .grad = g_maxpool, .cg = k_maxpool};
+const OpDef op_AveragePool = {"AveragePool", "", 1, 0, 1, 1, 1, 1, attrs_avgpool, 0, infer_pool, NULL, flops_pool, .grad = g_avgpool, .cg = k_avgpool};
+const OpDef op_GlobalAveragePool = {"GlobalAveragePool", "", 1, 0, 1, 1, 1, 1, attrs_none, 0, infer_global_pool, NULL, flops_global_pool, .grad = g_global_avgpool, .cg = k_global_avgpool};
 /* Inputs 3 and 4 (running mean and variance) are state, not weights. */
-const OpDef op_BatchNormalization = {"BatchNormalization", "", 1, 0, 5, 5, 1, 5, attrs_bn, (1u << 3) | (1u << 4), infer_batchnorm, NULL, flops_norm};
-const OpDef op_LayerNormalization = {"LayerNormalization", "", 17, 0, 2, 3, 1, 3, attrs_ln, 0, infer_layernorm, NULL, flops_norm};
+const OpDef op_BatchNormalization = {"BatchNormalization", "", 1, 0, 5, 5, 1, 5, attrs_bn, (1u << 3) | (1u << 4), infer_batchnorm, NULL, flops_norm, .grad = g_batchnorm, .cg = k_batchnorm};
+const OpDef op_LayerNormalization = {"LayerNormalization", "", 17, 0, 2, 3, 1, 3, attrs_ln, 0, infer_layernorm, NULL, flops_norm, .grad = g_layernorm, .cg = k_layernorm};
+
+const OpDef op_ConvGradInput = {"ConvGradInput", "cleave", 1, 0, 2, 2, 1, 1, attrs_conv_grad_input, 0, infer_conv_grad_input, NULL, flops_conv_grad, .cg = k_conv_grad_input};
+const OpDef op_ConvGradWeight = {"ConvGradWeight", "cleave", 1, 0, 2, 2, 1, 1, attrs_conv_grad_weight, 0, infer_conv_grad_weight, NULL, flops_conv_grad, .cg = k_conv_grad_weight};
+const OpDef op_ConvGradBias = {"ConvGradBias", "cleave", 1, 0, 1, 1, 1, 1, attrs_none, 0, infer_conv_grad_bias, NULL, flops_in_elems, .cg = k_conv_grad_bias};
+const OpDef op_MaxPoolGrad = {"MaxPoolGrad", "cleave", 1, 0, 2, 2, 1, 1, attrs_maxpool_grad, 0, infer_like_second, NULL, flops_pool, .cg = k_maxpool_grad};
+const OpDef op_AveragePoolGrad = {"AveragePoolGrad", "cleave", 1, 0, 1, 1, 1, 1, attrs_avgpool_grad, 0, infer_avgpool_grad, NULL, flops_pool, .cg = k_avgpool_grad};
+const OpDef op_BatchNormGrad = {"BatchNormGrad", "cleave", 1, 0, 5, 5, 3, 3, attrs_bn_grad, 0, infer_bn_grad, NULL, flops_norm_grad, .cg = k_batchnorm_grad};
+const OpDef op_LayerNormGrad = {"LayerNormGrad", "cleave", 1, 0, 3, 3, 3, 3, attrs_ln_grad, 0, infer_ln_grad, NULL, flops_norm_grad, .cg = k_layernorm_grad};

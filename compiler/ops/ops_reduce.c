@@ -71,9 +71,116 @@ static ReduceKind reduce_kind(const char *op) {
     return R_SUM;
 }
 
-/* Output starts at the identity of the reduction; every input element is
- * combined into the output element it maps to; a final pass applies the
- * mean's scale, the square root or the log. */
+/* Largest and smallest value of an integer type, as int64 bits. */
+static void int_range(DType t, int64_t *lo, int64_t *hi) {
+    switch (t) {
+    case DT_BOOL: *lo = 0; *hi = 1; break;
+    case DT_INT8: *lo = INT8_MIN; *hi = INT8_MAX; break;
+    case DT_UINT8: *lo = 0; *hi = UINT8_MAX; break;
+    case DT_INT16: *lo = INT16_MIN; *hi = INT16_MAX; break;
+    case DT_UINT16: *lo = 0; *hi = UINT16_MAX; break;
+    case DT_INT32: *lo = INT32_MIN; *hi = INT32_MAX; break;
+    case DT_UINT32: *lo = 0; *hi = UINT32_MAX; break;
+    case DT_UINT64: *lo = 0; *hi = -1; break; /* all bits set, compared unsigned */
+    default: *lo = INT64_MIN; *hi = INT64_MAX; break;
+    }
+}
+
+/* Reductions one output element at a time, accumulated in a register over
+ * the reduced dims: for integers exactly in int64 (sum and product wrap as
+ * numpy does; the mean truncates toward zero, as numpy's mean cast back to
+ * the integer type; L2 and LogSum take the root or log in double), and for
+ * float16/bfloat16 in float32, so the output is rounded once, as numpy's
+ * half-precision reductions do. */
+static void reduce_acc(Cg *c, const Value *x, const Value *y, const bool *red, ReduceKind kind) {
+    bool ints = !dtype_is_float(x->dtype);
+    LLVMTypeRef t = ints ? c->t_i64 : c->t_f32;
+    int64_t xs[MAX_RANK], s = 1, count = 1;
+    for (int j = x->rank - 1; j >= 0; j--) {
+        xs[j] = s;
+        s *= x->dims[j].k;
+        if (red[j]) count *= x->dims[j].k;
+    }
+    int64_t lo, hi;
+    int_range(x->dtype, &lo, &hi);
+    bool uns = x->dtype == DT_UINT64;
+    LLVMValueRef init;
+    if (ints) init = cg_i64(c, kind == R_MAX ? lo : kind == R_MIN ? hi : kind == R_PROD ? 1 : 0);
+    else init = cg_f32(c, kind == R_MAX ? -INFINITY : kind == R_MIN ? INFINITY : kind == R_PROD ? 1 : 0);
+    LLVMValueRef acc = cg_alloca(c, t);
+    CgLoop keep[MAX_RANK], over[MAX_RANK];
+    LLVMValueRef base = cg_i64(c, 0), yi = cg_i64(c, 0);
+    int nk = 0, nr = 0;
+    for (int j = 0; j < x->rank; j++) {
+        if (red[j]) continue;
+        LLVMValueRef iv = cg_for(c, &keep[nk++], cg_i64(c, x->dims[j].k));
+        base = cg_add(c, base, cg_mul(c, iv, xs[j]));
+        yi = cg_mad(c, yi, x->dims[j].k, iv);
+    }
+    LLVMBuildStore(c->b, init, acc);
+    LLVMValueRef xi = base;
+    for (int j = 0; j < x->rank; j++) {
+        if (!red[j]) continue;
+        LLVMValueRef iv = cg_for(c, &over[nr++], cg_i64(c, x->dims[j].k));
+        xi = cg_add(c, xi, cg_mul(c, iv, xs[j]));
+    }
+    LLVMValueRef v = ints ? cg_load_i(c, x, xi) : cg_load(c, x, xi), a = LLVMBuildLoad2(c->b, t, acc, ""), r;
+    LLVMValueRef zero = LLVMConstNull(t);
+    if (ints) {
+        switch (kind) {
+        case R_MAX:
+            r = LLVMBuildSelect(c->b, LLVMBuildICmp(c->b, uns ? LLVMIntUGT : LLVMIntSGT, v, a, ""), v, a, "");
+            break;
+        case R_MIN:
+            r = LLVMBuildSelect(c->b, LLVMBuildICmp(c->b, uns ? LLVMIntULT : LLVMIntSLT, v, a, ""), v, a, "");
+            break;
+        case R_PROD: r = LLVMBuildMul(c->b, a, v, ""); break;
+        case R_SUMSQ: case R_L2: r = LLVMBuildAdd(c->b, a, LLVMBuildMul(c->b, v, v, ""), ""); break;
+        case R_L1: {
+            LLVMValueRef neg = uns ? LLVMConstInt(c->t_i1, 0, 0) : LLVMBuildICmp(c->b, LLVMIntSLT, v, zero, "");
+            r = LLVMBuildAdd(c->b, a, LLVMBuildSelect(c->b, neg, LLVMBuildSub(c->b, zero, v, ""), v, ""), "");
+            break;
+        }
+        default: r = LLVMBuildAdd(c->b, a, v, ""); break;
+        }
+    } else {
+        switch (kind) {
+        case R_MAX: r = cg_max(c, a, v); break;
+        case R_MIN: {
+            LLVMValueRef lt = LLVMBuildFCmp(c->b, LLVMRealOLT, a, v, "");
+            LLVMValueRef nan = LLVMBuildFCmp(c->b, LLVMRealUNO, a, a, "");
+            r = LLVMBuildSelect(c->b, LLVMBuildOr(c->b, lt, nan, ""), a, v, "");
+            break;
+        }
+        case R_PROD: r = LLVMBuildFMul(c->b, a, v, ""); break;
+        case R_SUMSQ: case R_L2: r = LLVMBuildFAdd(c->b, a, LLVMBuildFMul(c->b, v, v, ""), ""); break;
+        case R_L1: r = LLVMBuildFAdd(c->b, a, cg_math(c, "fabs", v, NULL), ""); break;
+        default: r = LLVMBuildFAdd(c->b, a, v, ""); break;
+        }
+    }
+    LLVMBuildStore(c->b, r, acc);
+    for (int j = nr - 1; j >= 0; j--) cg_for_end(c, &over[j]);
+    r = LLVMBuildLoad2(c->b, t, acc, "");
+    if (!ints) {
+        if (kind == R_MEAN) r = LLVMBuildFMul(c->b, r, cg_f32(c, count ? 1.0 / (double)count : INFINITY), "");
+        else if (kind == R_L2 || kind == R_LOGSUM) r = cg_math(c, kind == R_L2 ? "sqrt" : "log", r, NULL);
+    } else if (kind == R_MEAN && count > 0) {
+        r = uns ? LLVMBuildUDiv(c->b, r, cg_i64(c, count), "") : LLVMBuildSDiv(c->b, r, cg_i64(c, count), "");
+    } else if (kind == R_L2 || kind == R_LOGSUM) {
+        LLVMTypeRef p1 = c->t_f64, fty = LLVMFunctionType(c->t_f64, &p1, 1, 0);
+        const char *name = kind == R_L2 ? "llvm.sqrt.f64" : "log";
+        LLVMValueRef fn = LLVMGetNamedFunction(c->mod, name);
+        if (!fn) fn = LLVMAddFunction(c->mod, name, fty);
+        LLVMValueRef d = uns ? LLVMBuildUIToFP(c->b, r, c->t_f64, "") : LLVMBuildSIToFP(c->b, r, c->t_f64, "");
+        r = LLVMBuildFPToSI(c->b, LLVMBuildCall2(c->b, fty, fn, &d, 1, ""), c->t_i64, "");
+    }
+    cg_store(c, y, yi, r);
+    for (int j = nk - 1; j >= 0; j--) cg_for_end(c, &keep[j]);
+}
+
+/* Float reductions: the output starts at the identity of the reduction;
+ * every input element is combined into the output element it maps to; a
+ * final pass applies the mean's scale, the square root or the log. */
 static bool k_reduce(Cg *c, const Node *n) {
     const Value *x = n->in[0], *y = n->out[0];
     OpCtx oc = {c->g, c->d, graph_opset(c->g, "")};
@@ -82,13 +189,25 @@ static bool k_reduce(Cg *c, const Node *n) {
         return diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (%s): axes must be constant", c->g->path, n->name,
                           n->op_type);
     ReduceKind kind = reduce_kind(n->op_type);
+    const Value *bufs[2] = {x, y};
+    /* noop_with_empty_axes with no axes: the output is the input as is */
+    bool any = false;
+    for (int j = 0; j < x->rank; j++) any = any || red[j];
+    bool noop = !any && node_attr_i(n, "noop_with_empty_axes", 0) != 0;
+    bool narrow = x->dtype == DT_FLOAT16 || x->dtype == DT_BFLOAT16;
+    if (noop || narrow || !dtype_is_float(x->dtype)) {
+        if (!cg_kernel_begin(c, n, 2, bufs)) return false;
+        if (noop) cg_copy(c, y, x);
+        else reduce_acc(c, x, y, red, kind);
+        cg_kernel_end(c);
+        return true;
+    }
     int64_t ny = value_numel(y), count = 1, st[MAX_RANK], s = 1;
     for (int j = x->rank - 1; j >= 0; j--) {
         st[j] = red[j] ? 0 : s;
         if (red[j]) count *= x->dims[j].k;
         else s *= x->dims[j].k;
     }
-    const Value *bufs[2] = {x, y};
     if (!cg_kernel_begin(c, n, 2, bufs)) return false;
     double init = kind == R_MAX ? -INFINITY : kind == R_MIN ? INFINITY : kind == R_PROD ? 1 : 0;
     cg_fill(c, y, ny, cg_f32(c, init));
@@ -102,7 +221,13 @@ static bool k_reduce(Cg *c, const Node *n) {
     LLVMValueRef v = cg_load(c, x, xi), acc = cg_load(c, y, yi), r;
     switch (kind) {
     case R_MAX: r = cg_max(c, acc, v); break;
-    case R_MIN: r = LLVMBuildSelect(c->b, LLVMBuildFCmp(c->b, LLVMRealULT, v, acc, ""), v, acc, ""); break;
+    case R_MIN: {
+        /* NaN-propagating, like numpy's minimum */
+        LLVMValueRef lt = LLVMBuildFCmp(c->b, LLVMRealOLT, acc, v, "");
+        LLVMValueRef nan = LLVMBuildFCmp(c->b, LLVMRealUNO, acc, acc, "");
+        r = LLVMBuildSelect(c->b, LLVMBuildOr(c->b, lt, nan, ""), acc, v, "");
+        break;
+    }
     case R_PROD: r = LLVMBuildFMul(c->b, acc, v, ""); break;
     case R_SUMSQ: case R_L2: r = LLVMBuildFAdd(c->b, acc, LLVMBuildFMul(c->b, v, v, ""), ""); break;
     case R_L1: r = LLVMBuildFAdd(c->b, acc, cg_math(c, "fabs", v, NULL), ""); break;
@@ -114,7 +239,8 @@ static bool k_reduce(Cg *c, const Node *n) {
         CgLoop l;
         LLVMValueRef i = cg_for(c, &l, cg_i64(c, ny));
         LLVMValueRef a = cg_load(c, y, i);
-        if (kind == R_MEAN) a = LLVMBuildFMul(c->b, a, cg_f32(c, 1.0 / (double)(count ? count : 1)), "");
+        /* the mean of nothing is NaN (0 * inf), as numpy's */
+        if (kind == R_MEAN) a = LLVMBuildFMul(c->b, a, cg_f32(c, count ? 1.0 / (double)count : INFINITY), "");
         else a = cg_math(c, kind == R_L2 ? "sqrt" : "log", a, NULL);
         cg_store(c, y, i, a);
         cg_for_end(c, &l);

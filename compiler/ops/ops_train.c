@@ -56,13 +56,15 @@ static LLVMValueRef sce_count(Cg *c, const Node *n, const Value *lab, int64_t ro
 }
 
 /* loss = sum over counted rows (logsumexp(x_r) - x_r[label_r]), divided by
- * their number for reduction=mean */
+ * their number for reduction=mean; the optional second output is
+ * log_prob = x_r - logsumexp(x_r) for every row, ignored or not. */
 static bool cg_sce(Cg *c, const Node *n) {
     const Value *x = n->in[0], *lab = n->in[1], *loss = n->out[0];
+    const Value *logp = n->n_out > 1 ? n->out[1] : NULL;
     int64_t rows = x->dims[0].k, cols = x->dims[1].k;
     bool mean = strcmp(node_attr_s(n, "reduction", "mean"), "mean") == 0;
-    const Value *bufs[3] = {x, lab, loss};
-    if (!cg_kernel_begin(c, n, 3, bufs)) return false;
+    const Value *bufs[4] = {x, lab, loss, logp};
+    if (!cg_kernel_begin(c, n, logp ? 4 : 3, bufs)) return false;
     LLVMValueRef counted = sce_count(c, n, lab, rows);
     LLVMValueRef acc = cg_alloca(c, c->t_f32);
     LLVMBuildStore(c->b, cg_f32(c, 0), acc);
@@ -82,6 +84,13 @@ static bool cg_sce(Cg *c, const Node *n) {
     LLVMBuildStore(c->b, LLVMBuildFAdd(c->b, LLVMBuildLoad2(c->b, c->t_f32, se, ""), e, ""), se);
     cg_for_end(c, &k2);
     LLVMValueRef lse = LLVMBuildFAdd(c->b, m, cg_math(c, "log", LLVMBuildLoad2(c->b, c->t_f32, se, ""), NULL), "");
+    if (logp) {
+        CgLoop k3;
+        j = cg_for(c, &k3, cg_i64(c, cols));
+        LLVMValueRef idx = cg_mad(c, i, cols, j);
+        cg_store(c, logp, idx, LLVMBuildFSub(c->b, cg_load(c, x, idx), lse, ""));
+        cg_for_end(c, &k3);
+    }
     LLVMValueRef label = cg_load_i(c, lab, i);
     const Attr *ig = node_attr(n, "ignore_index");
     LLVMValueRef keep = ig ? LLVMBuildICmp(c->b, LLVMIntNE, label, cg_i64(c, ig->i), "") : NULL;

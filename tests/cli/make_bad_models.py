@@ -309,6 +309,19 @@ def model_cases(outdir):
         helper.make_node("Relu", ["w_neg"], ["y"], name="relu"),
     ], [], [vi("y", F, None)], inits=[neg]))
 
+    # --- found by the fuzzer ------------------------------------------------
+    save("reshape_no_shape_input.onnx", model("reshape_1in", [
+        helper.make_node("Reshape", ["x"], ["y"], name="reshape_one_input"),
+    ], [vi("x", F, [2, 3])], [vi("y", F, None)]))
+
+    save("conv_group_overflow.onnx", model("conv_group", [
+        helper.make_node("Conv", ["x", "w"], ["y"], name="conv_huge_group", group=2 ** 40),
+    ], [vi("x", F, [1, 4, 8, 8]), vi("w", F, [2, 2 ** 40, 3, 3])], [vi("y", F, None)]))
+
+    save("concat_dim_overflow.onnx", model("concat_big", [
+        helper.make_node("Concat", ["a", "b"], ["y"], name="concat_huge", axis=0),
+    ], [vi("a", F, [2 ** 62, 1]), vi("b", F, [2 ** 62, 1])], [vi("y", F, None)]))
+
     # --- external data -----------------------------------------------------
     parent = os.path.dirname(os.path.abspath(outdir))
     write(parent, "escape.bin", b"\0" * 24)

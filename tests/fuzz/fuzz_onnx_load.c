@@ -348,7 +348,7 @@ static void mutate_input(Mut *m, Onnx__ValueInfoProto *vi) {
     default:
         d->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE;
         d->dim_value = some_int(m);
-        if (d->dim_value < 0 && rnd(m, 4)) d->dim_value = -d->dim_value % 8;
+        if (d->dim_value < 0 && rnd(m, 4)) d->dim_value = (int64_t)rnd(m, 8);
         break;
     }
 }

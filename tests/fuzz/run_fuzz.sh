@@ -87,8 +87,14 @@ final_stat() { sed -n "s/^stat::$1: *//p" "$LOG" | tail -n 1; }
 execs=$(final_stat number_of_executed_units)
 rate=$(final_stat average_exec_per_sec)
 rss=$(final_stat peak_rss_mb)
+if [ -z "$execs" ]; then # -fork=N prints no final stats, only progress lines
+  last=$(grep -E '^#[0-9]+: cov:' "$LOG" | tail -n 1)
+  execs=$(sed -n 's/^#\([0-9]*\):.*/\1/p' <<<"$last")
+  rate=$(sed -n 's/.* exec\/s: \([0-9]*\).*/\1/p' <<<"$last")
+fi
 findings=$(($(ls "$ARTIFACTS" | wc -l) - before))
-new=$(ls -t "$ARTIFACTS" | head -n "$findings" | tr '\n' ' ')
+new=$(ls -t "$ARTIFACTS" | head -n "$((findings < 3 ? findings : 3))" | tr '\n' ' ')
+[ "$findings" -gt 3 ] && new="$new..."
 kind=$(grep -m 1 -oE "ERROR: (AddressSanitizer|LeakSanitizer|UndefinedBehaviorSanitizer|libFuzzer): [a-z-]+|runtime error: .*|fuzz_onnx_load: .*" "$LOG")
 if [ "$status" -ne 0 ] && [ "$findings" -eq 0 ]; then findings=1; fi
 

@@ -5,13 +5,18 @@
  * float32 [8, 4], "labels" int64 [8], a linear layer W [4, 3] (the only
  * parameter) giving logits [8, 3], mean softmax cross-entropy, and plain SGD
  * with the learning-rate slot.  The math is done in double and stored as
- * float32, which test_runtime.py replays in numpy.
+ * float32, which test_runtime.py replays in numpy.  (The embedded ONNX model
+ * also adds a bias b that is zero and not a parameter, so --save has an
+ * initializer to leave alone.)
  *
  * cleave_model and cleave_init come from fake_model_<variant>.c, written at
  * build time by make_fake_model.c.
  *
  * FAKE_BAD_ABI, when defined, gives the metadata an abi version the runtime
- * does not implement: a program whose metadata is broken must say so. */
+ * does not implement: a program whose metadata is broken must say so.
+ * FAKE_MODEL_LOSS describes the same program as loss_kind "model", whose
+ * output is the scalar loss itself (as the compiler emits it): no accuracy,
+ * and nothing for --predict. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -34,6 +39,13 @@ enum { OFF_W = 0, OFF_LOSS = 64, OFF_LR = 128, OFF_STEP = 192, OFF_X = 256, OFF_
 #else
 #define ABI "1"
 #endif
+#ifdef FAKE_MODEL_LOSS
+#define OUTPUT "{\"name\": \"loss\", \"offset\": 64, \"shape\": []}"
+#define LOSS_KIND "model"
+#else
+#define OUTPUT "{\"name\": \"logits\", \"offset\": 448, \"shape\": [8, 3]}"
+#define LOSS_KIND "ce"
+#endif
 
 const char cleave_meta[] =
     "{\"abi\": " ABI ", \"plan_hash\": \"0123456789abcdef\", \"ranks\": 1, \"rank_programs\": 1,"
@@ -41,9 +53,9 @@ const char cleave_meta[] =
     " \"loss\": {\"offset\": 64}, \"lr\": {\"offset\": 128, \"value\": 0.1}, \"step\": {\"offset\": 192},"
     " \"inputs\": [{\"name\": \"input\", \"dtype\": \"float32\", \"shape\": [8, 4], \"offset\": 256},"
     "              {\"name\": \"labels\", \"dtype\": \"int64\", \"shape\": [8], \"offset\": 384}],"
-    " \"output\": {\"name\": \"logits\", \"offset\": 448, \"shape\": [8, 3]},"
+    " \"output\": " OUTPUT ","
     " \"params\": [{\"name\": \"W\", \"dtype\": \"float32\", \"shape\": [4, 3], \"offset\": 0, \"trainable\": true}],"
-    " \"loss_kind\": \"ce\", \"optimizer\": {\"kind\": \"sgd\"}}";
+    " \"loss_kind\": \"" LOSS_KIND "\", \"optimizer\": {\"name\": \"sgd\"}}";
 const uint64_t cleave_meta_len = sizeof cleave_meta - 1;
 
 static float get_f(const char *arena, int off) {

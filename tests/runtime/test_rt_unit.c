@@ -389,6 +389,20 @@ START_TEST(meta_good) {
     ck_assert_str_eq(meta_error("\"ce\"", "\"mse\""), "");
     ck_assert_str_eq(meta_error("\"shape\": [4, 3]", "\"shape\": []"), "");
     ck_assert_str_eq(meta_error("\"params\": [{", "\"params\": [], \"x\": [{"), "");
+
+    /* Under loss_kind model the output is the model's own loss, often a
+     * scalar: accepted, with no rows to predict. */
+    char json[4096];
+    const char *at = strstr(good_meta, "\"shape\": [8, 3]");
+    snprintf(json, sizeof json, "%.*s\"shape\": []%s", (int)(at - good_meta), good_meta, at + strlen("\"shape\": [8, 3]"));
+    char *kind = strstr(json, "\"ce\"");
+    memmove(kind + 7, kind + 4, strlen(kind + 4) + 1);
+    memcpy(kind, "\"model\"", 7);
+    ck_assert_msg(rt_meta_parse(json, strlen(json), &m, &e), "%s: %s", e.msg, json);
+    ck_assert_int_eq(m.output.ndim, 0);
+    ck_assert_int_eq(m.output.row_elems, 0);
+    ck_assert_int_eq(m.loss_kind, RT_LOSS_MODEL);
+    rt_meta_free(&m);
 }
 END_TEST
 
@@ -428,6 +442,7 @@ START_TEST(meta_bad) {
                "loss_kind ce but no input is named \"labels\"");
     ASSERT_HAS(meta_error("\"dtype\": \"int64\"", "\"dtype\": \"float32\""), "\"labels\" is not int64");
     ASSERT_HAS(meta_error("\"shape\": [8, 3]", "\"shape\": [8]"), "output is not [batch, ..., classes]");
+    ASSERT_HAS(meta_error("\"shape\": [8, 3]", "\"shape\": []"), "output: shape is empty, expected [batch, ...]");
     ASSERT_HAS(meta_error("\"shape\": [8, 3]", "\"shape\": [8, 2, 1]"),
                "an output of 2 values per sample over 1 classes needs 2 labels per sample, \"labels\" has 1");
     ASSERT_HAS(meta_error("\"output\": {", "\"outputs\": {"), "\"output\" is missing");

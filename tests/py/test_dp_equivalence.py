@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Data parallelism never changes the mathematics.
+
+For the PyTorch-exported test models, a program compiled with
+--strategy dp on 2 and 4 ranks (run under mpirun) must give the same
+per-step losses (rtol 1e-5) and final weights (rtol 1e-4) as the
+single-process program, and the single-process program matches PyTorch
+(test_train_vs_torch.py).  Also checks the guard rails of dp: a batch that
+does not divide, a program launched with the wrong -np, --check-replicas,
+and a failure on one rank ending every rank.
+
+usage: test_dp_equivalence.py --cleave BIN --workdir DIR
+Ends with a line "N passed, M failed"; SKIP (exit 0) without torch or
+mpirun.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+RESULTS = {"pass": 0, "fail": 0}
+
+
+def check(ok, what, detail=""):
+    RESULTS["pass" if ok else "fail"] += 1
+    print("%s %s%s" % ("PASS" if ok else "FAIL", what, (": " + detail) if detail and not ok else ""))
+    return ok
+
+
+def mpi_env():
+    env = dict(os.environ)
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_btl_vader_single_copy_mechanism="none", OMPI_MCA_rmaps_base_oversubscribe="1")
+    return env
+
+
+def run(cmd, timeout=300, env=None):
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout, env=env)
+    return p.returncode, p.stdout, p.stderr
+
+
+def mpirun(np_, argv, timeout=300):
+    return run(["mpirun", "--oversubscribe", "-np", str(np_)] + argv, timeout=timeout, env=mpi_env())
+
+
+def read_losses(path):
+    out = []
+    with open(path) as f:
+        for line in f:
+            o = json.loads(line)
+            if "step" in o:
+                out.append(o["loss"])
+    return out
+
+
+def read_weights(path):
+    import onnx
+    from onnx import numpy_helper
+    return {i.name: numpy_helper.to_array(i) for i in onnx.load(path).graph.initializer}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cleave", required=True)
+    ap.add_argument("--workdir", default="/tmp/cleave_dp")
+    args = ap.parse_args()
+    try:
+        import numpy as np
+        import torch  # noqa: F401
+        import train_models as tm
+    except Exception as e:  # pragma: no cover
+        print("SKIP: torch not available (%s)" % e)
+        return 0
+    if not shutil.which("mpirun"):
+        print("SKIP: mpirun not available")
+        return 0
+    work = args.workdir
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    B, N, STEPS = 16, 96, 12
+
+    cases = [("mlp_gemm", "ce", ["--optimizer", "momentum", "--lr", "0.05"]),
+             ("residual", "mse", ["--optimizer", "adam", "--lr", "0.01"]),
+             ("mlp_matmul_flat", "ce", ["--optimizer", "sgd", "--lr", "0.1", "--weight-decay", "0.01"])]
+    for name, loss, opt in cases:
+        spec = tm.MODELS[name]
+        d = os.path.join(work, name)
+        os.makedirs(d)
+        model_path = tm.export_onnx(spec, spec.build(), os.path.join(d, "model.onnx"), B)
+        data = tm.make_data(spec, loss, N)
+        files = []
+        for k, v in data.items():
+            p = os.path.join(d, k + ".npy")
+            np.save(p, v)
+            files += ["--data", "%s=%s" % (k, p)]
+        base = [args.cleave, "compile", model_path, "--batch", str(B), "--loss", loss] + opt
+        rc, _, err = run(base + ["-o", os.path.join(d, "single")])
+        if not check(rc == 0, "%s: compile single" % name, err.strip()):
+            continue
+        rc, _, err = run([os.path.join(d, "single")] + files + ["--steps", str(STEPS), "--metrics",
+                         os.path.join(d, "single.jsonl"), "--save", os.path.join(d, "single.onnx")])
+        if not check(rc == 0, "%s: run single" % name, err.strip()):
+            continue
+        ref_losses = read_losses(os.path.join(d, "single.jsonl"))
+        ref_w = read_weights(os.path.join(d, "single.onnx"))
+        for ranks in (2, 4):
+            prog = os.path.join(d, "dp%d" % ranks)
+            rc, _, err = run(base + ["-o", prog, "--ranks", str(ranks), "--strategy", "dp", "--bucket-mb", "0.001"])
+            if not check(rc == 0, "%s: compile dp x%d" % (name, ranks), err.strip()):
+                continue
+            m = prog + ".jsonl"
+            t0 = time.time()
+            rc, _, err = mpirun(ranks, [prog] + files + ["--steps", str(STEPS), "--metrics", m, "--save",
+                                prog + ".onnx", "--check-replicas"])
+            if not check(rc == 0, "%s: dp x%d runs under mpirun (%.1fs)" % (name, ranks, time.time() - t0),
+                         err.strip()[-500:]):
+                continue
+            losses = read_losses(m)
+            check(len(losses) == STEPS, "%s: dp x%d wrote %d loss lines" % (name, ranks, STEPS), str(len(losses)))
+            ok = len(losses) == len(ref_losses) and np.allclose(losses, ref_losses, rtol=1e-5, atol=1e-7)
+            check(ok, "%s: dp x%d per-step losses equal single-process (rtol 1e-5)" % (name, ranks),
+                  "%s vs %s" % (losses[:4], ref_losses[:4]))
+            w = read_weights(prog + ".onnx")
+            bad = [k for k in ref_w if k not in w or not np.allclose(w[k], ref_w[k], rtol=1e-4, atol=1e-6)]
+            check(not bad, "%s: dp x%d final weights equal single-process (rtol 1e-4)" % (name, ranks),
+                  "differ: %s" % bad)
+
+    # guard rails
+    spec = tm.MODELS["mlp_gemm"]
+    d = os.path.join(work, "mlp_gemm")
+    model_path = os.path.join(d, "model.onnx")
+    rc, _, err = run([args.cleave, "compile", model_path, "--batch", "15", "--ranks", "2", "--strategy", "dp",
+                      "-o", os.path.join(d, "bad")])
+    check(rc == 2 and "15" in err and "2" in err, "batch not divisible by ranks is refused naming both", err.strip())
+    prog = os.path.join(d, "dp2")
+    if os.path.exists(prog):
+        files = ["--data", "input=%s" % os.path.join(d, "input.npy"), "--data",
+                 "labels=%s" % os.path.join(d, "labels.npy")]
+        t0 = time.time()
+        rc, _, err = mpirun(3, [prog] + files + ["--steps", "2"], timeout=120)
+        check(rc != 0 and "rank" in err.lower(), "a 2-rank program launched with -np 3 refuses to run (%.1fs)"
+              % (time.time() - t0), err.strip()[-300:])
+        # a file that only rank 1 cannot read: every rank must stop, quickly
+        bad_dir = os.path.join(d, "rank_fail")
+        os.makedirs(bad_dir, exist_ok=True)
+        script = os.path.join(bad_dir, "run.sh")
+        with open(script, "w") as f:
+            f.write("#!/bin/sh\nif [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then x=/nonexistent/input.npy; "
+                    "else x=%s; fi\nexec %s --data input=$x --data labels=%s --steps 5\n"
+                    % (os.path.join(d, "input.npy"), prog, os.path.join(d, "labels.npy")))
+        os.chmod(script, 0o755)
+        t0 = time.time()
+        try:
+            rc, _, err = mpirun(2, [script], timeout=60)
+            elapsed = time.time() - t0
+            check(rc != 0 and "nonexistent" in err and elapsed < 30,
+                  "a file unreadable on one rank stops every rank with its message (%.1fs)" % elapsed,
+                  err.strip()[-300:])
+        except subprocess.TimeoutExpired:
+            check(False, "a file unreadable on one rank stops every rank", "hung for 60 s")
+    print("%d passed, %d failed" % (RESULTS["pass"], RESULTS["fail"]))
+    return 1 if RESULTS["fail"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
