@@ -60,6 +60,11 @@ typedef struct OpDef {
     bool (*cg)(Cg *c, const Node *n);
     /* Bit i: input i's buffer is updated in place (optimizer state). */
     uint32_t mutates_inputs;
+    /* The kernel reads element i of input 0 before writing element i of
+     * output 0 and touches no other element of either, so the output may
+     * take input 0's buffer when the two have the same size and input 0
+     * dies here (memory planning does this). */
+    bool inplace;
 } OpDef;
 
 /* Table lookup by (domain, name); NULL if unknown. */

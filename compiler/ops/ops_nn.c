@@ -1298,5 +1298,6 @@ const OpDef op_ConvGradWeight = {"ConvGradWeight", "cleave", 1, 0, 2, 2, 1, 1, a
 const OpDef op_ConvGradBias = {"ConvGradBias", "cleave", 1, 0, 1, 1, 1, 1, attrs_none, 0, infer_conv_grad_bias, NULL, flops_in_elems, .cg = k_conv_grad_bias};
 const OpDef op_MaxPoolGrad = {"MaxPoolGrad", "cleave", 1, 0, 2, 2, 1, 1, attrs_maxpool_grad, 0, infer_like_second, NULL, flops_pool, .cg = k_maxpool_grad};
 const OpDef op_AveragePoolGrad = {"AveragePoolGrad", "cleave", 1, 0, 1, 1, 1, 1, attrs_avgpool_grad, 0, infer_avgpool_grad, NULL, flops_pool, .cg = k_avgpool_grad};
-const OpDef op_BatchNormGrad = {"BatchNormGrad", "cleave", 1, 0, 5, 5, 3, 3, attrs_bn_grad, 0, infer_bn_grad, NULL, flops_norm_grad, .cg = k_batchnorm_grad};
+/* BatchNormGrad reads the running statistics as state, as the forward op does. */
+const OpDef op_BatchNormGrad = {"BatchNormGrad", "cleave", 1, 0, 5, 5, 3, 3, attrs_bn_grad, (1u << 3) | (1u << 4), infer_bn_grad, NULL, flops_norm_grad, .cg = k_batchnorm_grad};
 const OpDef op_LayerNormGrad = {"LayerNormGrad", "cleave", 1, 0, 3, 3, 3, 3, attrs_ln_grad, 0, infer_ln_grad, NULL, flops_norm_grad, .cg = k_layernorm_grad};

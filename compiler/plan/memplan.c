@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "plan.h"
+#include "../ops/ops.h"
 
 int64_t plan_value_bytes(const Value *v) {
     int64_t n = value_numel(v);
@@ -88,10 +89,37 @@ bool memplan_assign(Graph *g, RankPlan *r, Value *const *keep, int n_keep, Diag 
         pos = align_up(pos);
     }
     r->init_bytes = pos;
+    /* In place: an output that may reuse its dying input's buffer joins the
+     * input's interval (the union is placed once, as its root). */
+    int *root = malloc(sizeof *root * (size_t)nv);
+    if (!root) {
+        free(first); free(last); free(iv);
+        return diag_error(d, DIAG_NOMEM, "%s: out of memory planning memory", g->path);
+    }
+    for (int i = 0; i < nv; i++) root[i] = i;
+    for (int s = 0; s < r->n_train; s++) {
+        const Node *n = r->train[s].node;
+        if (!n->def || !n->def->inplace || n->n_out < 1 || !n->out[0] || !n->in[0]) continue;
+        int x = n->in[0]->id, y = n->out[0]->id;
+        while (root[x] != x) x = root[x];
+        const Value *xv = g->values[n->in[0]->id];
+        if (is_persistent(xv) || r->offset[n->in[0]->id] >= 0 || last[n->in[0]->id] != s || last[x] != s) continue;
+        if (plan_value_bytes(xv) != plan_value_bytes(n->out[0]) || is_persistent(n->out[0])) continue;
+        bool read_twice = false; /* x also read through another input slot */
+        for (int k = 1; k < n->n_in; k++) read_twice |= n->in[k] == n->in[0];
+        if (read_twice) continue;
+        root[y] = x;
+        if (last[y] > last[x]) last[x] = last[y];
+        r->inplace++;
+    }
     int n_iv = 0;
     for (int i = 0; i < nv; i++) {
         const Value *v = g->values[i];
         if (is_persistent(v) || first[i] < 0 || r->offset[i] >= 0) continue;
+        if (root[i] != i) {
+            r->transient_naive += align_up(plan_value_bytes(v) ? plan_value_bytes(v) : 1);
+            continue;
+        }
         int64_t b = plan_value_bytes(v);
         if (b < 0) {
             free(first); free(last); free(iv);
@@ -119,7 +147,13 @@ bool memplan_assign(Graph *g, RankPlan *r, Value *const *keep, int n_keep, Diag 
         if (best + iv[a].bytes > top) top = best + iv[a].bytes;
         r->offset[iv[a].id] = r->init_bytes + best;
     }
+    for (int i = 0; i < nv; i++) {
+        int x = i;
+        while (root[x] != x) x = root[x];
+        if (x != i) r->offset[i] = r->offset[x];
+    }
     r->arena_bytes = r->init_bytes + top;
+    free(root);
     free(first); free(last); free(iv);
     return true;
 }

@@ -46,6 +46,7 @@ typedef struct RankPlan {
     int64_t init_bytes;  /* persistent region, copied from the image */
     int64_t arena_bytes; /* persistent + transient */
     int64_t transient_naive; /* bytes without reuse, for the report */
+    int inplace;             /* outputs that took their input's buffer */
     int n_buckets;
     Bucket *buckets;
 } RankPlan;

@@ -314,6 +314,11 @@ def model_cases(outdir):
         helper.make_node("Reshape", ["x"], ["y"], name="reshape_one_input"),
     ], [vi("x", F, [2, 3])], [vi("y", F, None)]))
 
+    save("omitted_required_output.onnx", model("no_out0", [
+        helper.make_node("Shape", ["x"], [""], name="shape_no_output"),
+        helper.make_node("Relu", ["x"], ["y"], name="relu"),
+    ], [vi("x", F, [2, 3])], [vi("y", F, None)]))
+
     save("conv_group_overflow.onnx", model("conv_group", [
         helper.make_node("Conv", ["x", "w"], ["y"], name="conv_huge_group", group=2 ** 40),
     ], [vi("x", F, [1, 4, 8, 8]), vi("w", F, [2, 2 ** 40, 3, 3])], [vi("y", F, None)]))
