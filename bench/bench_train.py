@@ -52,7 +52,7 @@ LOSS_RTOL = 1e-3         # first/last step loss, cleave against torch
 # name, input width, hidden widths, batch, default steps.  Torch's side
 # dominates the run time (its BLAS is the slow part on the development
 # machine), so the two big models get few steps: the defaults keep a full run
-# of 5 runs per side at about four minutes on a quiet 2-core machine.
+# of 5 runs per side at about four minutes on the 2-core development machine.
 MODELS = [
     ("mlp_784_1024_1024_10", 784, [1024, 1024], 128, 16),
     ("mlp_784_256_256_10", 784, [256, 256], 32, 200),
