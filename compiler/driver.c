@@ -134,10 +134,12 @@ bool driver_compile(const CompileOptions *o, Diag *d) {
                 p.strategy, p.n_ranks, p.n_ranks > 1 ? "s" : "", (long long)o->batch,
                 (double)p.ranks[0].arena_bytes / (1 << 20));
     if (ok && o->verbose)
-        fprintf(stderr, "cleave: %s: %d train steps, %d eval steps; arena %lld bytes (%lld persistent, %lld transient"
-                        " reusing %lld)\n", o->model, p.ranks[0].n_train, p.ranks[0].n_eval,
-                (long long)p.ranks[0].arena_bytes, (long long)p.ranks[0].init_bytes,
-                (long long)(p.ranks[0].arena_bytes - p.ranks[0].init_bytes), (long long)p.ranks[0].transient_naive);
+        fprintf(stderr,
+                "cleave: %s: %d train steps, %d eval steps; arena %lld bytes: %lld persistent, %lld transient "
+                "(%lld without reuse; %d outputs computed in place)\n",
+                o->model, p.ranks[0].n_train, p.ranks[0].n_eval, (long long)p.ranks[0].arena_bytes,
+                (long long)p.ranks[0].init_bytes, (long long)(p.ranks[0].arena_bytes - p.ranks[0].init_bytes),
+                (long long)p.ranks[0].transient_naive, p.ranks[0].inplace);
     if (ok) {
         CgOptions co = {.target_cpu = o->target_cpu, .emit = o->emit, .output = o->output, .model_path = o->model,
                         .meta_json = meta, .verbose = o->verbose};

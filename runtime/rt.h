@@ -1,9 +1,11 @@
 /* rt.h - the runtime's internal interfaces.
  *
  * The runtime is linked into every generated program and owns main()
- * (rt_main.c).  Only rt_main.c names the symbols of rt_abi.h; it hands them to
- * the other files as an RtProgram, so the rest of the library can be linked
- * into unit tests that define no program at all.
+ * (rt_main.c).  Only rt_main.c names the symbols the generated object defines
+ * (rt_abi.h); it hands them to the other files as an RtProgram, so the rest
+ * of the library can be linked into unit tests that define no program at
+ * all.  The other direction, the runtime functions the generated step calls
+ * (cleave_rt_allreduce_start and friends), is defined in rt_comm.c.
  *
  * Library functions never exit and never print: a failing function records
  * one line in an RtErr and returns false.  main() turns it into
@@ -26,9 +28,20 @@
 
 /* ---- errors: rt_err.c ---------------------------------------------------- */
 
+/* How an error ends a run of several ranks (rt_die):
+ *   - every == false: this rank alone found it.  It prints the message with
+ *     its rank and ends the whole job through MPI_Abort, so no rank waits
+ *     for it in a collective.
+ *   - every == true: every rank stops here together, decided from data they
+ *     all hold (a collective), so each one exits on its own with `status`
+ *     and nobody aborts.  The message is printed once: by rank `origin` with
+ *     its rank, or, when origin is -1 (every rank holds the same message),
+ *     by rank 0 without one. */
 typedef struct RtErr {
     int status; /* exit status: 0 while no error, 2 for usage, 1 otherwise */
     char msg[1024];
+    bool every;
+    int origin;
 } RtErr;
 
 /* Record the first error (later ones are dropped: the first is the cause) and
@@ -36,19 +49,11 @@ typedef struct RtErr {
 bool rt_error(RtErr *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Same for a bad command line: exits with status 2. */
 bool rt_usage_error(RtErr *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* An error every rank records at the same point from the same collective
+ * data (every = true, origin = -1): status 1. */
+bool rt_error_all(RtErr *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* "[28, 28]" into buf; returns buf. */
 const char *rt_shape_str(char *buf, size_t size, int ndim, const int64_t *dims);
-
-/* ---- MPI and process exit: rt_comm.c ------------------------------------- */
-
-void rt_comm_init(int *argc, char ***argv);
-int rt_rank(void);
-int rt_ranks(void);
-const char *rt_prog_name(void);
-/* Prints "PROG: error: MSG" and ends the program with e->status; with more
- * than one rank it aborts the whole job so no rank waits for a dead one. */
-_Noreturn void rt_die(const RtErr *e);
-void rt_comm_finalize(void);
 
 /* ---- the program's metadata: rt_meta.c ----------------------------------- */
 
@@ -64,15 +69,32 @@ typedef struct RtTensor {
     int64_t shape[RT_MAX_DIMS];
     uint64_t offset;    /* bytes into the arena */
     int64_t elems;      /* whole tensor */
-    int64_t row_elems;  /* per sample: elems / shape[0] (inputs and output);
-                           0 for an output without rows (loss_kind model) */
+    int64_t row_elems;  /* per sample: elems / shape[0] (inputs and output,
+                           whose shape[0] is the local batch); 0 for an
+                           output without rows (loss_kind model) */
     uint64_t bytes;
 } RtTensor;
 
 typedef enum { RT_LOSS_CE, RT_LOSS_MSE, RT_LOSS_MODEL } RtLossKind;
 
+/* A gradient bucket of a data-parallel program: `count` float32 values at
+ * byte `offset` of the arena, summed over the ranks in one allreduce. */
+typedef struct RtBucket {
+    uint64_t offset;
+    int count;
+} RtBucket;
+
+#define RT_HASH_MAX 64 /* longest "plan_hash" accepted */
+
 typedef struct RtMeta {
-    int64_t batch;
+    int64_t batch;       /* global: the rows of one optimizer step */
+    int64_t local_batch; /* rows each rank computes: batch / ranks under dp,
+                            batch otherwise; dim 0 of the inputs and output */
+    int ranks;           /* ranks the program was compiled for */
+    bool dp;             /* "strategy": "dp" (else "single") */
+    char plan_hash[RT_HASH_MAX + 1];
+    RtBucket *buckets;   /* dp: in the order the program starts them */
+    int n_buckets;
     uint64_t arena_bytes; /* rounded up to a multiple of 64 */
     uint64_t init_bytes;
     uint64_t loss_offset, lr_offset, step_offset;
@@ -94,6 +116,74 @@ void rt_meta_free(RtMeta *m);
 /* Index of the input called name, or -1. */
 int rt_meta_input(const RtMeta *m, const char *name);
 
+/* ---- MPI: rt_comm.c ------------------------------------------------------
+ *
+ * Everything that talks to MPI is in rt_comm.c: start and end, the
+ * collective start-up checks, agreeing on failures, the reductions of a
+ * data-parallel run, the gradient buckets behind the rt_abi.h collectives,
+ * and --check-replicas.  The collectives use a duplicate of MPI_COMM_WORLD,
+ * "the program's communicator". */
+
+void rt_comm_init(int *argc, char ***argv);
+int rt_rank(void);
+int rt_ranks(void);
+const char *rt_prog_name(void);
+/* Prints "PROG: error: MSG" as e asks (see RtErr) and ends the program with
+ * e->status: alone or for an `every` error by exiting, otherwise by aborting
+ * the whole job so no rank waits for a dead one. */
+_Noreturn void rt_die(const RtErr *e);
+/* "PROG: warning: ..." on stderr, from rank 0 only. */
+void rt_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void rt_comm_finalize(void);
+
+/* What every rank must agree on before any other collective. */
+typedef struct RtHello {
+    const RtMeta *meta; /* NULL when the metadata was not read (an error, --help) */
+    bool help;
+    uint64_t options;   /* rt_args_fingerprint: the flags that shape the run */
+} RtHello;
+
+/* The first collective of every run, made by every rank whatever happened
+ * before (e holds this rank's error so far).  Returns false, with an `every`
+ * error in e, when any rank failed (its message), when ranks run different
+ * programs (plan hashes) or different options, or when a dp program runs on
+ * a number of ranks it was not compiled for.  *any_help: some rank was asked
+ * for --help; every rank then ends without training. */
+bool rt_comm_startup(const RtHello *h, bool *any_help, RtErr *e);
+/* Collective: true on every rank when no rank has an error in e; otherwise
+ * false on every rank with an `every` error naming the first failing rank. */
+bool rt_comm_agree(RtErr *e);
+/* The same, also checking that every rank loaded as many training and eval
+ * rows as rank 0 (the batch order depends on them). */
+bool rt_comm_agree_rows(int64_t train_rows, int64_t eval_rows, RtErr *e);
+/* Collective sum over the ranks of x[0..n), in place. */
+void rt_comm_sum(double *x, int n);
+/* Collective: rank r's `count` floats land at recv + r * count on rank 0
+ * (recv is ignored elsewhere). */
+void rt_comm_gather(const float *send, int count, float *recv);
+
+/* Gradient buckets of a dp program (the rt_abi.h collectives). */
+bool rt_dp_init(char *arena, const RtMeta *m, RtErr *e);
+void rt_dp_free(void);
+
+/* Communication of one train step (rank-local wall time, seconds). */
+typedef struct RtStepComm {
+    double wait_s;      /* blocked inside cleave_rt_allreduce_wait */
+    double allreduce_s; /* sum over buckets of start -> observed completion */
+} RtStepComm;
+
+void rt_dp_step_begin(void);
+/* Ends the step's bookkeeping; fails if a bucket started and was never
+ * waited for (a broken program). */
+bool rt_dp_step_end(RtStepComm *c, RtErr *e);
+
+/* --check-replicas: collective; every rank hashes the bytes of each of its
+ * parameters (FNV-1a, 64 bits) and compares them with rank 0's.  Returns
+ * false on every rank, with an `every` error in e, when any differ. */
+bool rt_comm_check_replicas(const RtMeta *m, const char *arena, RtErr *e);
+uint64_t rt_fnv1a64(uint64_t h, const void *data, size_t len);
+#define RT_FNV1A64_INIT 14695981039346656037ull
+
 /* ---- command line: rt_args.c --------------------------------------------- */
 
 typedef struct RtNamedFile {
@@ -114,6 +204,7 @@ typedef struct RtArgs {
     uint64_t seed;
     const char *metrics, *save, *predict;
     int64_t log_every; /* 0: only the final line */
+    bool check_replicas;
     bool help;
 } RtArgs;
 
@@ -126,6 +217,10 @@ bool rt_args_bind(const RtMeta *m, const RtNamedFile *files, int n, const char *
                   const char **paths, RtErr *e);
 /* Fails now, before training, when `path` could not be created later. */
 bool rt_args_check_writable(const char *flag, const char *path, RtErr *e);
+/* A hash of the flags every rank must agree on, since they decide how many
+ * steps and collectives run: --steps, --epochs, --shuffle, --lr,
+ * --eval-data given, --predict given, --check-replicas. */
+uint64_t rt_args_fingerprint(const RtArgs *a);
 
 /* ---- data files: rt_data.c, rt_npy.c, rt_idx.c --------------------------- */
 
@@ -222,7 +317,9 @@ typedef struct RtLog {
 double rt_now(void);
 bool rt_log_open(RtLog *l, const char *metrics_path, bool quiet, bool tty, int64_t total,
                  int64_t batch, int64_t log_every, RtErr *e);
-void rt_log_step(RtLog *l, int64_t step, float loss, double step_seconds);
+/* loss: the global batch's mean loss; comm: the step's communication
+ * times (dp programs), NULL for none. */
+void rt_log_step(RtLog *l, int64_t step, double loss, double step_seconds, const RtStepComm *comm);
 void rt_log_eval(RtLog *l, int64_t epoch, double eval_loss, bool has_accuracy, double accuracy);
 /* Closes the metrics file (reporting a failed write) and ends the bar. */
 bool rt_log_close(RtLog *l, RtErr *e);
@@ -248,6 +345,10 @@ typedef struct RtRun {
     const RtProgram *prog;
     const RtMeta *meta;
     char *arena;
+    /* This rank computes rows [shard * local_batch, (shard + 1) * local_batch)
+     * of every global batch: under dp shard is the rank and shards the
+     * ranks; otherwise 0 and 1 (every rank runs the whole batch alone). */
+    int shard, shards;
     RtArray *train; /* one per meta input */
     int64_t train_rows;
     RtArray *eval;  /* NULL without --eval-data */
@@ -255,12 +356,15 @@ typedef struct RtRun {
     RtOrder order;
     float lr;
     int64_t total_steps;
-    float *predict; /* [eval_rows, output row] with --predict, else NULL */
+    bool predict_on; /* --predict given (on every rank) */
+    float *predict;  /* rank 0 with --predict: [eval_rows, output row] */
+    float *gathered; /* rank 0 of a sharded run with --predict: the
+                        outputs of one global batch, [batch, output row] */
     RtLog log;
 } RtRun;
 
 typedef struct RtEvalResult {
-    double loss;     /* mean over the full batches */
+    double loss;     /* mean over the full global batches */
     double accuracy; /* ce only */
     bool has_accuracy;
 } RtEvalResult;
@@ -268,7 +372,8 @@ typedef struct RtEvalResult {
 int64_t rt_steps_per_epoch(int64_t rows, int64_t batch);
 /* Runs every step, and the evaluations after each epoch and at the end. */
 bool rt_train_run(RtRun *r, RtErr *e);
-/* One pass over the eval rows; fills r->predict when `predict` is set. */
+/* One pass over the eval rows; fills r->predict (rank 0) when `predict` is
+ * set.  Collective in a sharded run. */
 void rt_eval_run(RtRun *r, bool predict, RtEvalResult *out);
 
 /* ---- --save: rt_save.c --------------------------------------------------- */

@@ -18,8 +18,21 @@
 
 /* JSON text describing the program (not NUL-terminated; length given):
  *
- * {"abi": 1, "plan_hash": "hex", "ranks": 1, "rank_programs": 1,
- *  "batch": B,                      global batch
+ * {"abi": 1, "plan_hash": "hex",   hash of the plan; every rank of a run
+ *                                   must hold the same program
+ *  "ranks": N,                      ranks the program is compiled for
+ *  "rank_programs": 1,
+ *  "strategy": "single"|"dp",       "dp": data parallelism over N ranks
+ *                                   (absent: "single", N must be 1)
+ *  "batch": B,                      global batch: rows of one optimizer step
+ *  "local_batch": L,                rows each rank computes, B / N under
+ *                                   "dp" (absent: B); dim 0 of every input
+ *                                   and of the output below
+ *  "buckets": [{"offset": o, "count": n}],
+ *                                   "dp": the gradient buckets, n float32
+ *                                   values at byte o, contiguous, in the
+ *                                   numbering the collectives below use
+ *                                   (absent: none)
  *  "arena_bytes": N,                bytes the runtime allocates (64-aligned)
  *  "init_bytes": N,                 cleave_init is copied to arena[0..N)
  *  "loss": {"offset": o},           float32 scalar: the step's mean loss
@@ -27,10 +40,11 @@
  *  "step": {"offset": o},           float32 scalar: 1-based optimizer step
  *                                   count, set by the runtime before each
  *                                   train step (Adam's bias correction)
- *  "inputs": [{"name": s, "dtype": "float32"|"int64", "shape": [B, ...],
+ *  "inputs": [{"name": s, "dtype": "float32"|"int64", "shape": [L, ...],
  *              "offset": o}],       one per graph input incl. "labels";
  *                                   the runtime writes each step's rows here
- *  "output": {"name": s, "offset": o, "shape": [B, ...]},
+ *                                   (under "dp" this rank's share of them)
+ *  "output": {"name": s, "offset": o, "shape": [L, ...]},
  *                                   the model's first graph output (logits
  *                                   for --loss ce), valid after any step;
  *                                   read for accuracy and --predict
@@ -48,7 +62,10 @@
  * dimension.  Under loss_kind "model" the output is the model's loss and
  * may have any shape, a scalar [] included; without a batch dimension it
  * has no rows and --predict is refused.  "arena_bytes" is rounded up to a
- * multiple of 64. */
+ * multiple of 64.  Under "dp", batch = local_batch * ranks, the loss slot
+ * holds the mean over this rank's L rows, and the loss gradient is seeded
+ * with 1/N so that summing the gradients over the ranks gives the gradient
+ * of the global batch's mean loss. */
 extern const char cleave_meta[];
 extern const uint64_t cleave_meta_len;
 
@@ -65,5 +82,24 @@ extern const uint64_t cleave_model_len;
 void cleave_train_step(char *arena);
 /* Forward and loss only (no update): writes the loss slot and output. */
 void cleave_eval_step(char *arena);
+
+/* Defined by the runtime, called by cleave_train_step of a "dp" program
+ * (the buckets are numbered as in the metadata's "buckets"; the runtime
+ * knows the arena and the communicator, set up before the first step).
+ * Each step starts and waits every bucket exactly once, in that order:
+ *
+ * Starts summing bucket `bucket` over the ranks, in place: MPI_Iallreduce
+ * (MPI_IN_PLACE, arena + offset, count, MPI_FLOAT, MPI_SUM) on the
+ * program's communicator.  Called as soon as the bucket's last gradient is
+ * written; nothing may write to the bucket until its wait returns. */
+void cleave_rt_allreduce_start(int32_t bucket);
+/* Returns when the bucket's sum is complete (MPI_Wait); called before the
+ * first kernel that reads one of its gradients. */
+void cleave_rt_allreduce_wait(int32_t bucket);
+/* Called after every kernel while any bucket is started and not waited
+ * for: tests the outstanding requests so that the non-blocking collectives
+ * make progress during the backward pass (Open MPI has no progress thread).
+ * Cheap when nothing is outstanding. */
+void cleave_rt_progress(void);
 
 #endif

@@ -77,6 +77,11 @@ bool rt_args_parse(int argc, char **argv, RtArgs *a, RtErr *e) {
             a->help = true;
             continue;
         }
+        if (strncmp(arg, "--check-replicas", 16) == 0 && (arg[16] == 0 || arg[16] == '=')) {
+            if (arg[16]) return rt_usage_error(e, "--check-replicas takes no value");
+            a->check_replicas = true;
+            continue;
+        }
         if (strncmp(arg, "--", 2) != 0)
             return rt_usage_error(e, "unexpected argument '%s' (see --help)", arg);
         /* --flag=value or --flag value */
@@ -137,6 +142,18 @@ bool rt_args_parse(int argc, char **argv, RtArgs *a, RtErr *e) {
     if (a->steps && a->epochs) return rt_usage_error(e, "give --steps or --epochs, not both");
     if (a->predict && a->n_eval == 0) return rt_usage_error(e, "--predict needs --eval-data");
     return true;
+}
+
+uint64_t rt_args_fingerprint(const RtArgs *a) {
+    /* Fixed-width fields hashed one by one: no padding bytes get in. */
+    uint64_t h = RT_FNV1A64_INIT;
+    int64_t ints[] = {a->steps, a->epochs, a->shuffle, a->has_lr, a->n_eval > 0, a->predict != NULL,
+                      a->check_replicas};
+    h = rt_fnv1a64(h, ints, sizeof ints);
+    h = rt_fnv1a64(h, &a->seed, sizeof a->seed);
+    uint32_t lr_bits = 0;
+    if (a->has_lr) memcpy(&lr_bits, &a->lr, sizeof lr_bits);
+    return rt_fnv1a64(h, &lr_bits, sizeof lr_bits);
 }
 
 void rt_args_free(RtArgs *a) {
@@ -213,10 +230,18 @@ void rt_args_usage(FILE *out, const RtMeta *m) {
             "  --save OUT.onnx        the model with its trained parameters\n"
             "  --log-every N          log line every N steps when stderr is not a terminal\n"
             "                         (default 100; 0: only the final line)\n"
+            "  --check-replicas       at the end, check that every MPI rank holds the same\n"
+            "                         parameters (a hash of their bytes)\n"
             "  -h, --help             this text\n",
             p);
     if (!m) return;
-    fprintf(out, "\nInputs of this program (batch %" PRId64 ", learning rate %g):\n", m->batch, (double)m->lr);
+    if (m->dp)
+        fprintf(out,
+                "\nThis program is data-parallel over %d ranks: run it as mpirun -np %d %s ...\n"
+                "Every rank reads the files and computes %" PRId64 " of the %" PRId64 " rows of each batch.\n",
+                m->ranks, m->ranks, p, m->local_batch, m->batch);
+    fprintf(out, "\nInputs of this program (batch %" PRId64 ", learning rate %g%s):\n", m->batch, (double)m->lr,
+            m->dp ? "; shapes per rank" : "");
     for (int k = 0; k < m->n_inputs; k++) {
         char shape[256];
         fprintf(out, "  %-20s %s %s\n", m->inputs[k].name, rt_dtype_name(m->inputs[k].dtype),

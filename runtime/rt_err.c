@@ -31,6 +31,17 @@ bool rt_usage_error(RtErr *e, const char *fmt, ...) {
     return false;
 }
 
+bool rt_error_all(RtErr *e, const char *fmt, ...) {
+    if (!e || e->status != 0) return false;
+    va_list ap;
+    va_start(ap, fmt);
+    record(e, 1, fmt, ap);
+    va_end(ap);
+    e->every = true;
+    e->origin = -1;
+    return false;
+}
+
 const char *rt_shape_str(char *buf, size_t size, int ndim, const int64_t *dims) {
     size_t n = 0;
     n += (size_t)snprintf(buf, size, "[");

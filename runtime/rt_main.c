@@ -1,9 +1,11 @@
 /* rt_main.c - main() of every generated training program.
  *
  * The order is chosen so that mistakes surface before any training time is
- * spent: command line, metadata, which file feeds which input, whether the
- * output files can be written, then every data file is loaded in full and
- * checked.  Only then is the arena allocated and the step loop run.
+ * spent: command line, metadata, the ranks' start-up exchange (same program,
+ * same options, as many ranks as the program is compiled for), which file
+ * feeds which input, whether the output files can be written, then every
+ * data file is loaded in full and checked.  Only then is the arena
+ * allocated, every rank confirms it got this far, and the step loop runs.
  *
  * This is the one file that names the symbols of rt_abi.h. */
 #include <inttypes.h>
@@ -38,86 +40,114 @@ static void free_arrays(RtArray *arrays, int n) {
     free(arrays);
 }
 
-static bool run(const RtProgram *prog, const RtArgs *args, RtErr *e) {
-    RtMeta meta;
-    if (!rt_meta_parse(prog->meta, prog->meta_len, &meta, e)) return false;
-    bool rank0 = rt_rank() == 0, ok = false;
-    int n = meta.n_inputs;
-    const char **train_paths = calloc((size_t)n, sizeof *train_paths);
-    const char **eval_paths = calloc((size_t)n, sizeof *eval_paths);
-    RtRun r = {.prog = prog, .meta = &meta};
-    r.train = calloc((size_t)n, sizeof *r.train);
-    if (args->n_eval) r.eval = calloc((size_t)n, sizeof *r.eval);
-    if (!train_paths || !eval_paths || !r.train || (args->n_eval && !r.eval)) {
-        rt_error(e, "out of memory");
-        goto out;
-    }
-    if (args->predict && meta.output.row_elems == 0) {
+/* Everything before the first step that can fail on one rank alone: the
+ * file bindings, the output files (rank 0), loading and checking the data,
+ * and the allocations.  The caller makes every rank agree on the outcome
+ * before any collective of the run. */
+static bool prepare(const RtProgram *prog, const RtArgs *args, const RtMeta *meta, RtRun *r,
+                    const char **train_paths, const char **eval_paths, RtErr *e) {
+    bool rank0 = rt_rank() == 0;
+    int n = meta->n_inputs;
+    r->train = calloc((size_t)n, sizeof *r->train);
+    if (args->n_eval) r->eval = calloc((size_t)n, sizeof *r->eval);
+    if (!r->train || (args->n_eval && !r->eval)) return rt_error(e, "out of memory");
+    if (args->predict && meta->output.row_elems == 0) {
         char shape[160];
-        rt_usage_error(e, "--predict: the program's output '%s' has shape %s, not one row per sample",
-                       meta.output.name, rt_shape_str(shape, sizeof shape, meta.output.ndim, meta.output.shape));
-        goto out;
+        return rt_usage_error(e, "--predict: the program's output '%s' has shape %s, not one row per sample",
+                              meta->output.name,
+                              rt_shape_str(shape, sizeof shape, meta->output.ndim, meta->output.shape));
     }
-    if (!rt_args_bind(&meta, args->data, args->n_data, "--data", train_paths, e)) goto out;
-    if (args->n_eval && !rt_args_bind(&meta, args->eval, args->n_eval, "--eval-data", eval_paths, e)) goto out;
+    if (!rt_args_bind(meta, args->data, args->n_data, "--data", train_paths, e)) return false;
+    if (args->n_eval && !rt_args_bind(meta, args->eval, args->n_eval, "--eval-data", eval_paths, e)) return false;
     if (rank0) {
-        if (args->save && (!rt_args_check_writable("--save", args->save, e) || !rt_save_check(prog, &meta, e)))
-            goto out;
-        if (args->predict && !rt_args_check_writable("--predict", args->predict, e)) goto out;
+        if (args->save && (!rt_args_check_writable("--save", args->save, e) || !rt_save_check(prog, meta, e)))
+            return false;
+        if (args->predict && !rt_args_check_writable("--predict", args->predict, e)) return false;
     }
 
-    if (!load_inputs(&meta, train_paths, "--data", r.train, &r.train_rows, e)) goto out;
-    if (args->n_eval && !load_inputs(&meta, eval_paths, "--eval-data", r.eval, &r.eval_rows, e)) goto out;
+    if (!load_inputs(meta, train_paths, "--data", r->train, &r->train_rows, e)) return false;
+    if (args->n_eval && !load_inputs(meta, eval_paths, "--eval-data", r->eval, &r->eval_rows, e)) return false;
 
-    int64_t per_epoch = rt_steps_per_epoch(r.train_rows, meta.batch);
-    r.total_steps = args->steps;
-    if (args->epochs && __builtin_mul_overflow(args->epochs, per_epoch, &r.total_steps)) {
-        rt_usage_error(e, "--epochs %" PRId64 " is too many", args->epochs);
-        goto out;
-    }
-    r.lr = args->has_lr ? args->lr : meta.lr;
-    if (!rt_order_init(&r.order, r.train_rows, args->shuffle, args->seed, e)) goto out;
-    if (args->predict && rank0) {
-        size_t bytes;
-        bool overflow = __builtin_mul_overflow((size_t)r.eval_rows, (size_t)meta.output.row_elems, &bytes) ||
-                        __builtin_mul_overflow(bytes, sizeof(float), &bytes);
-        r.predict = overflow ? NULL : malloc(bytes ? bytes : 1);
-        if (!r.predict) {
-            rt_error(e, "--predict: out of memory for %" PRId64 " rows", r.eval_rows);
-            goto out;
+    int64_t per_epoch = rt_steps_per_epoch(r->train_rows, meta->batch);
+    r->total_steps = args->steps;
+    if (args->epochs && __builtin_mul_overflow(args->epochs, per_epoch, &r->total_steps))
+        return rt_usage_error(e, "--epochs %" PRId64 " is too many", args->epochs);
+    r->lr = args->has_lr ? args->lr : meta->lr;
+    if (!rt_order_init(&r->order, r->train_rows, args->shuffle, args->seed, e)) return false;
+    r->predict_on = args->predict != NULL;
+    if (r->predict_on) {
+        size_t row = (size_t)meta->output.row_elems, bytes;
+        if (r->shards > 1 && (uint64_t)meta->local_batch * row > INT32_MAX)
+            return rt_error(e, "--predict: %" PRId64 " output values per rank and batch, more than one MPI call "
+                            "can gather", meta->local_batch * (int64_t)row);
+        if (rank0) {
+            bool overflow = __builtin_mul_overflow((size_t)r->eval_rows, row, &bytes) ||
+                            __builtin_mul_overflow(bytes, sizeof(float), &bytes);
+            r->predict = overflow ? NULL : malloc(bytes ? bytes : 1);
+            if (!r->predict) return rt_error(e, "--predict: out of memory for %" PRId64 " rows", r->eval_rows);
+            if (r->shards > 1) {
+                r->gathered = malloc((size_t)meta->batch * row * sizeof(float) + 1);
+                if (!r->gathered) return rt_error(e, "--predict: out of memory for a batch of outputs");
+            }
         }
     }
-    r.arena = aligned_alloc(64, (size_t)meta.arena_bytes);
-    if (!r.arena) {
-        rt_error(e, "out of memory for the arena of %" PRIu64 " bytes", meta.arena_bytes);
-        goto out;
-    }
-    memset(r.arena, 0, (size_t)meta.arena_bytes);
-    memcpy(r.arena, prog->init, (size_t)meta.init_bytes);
+    r->arena = aligned_alloc(64, (size_t)meta->arena_bytes);
+    if (!r->arena) return rt_error(e, "out of memory for the arena of %" PRIu64 " bytes", meta->arena_bytes);
+    memset(r->arena, 0, (size_t)meta->arena_bytes);
+    memcpy(r->arena, prog->init, (size_t)meta->init_bytes);
+    if (meta->dp && !rt_dp_init(r->arena, meta, e)) return false;
 
-    if (!rt_log_open(&r.log, args->metrics, !rank0, isatty(STDERR_FILENO) == 1, r.total_steps, meta.batch,
-                     args->log_every, e))
-        goto out;
+    return rt_log_open(&r->log, args->metrics, !rank0, isatty(STDERR_FILENO) == 1, r->total_steps, meta->batch,
+                       args->log_every, e);
+}
+
+static bool run(const RtProgram *prog, const RtArgs *args, const RtMeta *meta, RtErr *e) {
+    bool rank0 = rt_rank() == 0, ok = false;
+    int n = meta->n_inputs, ranks = rt_ranks();
+    if (!meta->dp && ranks > 1)
+        rt_warn("%s was compiled for one rank but runs on %d: each rank trains on the whole of every batch, all "
+                "the same (compile with --ranks %d --strategy dp to share the batch among them)",
+                rt_prog_name(), ranks, ranks);
+    const char **train_paths = calloc((size_t)n, sizeof *train_paths);
+    const char **eval_paths = calloc((size_t)n, sizeof *eval_paths);
+    RtRun r = {.prog = prog, .meta = meta, .shard = meta->dp ? rt_rank() : 0, .shards = meta->dp ? ranks : 1};
+    if (!train_paths || !eval_paths) rt_error(e, "out of memory");
+    else prepare(prog, args, meta, &r, train_paths, eval_paths, e);
+    /* The first collective after start-up: a rank that failed above (a file
+     * only it cannot read) stops every rank here, with its message. */
+    if (!rt_comm_agree_rows(r.train_rows, r.eval_rows, e)) goto out;
+
     if (!rt_train_run(&r, e)) goto out;
-    if (!rt_log_close(&r.log, e)) goto out;
-    if (rank0 && args->save && !rt_save_write(args->save, prog, &meta, r.arena, e)) goto out;
-    if (r.predict) {
-        int64_t shape[RT_MAX_DIMS];
-        memcpy(shape, meta.output.shape, sizeof shape);
-        shape[0] = r.eval_rows;
-        if (!rt_npy_write(args->predict, r.predict, meta.output.ndim, shape, e)) goto out;
+    if (args->check_replicas) {
+        if (!rt_comm_check_replicas(meta, r.arena, e)) goto out;
+        if (rank0) {
+            rt_log_break_line();
+            fprintf(stderr, "%s: replicas identical (%d rank%s)\n", rt_prog_name(), ranks, ranks > 1 ? "s" : "");
+            fflush(stderr);
+        }
     }
+    /* Rank 0 writes the files (the replicas hold the same parameters); the
+     * others wait for the outcome so that every rank exits the same way. */
+    if (rt_log_close(&r.log, e) && rank0 && args->save) rt_save_write(args->save, prog, meta, r.arena, e);
+    if (!e->status && r.predict) {
+        int64_t shape[RT_MAX_DIMS];
+        memcpy(shape, meta->output.shape, sizeof shape);
+        shape[0] = r.eval_rows;
+        rt_npy_write(args->predict, r.predict, meta->output.ndim, shape, e);
+    }
+    if (!rt_comm_agree(e)) goto out;
     ok = true;
 out:
     rt_log_discard(&r.log);
+    if (meta->dp) rt_dp_free();
     free(r.arena);
     free(r.predict);
+    free(r.gathered);
     rt_order_free(&r.order);
     free_arrays(r.train, n);
     free_arrays(r.eval, n);
     free(train_paths);
     free(eval_paths);
-    rt_meta_free(&meta);
     return ok;
 }
 
@@ -134,19 +164,28 @@ int main(int argc, char **argv) {
     };
     RtErr e = {0};
     RtArgs args;
+    RtMeta meta;
     bool ok = rt_args_parse(argc, argv, &args, &e);
-    if (ok && args.help) {
+    bool help = ok && args.help;
+    bool have_meta = ok && !help && rt_meta_parse(prog.meta, prog.meta_len, &meta, &e);
+    /* Every rank gets here, whatever went wrong so far: the ranks compare
+     * programs and options, and stop together if any of them failed. */
+    RtHello hello = {.meta = have_meta ? &meta : NULL, .help = help, .options = ok ? rt_args_fingerprint(&args) : 0};
+    bool any_help = false;
+    ok = rt_comm_startup(&hello, &any_help, &e);
+    if (ok && any_help) {
         if (rt_rank() == 0) {
             /* A program whose metadata is broken still explains its flags. */
-            RtMeta meta;
+            RtMeta help_meta;
             RtErr ignored = {0};
-            bool have_meta = rt_meta_parse(prog.meta, prog.meta_len, &meta, &ignored);
-            rt_args_usage(stdout, have_meta ? &meta : NULL);
-            if (have_meta) rt_meta_free(&meta);
+            bool have_help_meta = rt_meta_parse(prog.meta, prog.meta_len, &help_meta, &ignored);
+            rt_args_usage(stdout, have_help_meta ? &help_meta : NULL);
+            if (have_help_meta) rt_meta_free(&help_meta);
         }
     } else if (ok) {
-        ok = run(&prog, &args, &e);
+        ok = run(&prog, &args, &meta, &e);
     }
+    if (have_meta) rt_meta_free(&meta);
     rt_args_free(&args);
     if (!ok) rt_die(&e);
     rt_comm_finalize();

@@ -103,11 +103,16 @@ static bool get_tensor(json_t *o, const char *where, TensorKind kind, const RtMe
         if (__builtin_mul_overflow(t->elems, t->shape[i], &t->elems))
             return rt_error(e, BAD "%s: shape overflows", where);
     }
-    if (batched && t->shape[0] != m->batch)
-        return rt_error(e, BAD "%s: shape[0] is %" PRId64 ", expected the batch %" PRId64, where,
-                        t->shape[0], m->batch);
+    if (batched && t->shape[0] != m->local_batch) {
+        if (m->local_batch == m->batch)
+            return rt_error(e, BAD "%s: shape[0] is %" PRId64 ", expected the batch %" PRId64, where,
+                            t->shape[0], m->batch);
+        return rt_error(e, BAD "%s: shape[0] is %" PRId64 ", expected the local batch %" PRId64
+                        " (batch %" PRId64 " over %d ranks)", where, t->shape[0], m->local_batch, m->batch,
+                        m->ranks);
+    }
     if (kind == KIND_PARAM) t->row_elems = t->elems;
-    else if (nd >= 1 && t->shape[0] == m->batch) t->row_elems = t->elems / m->batch;
+    else if (nd >= 1 && t->shape[0] == m->local_batch) t->row_elems = t->elems / m->local_batch;
     else t->row_elems = 0; /* no rows: nothing to predict */
     if (__builtin_mul_overflow((uint64_t)t->elems, (uint64_t)rt_dtype_size(t->dtype), &t->bytes))
         return rt_error(e, BAD "%s: size overflows", where);
@@ -144,6 +149,73 @@ static bool get_tensor_list(json_t *root, const char *key, TensorKind kind, RtMe
     return true;
 }
 
+static int cmp_bucket(const void *a, const void *b) {
+    uint64_t x = ((const RtBucket *)a)->offset, y = ((const RtBucket *)b)->offset;
+    return x < y ? -1 : x > y;
+}
+
+/* "strategy", "local_batch", "ranks" and "buckets": how the batch is shared
+ * among the ranks.  Absent fields describe a single-rank program. */
+static bool parse_parallel(json_t *root, int64_t ranks, RtMeta *m, RtErr *e) {
+    if (ranks > 1000000) return rt_error(e, BAD "\"ranks\" is %" PRId64, ranks);
+    m->ranks = (int)ranks;
+    json_t *strategy = json_object_get(root, "strategy");
+    if (strategy) {
+        if (!json_is_string(strategy)) return rt_error(e, BAD "\"strategy\" is not a string");
+        const char *s = json_string_value(strategy);
+        if (strcmp(s, "dp") == 0) m->dp = true;
+        else if (strcmp(s, "single") != 0)
+            return rt_error(e, "program metadata has strategy \"%s\", which this runtime does not run (single, dp): "
+                            "rebuild the program with the matching cleave", s);
+    }
+    m->local_batch = m->batch;
+    if (json_object_get(root, "local_batch") && !get_int(root, "local_batch", "", 1, &m->local_batch, e))
+        return false;
+    if (!m->dp && (ranks != 1 || m->local_batch != m->batch))
+        return rt_error(e, BAD "strategy single with \"ranks\" %" PRId64 " and \"local_batch\" %" PRId64
+                        " (expected 1 and the batch %" PRId64 ")", ranks, m->local_batch, m->batch);
+    if (m->dp && (m->local_batch > m->batch / ranks || m->local_batch * ranks != m->batch))
+        return rt_error(e, BAD "strategy dp: \"local_batch\" %" PRId64 " times \"ranks\" %" PRId64
+                        " is not \"batch\" %" PRId64, m->local_batch, ranks, m->batch);
+
+    json_t *buckets = json_object_get(root, "buckets");
+    if (!buckets) return true;
+    if (!json_is_array(buckets)) return rt_error(e, BAD "\"buckets\" is not an array");
+    size_t n = json_array_size(buckets);
+    if (n && !m->dp) return rt_error(e, BAD "strategy single with %zu gradient buckets", n);
+    if (n > 1000000) return rt_error(e, BAD "\"buckets\" has %zu entries", n);
+    m->buckets = calloc(n ? n : 1, sizeof *m->buckets);
+    if (!m->buckets) return rt_error(e, "out of memory reading the program metadata");
+    m->n_buckets = (int)n;
+    for (size_t i = 0; i < n; i++) {
+        char where[64];
+        snprintf(where, sizeof where, "buckets[%zu]", i);
+        json_t *b = json_array_get(buckets, i);
+        if (!json_is_object(b)) return rt_error(e, BAD "%s is not an object", where);
+        int64_t off, count;
+        if (!get_int(b, "offset", where, 0, &off, e) || !get_int(b, "count", where, 0, &count, e)) return false;
+        if (off % 4) return rt_error(e, BAD "%s: offset %" PRId64 " is not a multiple of 4", where, off);
+        if (count > INT32_MAX)
+            return rt_error(e, BAD "%s: %" PRId64 " values, more than one MPI call can sum (%d)", where, count,
+                            INT32_MAX);
+        if ((uint64_t)off > m->arena_bytes || (uint64_t)count * 4 > m->arena_bytes - (uint64_t)off)
+            return rt_error(e, BAD "%s: %" PRId64 " values at offset %" PRId64 " end past the arena of %" PRIu64
+                            " bytes", where, count, off, m->arena_bytes);
+        m->buckets[i] = (RtBucket){(uint64_t)off, (int)count};
+    }
+    /* Overlapping buckets would be summed twice. */
+    RtBucket *sorted = malloc((n ? n : 1) * sizeof *sorted);
+    if (!sorted) return rt_error(e, "out of memory reading the program metadata");
+    memcpy(sorted, m->buckets, n * sizeof *sorted);
+    qsort(sorted, n, sizeof *sorted, cmp_bucket);
+    bool overlap = false;
+    for (size_t i = 1; i < n && !overlap; i++)
+        overlap = sorted[i - 1].offset + 4 * (uint64_t)sorted[i - 1].count > sorted[i].offset;
+    free(sorted);
+    if (overlap) return rt_error(e, BAD "\"buckets\" overlap");
+    return true;
+}
+
 static bool parse_root(json_t *root, RtMeta *m, RtErr *e) {
     if (!json_is_object(root)) return rt_error(e, BAD "not a JSON object");
     int64_t abi, ranks, programs, arena, init;
@@ -151,7 +223,12 @@ static bool parse_root(json_t *root, RtMeta *m, RtErr *e) {
     if (abi != CLEAVE_ABI_VERSION)
         return rt_error(e, "program metadata has abi version %" PRId64 " but this runtime implements %d: "
                         "rebuild the program with the matching cleave", abi, CLEAVE_ABI_VERSION);
-    if (!member(root, "plan_hash", "", JSON_STRING, e)) return false;
+    json_t *hash = member(root, "plan_hash", "", JSON_STRING, e);
+    if (!hash) return false;
+    size_t hash_len = strlen(json_string_value(hash));
+    if (hash_len == 0 || hash_len > RT_HASH_MAX)
+        return rt_error(e, BAD "\"plan_hash\" has %zu characters, expected 1 to %d", hash_len, RT_HASH_MAX);
+    memcpy(m->plan_hash, json_string_value(hash), hash_len + 1);
     if (!get_int(root, "ranks", "", 1, &ranks, e) || !get_int(root, "rank_programs", "", 1, &programs, e) ||
         !get_int(root, "batch", "", 1, &m->batch, e) || !get_int(root, "arena_bytes", "", 1, &arena, e) ||
         !get_int(root, "init_bytes", "", 0, &init, e))
@@ -162,6 +239,7 @@ static bool parse_root(json_t *root, RtMeta *m, RtErr *e) {
     if (init > arena)
         return rt_error(e, BAD "\"init_bytes\" %" PRId64 " exceeds \"arena_bytes\" %" PRId64, init, arena);
     m->init_bytes = (uint64_t)init;
+    if (!parse_parallel(root, ranks, m, e)) return false;
 
     if (!get_scalar_slot(root, "loss", m, &m->loss_offset, e) ||
         !get_scalar_slot(root, "lr", m, &m->lr_offset, e) ||
@@ -235,6 +313,7 @@ void rt_meta_free(RtMeta *m) {
     free(m->inputs);
     free(m->params);
     free(m->output.name);
+    free(m->buckets);
     memset(m, 0, sizeof *m);
     m->labels = -1;
 }

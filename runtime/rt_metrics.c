@@ -57,7 +57,7 @@ static void json_num(FILE *f, const char *fmt, double x) {
     else fputs("null", f);
 }
 
-static void draw_bar(RtLog *l, int64_t step, float loss, double now) {
+static void draw_bar(RtLog *l, int64_t step, double loss, double now) {
     double elapsed = now - l->t_start;
     double rate = elapsed > 0 ? (double)(step * l->batch) / elapsed : 0;
     double eta = step > 0 ? elapsed / (double)step * (double)(l->total - step) : 0;
@@ -68,7 +68,7 @@ static void draw_bar(RtLog *l, int64_t step, float loss, double now) {
     bar[WIDTH] = 0;
     long s = (long)(eta + 0.5);
     fprintf(stderr, "\rstep %" PRId64 "/%" PRId64 " [%s] loss %.4f %.1f samples/s ETA %ld:%02ld:%02ld\033[K",
-            step, l->total, bar, (double)loss, rate, s / 3600, s / 60 % 60, s % 60);
+            step, l->total, bar, loss, rate, s / 3600, s / 60 % 60, s % 60);
     g_bar_open = true;
     if (step == l->total) {
         fputc('\n', stderr);
@@ -77,14 +77,16 @@ static void draw_bar(RtLog *l, int64_t step, float loss, double now) {
     fflush(stderr);
 }
 
-void rt_log_step(RtLog *l, int64_t step, float loss, double step_seconds) {
+void rt_log_step(RtLog *l, int64_t step, double loss, double step_seconds, const RtStepComm *comm) {
     double now = rt_now();
     if (l->metrics) {
         fprintf(l->metrics, "{\"step\": %" PRId64 ", \"loss\": ", step);
-        json_num(l->metrics, "%.9g", (double)loss);
+        json_num(l->metrics, "%.9g", loss);
         fputs(", \"samples_per_s\": ", l->metrics);
         json_num(l->metrics, "%.6g", step_seconds > 0 ? (double)l->batch / step_seconds : NAN);
-        fprintf(l->metrics, ", \"elapsed_s\": %.6f}\n", now - l->t_start);
+        fprintf(l->metrics, ", \"elapsed_s\": %.6f", now - l->t_start);
+        if (comm) fprintf(l->metrics, ", \"comm_wait_s\": %.9f, \"allreduce_s\": %.9f", comm->wait_s, comm->allreduce_s);
+        fputs("}\n", l->metrics);
         /* Flushed per line so a run can be followed with tail -f. */
         fflush(l->metrics);
     }
@@ -100,7 +102,7 @@ void rt_log_step(RtLog *l, int64_t step, float loss, double step_seconds) {
     if (!last && (l->log_every == 0 || step % l->log_every != 0)) return;
     double dt = now - l->t_mark;
     double rate = dt > 0 ? (double)((step - l->step_mark) * l->batch) / dt : 0;
-    fprintf(stderr, "step %" PRId64 "/%" PRId64 " loss %.4f %.1f samples/s\n", step, l->total, (double)loss, rate);
+    fprintf(stderr, "step %" PRId64 "/%" PRId64 " loss %.4f %.1f samples/s\n", step, l->total, loss, rate);
     fflush(stderr);
     l->t_mark = now;
     l->step_mark = step;

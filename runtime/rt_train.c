@@ -1,9 +1,11 @@
 /* rt_train.c - the step loop and the evaluation pass.
  *
- * Each step: copy the batch's rows into the input slots, set the step and
- * learning-rate slots, call the generated train step, read the loss slot.
- * Nothing is allocated here: the data, the row order and the arena all
- * exist before the first step. */
+ * Each step: copy the batch's rows into the input slots (under dp, this
+ * rank's share of the global batch), set the step and learning-rate slots,
+ * call the generated train step (which sums the gradients over the ranks
+ * through the rt_abi.h collectives), read the loss slot and, under dp,
+ * average it over the ranks.  Nothing is allocated here: the data, the row
+ * order and the arena all exist before the first step. */
 #include <inttypes.h>
 #include <math.h>
 #include <string.h>
@@ -31,47 +33,71 @@ static int64_t argmax(const float *x, int64_t n) {
     return best;
 }
 
-/* The eval rows go through in file order, B at a time.  Only full batches
- * count towards eval_loss: the loss slot is a mean over B rows, and a padded
- * batch would count its padding.  The last, partial batch is padded by
- * wrapping around to row 0 and counts in the accuracy (and --predict) for
- * its real rows only. */
+/* The eval rows go through in file order, B at a time (B the global
+ * batch).  Only full batches count towards eval_loss: the loss slot is a
+ * mean over the batch's rows, and a padded batch would count its padding.
+ * The last, partial batch is padded by wrapping around to row 0 and counts
+ * in the accuracy (and --predict) for its real rows only.
+ *
+ * Sharded (dp), each rank runs its rows [r0, r1) of every eval batch, as in
+ * training: a batch's loss is the mean of the ranks' losses, so eval_loss is
+ * the sum of every rank's loss over the full batches divided by
+ * full * ranks; a rank counts the hits of its positions below the batch's
+ * real rows; and --predict gathers every rank's output rows of a batch on
+ * rank 0, which keeps the real ones.  One reduction at the end gives every
+ * rank the same result. */
 void rt_eval_run(RtRun *r, bool predict, RtEvalResult *out) {
     const RtMeta *m = r->meta;
-    int64_t B = m->batch, n = r->eval_rows;
+    int64_t B = m->batch, L = m->local_batch, n = r->eval_rows;
+    int64_t r0 = (int64_t)r->shard * L, r1 = r0 + L;
     RtOrder in_order = {.n = n};
-    int64_t batches = rt_steps_per_epoch(n, B), full = 0, hits = 0, counted = 0;
-    double loss_sum = 0;
+    int64_t batches = rt_steps_per_epoch(n, B);
+    /* sums[0]: loss over full batches; [1] hits; [2] rows counted; [3] full
+     * batches.  Doubles count exactly up to 2^53. */
+    double sums[4] = {0, 0, 0, 0};
     const float *logits = (const float *)(r->arena + m->output.offset);
     bool ce = m->loss_kind == RT_LOSS_CE;
+    size_t out_row = (size_t)m->output.row_elems;
     for (int64_t j = 0; j < batches; j++) {
-        rt_batch_fill(&in_order, m->inputs, r->eval, m->n_inputs, B, j, 0, B, r->arena);
+        rt_batch_fill(&in_order, m->inputs, r->eval, m->n_inputs, B, j, r0, r1, r->arena);
         r->prog->eval_step(r->arena);
         int64_t valid = n - j * B < B ? n - j * B : B;
+        /* This rank's positions r0 .. r1-1 that hold real rows. */
+        int64_t mine = valid <= r0 ? 0 : valid >= r1 ? L : valid - r0;
         if (valid == B) {
-            loss_sum += (double)get_f32(r->arena, m->loss_offset);
-            full++;
+            sums[0] += (double)get_f32(r->arena, m->loss_offset);
+            sums[3] += 1;
         }
         if (ce) {
             const int64_t *labels = (const int64_t *)(r->arena + m->inputs[m->labels].offset);
             int64_t per_row = m->inputs[m->labels].row_elems;
-            for (int64_t k = 0; k < valid * per_row; k++) {
-                hits += argmax(logits + k * m->classes, m->classes) == labels[k];
-                counted++;
+            for (int64_t k = 0; k < mine * per_row; k++) {
+                sums[1] += argmax(logits + k * m->classes, m->classes) == labels[k];
+                sums[2] += 1;
             }
         }
-        if (predict && r->predict)
-            memcpy(r->predict + j * B * m->output.row_elems, logits,
-                   (size_t)(valid * m->output.row_elems) * sizeof(float));
+        if (!predict || !r->predict_on) continue;
+        if (r->shards == 1) {
+            if (r->predict)
+                memcpy(r->predict + (size_t)(j * B) * out_row, logits, (size_t)valid * out_row * sizeof(float));
+            continue;
+        }
+        rt_comm_gather(logits, (int)((size_t)L * out_row), r->gathered);
+        if (r->predict)
+            memcpy(r->predict + (size_t)(j * B) * out_row, r->gathered, (size_t)valid * out_row * sizeof(float));
     }
-    out->loss = full ? loss_sum / (double)full : NAN;
+    if (r->shards > 1) rt_comm_sum(sums, 4);
+    double full = sums[3] * (double)r->shards;
+    out->loss = full > 0 ? sums[0] / full : NAN;
     out->has_accuracy = ce;
-    out->accuracy = counted ? (double)hits / (double)counted : NAN;
+    out->accuracy = sums[2] > 0 ? sums[1] / sums[2] : NAN;
 }
 
 bool rt_train_run(RtRun *r, RtErr *e) {
     const RtMeta *m = r->meta;
-    int64_t B = m->batch, per_epoch = rt_steps_per_epoch(r->train_rows, B), epoch = -1;
+    int64_t B = m->batch, L = m->local_batch, per_epoch = rt_steps_per_epoch(r->train_rows, B), epoch = -1;
+    int64_t r0 = (int64_t)r->shard * L, r1 = r0 + L;
+    bool sharded = r->shards > 1;
     for (int64_t s = 0; s < r->total_steps; s++) {
         int64_t ep = s / per_epoch, i = s % per_epoch;
         if (ep != epoch) {
@@ -79,15 +105,28 @@ bool rt_train_run(RtRun *r, RtErr *e) {
             epoch = ep;
         }
         double t0 = rt_now();
-        rt_batch_fill(&r->order, m->inputs, r->train, m->n_inputs, B, i, 0, B, r->arena);
+        rt_batch_fill(&r->order, m->inputs, r->train, m->n_inputs, B, i, r0, r1, r->arena);
         set_f32(r->arena, m->step_offset, (float)(s + 1));
         set_f32(r->arena, m->lr_offset, r->lr);
+        RtStepComm comm;
+        if (m->dp) rt_dp_step_begin();
         r->prog->train_step(r->arena);
-        float loss = get_f32(r->arena, m->loss_offset);
+        if (m->dp && !rt_dp_step_end(&comm, e)) return false;
+        /* The global batch's loss is the mean of the ranks' means (each over
+         * L rows); a NaN or infinity anywhere reaches every rank through the
+         * sum, so all stop at the same step. */
+        double loss = (double)get_f32(r->arena, m->loss_offset);
+        if (sharded) {
+            rt_comm_sum(&loss, 1);
+            loss /= (double)r->shards;
+        }
         double dt = rt_now() - t0;
-        if (!isfinite(loss))
-            return rt_error(e, "step %" PRId64 ": loss is %s", s + 1, isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf");
-        rt_log_step(&r->log, s + 1, loss, dt);
+        if (!isfinite(loss)) {
+            const char *what = isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf";
+            if (sharded) return rt_error_all(e, "step %" PRId64 ": loss is %s", s + 1, what);
+            return rt_error(e, "step %" PRId64 ": loss is %s", s + 1, what);
+        }
+        rt_log_step(&r->log, s + 1, loss, dt, m->dp ? &comm : NULL);
         bool last = s == r->total_steps - 1;
         if (r->eval && (i == per_epoch - 1 || last)) {
             RtEvalResult res;

@@ -691,9 +691,10 @@ static const AttrSpec attrs_castlike[] = {{"saturate", ATTR_INT, .i = 1}, {0}};
 static const AttrSpec attrs_dropout[] = {{"ratio", ATTR_FLOAT, .f = 0.5f}, {"seed", ATTR_INT}, {0}};
 
 #define BINARY(NAME, fold, since, G, K) \
-    {NAME, "", since, 0, 2, 2, 1, 1, attrs_none, 0, infer_broadcast, fold, flops_1, .grad = G, .cg = K}
+    {NAME, "", since, 0, 2, 2, 1, 1, attrs_none, 0, infer_broadcast, fold, flops_1, .grad = G, .cg = K, \
+     .inplace = true}
 #define UNARY(NAME, infer, fold, flops, G, K) \
-    {NAME, "", 1, 0, 1, 1, 1, 1, attrs_none, 0, infer, fold, flops, .grad = G, .cg = K}
+    {NAME, "", 1, 0, 1, 1, 1, 1, attrs_none, 0, infer, fold, flops, .grad = G, .cg = K, .inplace = true}
 
 const OpDef op_Add = BINARY("Add", fold_add, 1, g_add, cg_add_checked);
 const OpDef op_Sub = BINARY("Sub", fold_sub, 1, g_sub, cg_sub_checked);
@@ -714,7 +715,7 @@ const OpDef op_Min = {"Min", "", 1, 0, 1, 1 << 16, 1, 1, attrs_none, 0, infer_va
 const OpDef op_Mod = {"Mod", "", 10, 0, 2, 2, 1, 1, attrs_mod, 0, infer_broadcast, fold_mod, flops_1};
 const OpDef op_Where = {"Where", "", 9, 0, 3, 3, 1, 1, attrs_none, 0, infer_where, fold_where, flops_1, .grad = g_where, .cg = k_where};
 const OpDef op_Relu = UNARY("Relu", infer_unary, fold_relu, flops_1, g_relu, k_relu);
-const OpDef op_LeakyRelu = {"LeakyRelu", "", 1, 0, 1, 1, 1, 1, attrs_leaky, 0, infer_float_unary, fold_leaky, flops_1, .grad = g_leaky, .cg = k_leaky};
+const OpDef op_LeakyRelu = {"LeakyRelu", "", 1, 0, 1, 1, 1, 1, attrs_leaky, 0, infer_float_unary, fold_leaky, flops_1, .grad = g_leaky, .cg = k_leaky, .inplace = true};
 const OpDef op_Sigmoid = UNARY("Sigmoid", infer_float_unary, fold_sigmoid, flops_transcend, g_sigmoid, k_sigmoid);
 const OpDef op_Tanh = UNARY("Tanh", infer_float_unary, fold_tanh, flops_transcend, g_tanh, k_tanh);
 const OpDef op_Erf = UNARY("Erf", infer_unary, fold_erf, flops_transcend, g_erf, k_erf);
