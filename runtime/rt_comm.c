@@ -115,6 +115,7 @@ uint64_t rt_fnv1a64(uint64_t h, const void *data, size_t len) {
 /* What one rank tells the others at an agreement point. */
 typedef struct Report {
     int64_t status; /* the rank's error so far, 0 for none */
+    uint64_t msg;   /* hash of its message */
     int64_t help;
     int64_t ranks;  /* the ranks its program is compiled for; 0 without metadata */
     int64_t dp;
@@ -132,19 +133,30 @@ static Report *gather(const Report *mine) {
     return all;
 }
 
+/* This rank's part of a report: its error so far. */
+static Report report(const RtErr *e) {
+    Report mine = {.status = e->status};
+    if (e->status) mine.msg = rt_fnv1a64(RT_FNV1A64_INIT, e->msg, strlen(e->msg));
+    return mine;
+}
+
 /* The first rank that reported an error: every rank then fails with that
- * rank's status and it alone prints its message. */
+ * rank's status and it alone prints its message, naming itself; when every
+ * rank failed the same way (the same flags, the same missing file), rank 0
+ * prints the message without a rank. */
 static bool settle(const Report *all, RtErr *e) {
     for (int r = 0; r < g_ranks; r++) {
         if (!all[r].status) continue;
         if (g_ranks == 1) return false; /* e holds it; rt_die prints it */
-        if (r != g_rank) {
+        bool same = true;
+        for (int q = 0; q < g_ranks && same; q++) same = all[q].status == all[r].status && all[q].msg == all[r].msg;
+        if (r != g_rank && !same) {
             memset(e, 0, sizeof *e);
             snprintf(e->msg, sizeof e->msg, "rank %d failed", r);
         }
         e->status = (int)all[r].status;
         e->every = true;
-        e->origin = r;
+        e->origin = same ? -1 : r;
         return false;
     }
     return true;
@@ -157,7 +169,9 @@ static _Noreturn void die_no_memory(void) {
 }
 
 bool rt_comm_startup(const RtHello *h, bool *any_help, RtErr *e) {
-    Report mine = {.status = e->status, .help = h->help, .options = h->options};
+    Report mine = report(e);
+    mine.help = h->help;
+    mine.options = h->options;
     const RtMeta *m = h->meta;
     if (m) {
         mine.ranks = m->ranks;
@@ -195,7 +209,9 @@ bool rt_comm_startup(const RtHello *h, bool *any_help, RtErr *e) {
 }
 
 bool rt_comm_agree_rows(int64_t train_rows, int64_t eval_rows, RtErr *e) {
-    Report mine = {.status = e->status, .train_rows = train_rows, .eval_rows = eval_rows};
+    Report mine = report(e);
+    mine.train_rows = train_rows;
+    mine.eval_rows = eval_rows;
     Report *all = gather(&mine);
     if (!all) die_no_memory();
     bool ok = settle(all, e);

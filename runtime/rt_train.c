@@ -41,8 +41,8 @@ static int64_t argmax(const float *x, int64_t n) {
  *
  * Sharded (dp), each rank runs its rows [r0, r1) of every eval batch, as in
  * training: a batch's loss is the mean of the ranks' losses, so eval_loss is
- * the sum of every rank's loss over the full batches divided by
- * full * ranks; a rank counts the hits of its positions below the batch's
+ * the sum of every rank's loss over the full batches divided by (full
+ * batches) * ranks; a rank counts the hits of its positions below the batch's
  * real rows; and --predict gathers every rank's output rows of a batch on
  * rank 0, which keeps the real ones.  One reduction at the end gives every
  * rank the same result. */
@@ -86,9 +86,10 @@ void rt_eval_run(RtRun *r, bool predict, RtEvalResult *out) {
         if (r->predict)
             memcpy(r->predict + (size_t)(j * B) * out_row, r->gathered, (size_t)valid * out_row * sizeof(float));
     }
+    /* Summed over the ranks, sums[3] counts every full batch once per rank:
+     * the mean of the ranks' losses of every full batch is sums[0] / sums[3]. */
     if (r->shards > 1) rt_comm_sum(sums, 4);
-    double full = sums[3] * (double)r->shards;
-    out->loss = full > 0 ? sums[0] / full : NAN;
+    out->loss = sums[3] > 0 ? sums[0] / sums[3] : NAN;
     out->has_accuracy = ce;
     out->accuracy = sums[2] > 0 ? sums[1] / sums[2] : NAN;
 }

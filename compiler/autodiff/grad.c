@@ -30,6 +30,7 @@ Node *gb_start(GradCtx *c, const char *domain, const char *op, int n_in, Value *
         return NULL;
     }
     n->phase = c->phase;
+    n->origin = c->origin;
     for (int i = 0; i < n_in; i++) n->in[i] = in[i];
     n->attrs = ARENA_ARRAY(&c->g->arena, Attr, 8);
     for (int k = 0; k < n_out; k++) {

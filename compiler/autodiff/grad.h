@@ -16,6 +16,7 @@ struct GradCtx {
     Diag *d;
     NodePhase phase; /* phase given to built nodes */
     int replicas;    /* data-parallel replicas (gradient seed 1/replicas) */
+    Node *origin;    /* given to built nodes (see Node.origin) */
 };
 
 /* A node of op (domain "" or "cleave") with the given inputs; attributes

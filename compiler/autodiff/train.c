@@ -157,6 +157,7 @@ static bool backward(GradCtx *c, TrainGraph *t, bool *requires, Node **order, in
             break;
         }
         Value *dx[16] = {0};
+        c->origin = n;
         if (!n->def->grad(c, n, dy, dx, need) || diag_failed(c->d)) {
             ok = diag_error(c->d, DIAG_INTERNAL, "%s: node '%s' (%s): gradient construction failed", g->path, n->name,
                             n->op_type);
@@ -166,8 +167,14 @@ static bool backward(GradCtx *c, TrainGraph *t, bool *requires, Node **order, in
             ok = diag_error(c->d, DIAG_LIMIT, "%s: training graph grew beyond its bound", g->path);
             break;
         }
-        for (int k = 0; k < n->n_in && k < 16; k++)
-            if (need[k]) accumulate(c, gm, n->in[k], dx[k]);
+        /* Sums of contributions belong with the value's producer, where
+         * the gradient is consumed next. */
+        for (int k = 0; k < n->n_in && k < 16; k++) {
+            if (!need[k]) continue;
+            c->origin = n->in[k]->producer ? n->in[k]->producer : n;
+            accumulate(c, gm, n->in[k], dx[k]);
+        }
+        c->origin = NULL;
     }
     for (int i = 0; ok && i < t->n_params; i++)
         if (requires[t->params[i]->id]) t->grads[i] = gm[t->params[i]->id];
@@ -219,6 +226,7 @@ static bool build_optimizer(GradCtx *c, const TrainOptions *o, TrainGraph *t) {
     for (int i = 0; i < t->n_params; i++) {
         Value *w = t->params[i], *gw = t->grads[i];
         if (!gw) continue;
+        c->origin = gw->producer ? gw->producer->origin : NULL;
         Node *n;
         if (o->optimizer == OPT_ADAM) {
             Value *in[6] = {w, gw, add_moment(g, w, "exp_avg", c->d), add_moment(g, w, "exp_avg_sq", c->d), t->lr,

@@ -263,9 +263,70 @@ static bool read_model(Loader *L, const Onnx__ModelProto *m) {
     return read_graph(L, m->graph);
 }
 
+/* protobuf-c unpacks nested messages by recursion without a depth limit:
+ * subgraph attributes (Graph -> Node -> Attribute -> Graph ...) or nested
+ * TypeProtos a few bytes per level deep overflow the stack in a file of
+ * tens of kilobytes.  Real models nest a handful of levels. */
+enum { MAX_NESTING = 100 };
+
+static bool read_varint(const uint8_t *p, size_t len, size_t *i, uint64_t *out) {
+    uint64_t x = 0;
+    for (int shift = 0; shift < 64 && *i < len; shift += 7) {
+        uint8_t b = p[(*i)++];
+        x |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            *out = x;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* False when message-typed fields of `desc` nest deeper than MAX_NESTING
+ * in p[0..len).  Follows the schema, so strings and packed scalars are
+ * skipped whole; malformed bytes end the walk and are left to the
+ * decoder to report.  Recursion is bounded by `depth`. */
+static bool nesting_ok(const ProtobufCMessageDescriptor *desc, const uint8_t *p, size_t len, int depth) {
+    if (depth > MAX_NESTING) return false;
+    size_t i = 0;
+    while (i < len) {
+        uint64_t tag, n;
+        if (!read_varint(p, len, &i, &tag)) return true;
+        switch (tag & 7) {
+        case 0:
+            if (!read_varint(p, len, &i, &n)) return true;
+            break;
+        case 1:
+            if (len - i < 8) return true;
+            i += 8;
+            break;
+        case 5:
+            if (len - i < 4) return true;
+            i += 4;
+            break;
+        case 2: {
+            if (!read_varint(p, len, &i, &n) || n > len - i) return true;
+            const ProtobufCFieldDescriptor *f =
+                tag >> 3 <= UINT32_MAX ? protobuf_c_message_descriptor_get_field(desc, (unsigned)(tag >> 3)) : NULL;
+            if (f && f->type == PROTOBUF_C_TYPE_MESSAGE && !nesting_ok(f->descriptor, p + i, (size_t)n, depth + 1))
+                return false;
+            i += (size_t)n;
+            break;
+        }
+        default:
+            return true; /* groups and invalid wire types: the decoder refuses them */
+        }
+    }
+    return true;
+}
+
 Graph *onnx_load_buffer(const uint8_t *buf, size_t len, const char *path, Diag *d) {
     if (len == 0) {
         diag_error(d, DIAG_FORMAT, "%s: empty file, not an ONNX model", path);
+        return NULL;
+    }
+    if (!nesting_ok(&onnx__model_proto__descriptor, buf, len, 0)) {
+        diag_error(d, DIAG_LIMIT, "%s: protobuf messages nested more than %d levels deep", path, MAX_NESTING);
         return NULL;
     }
     Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, len, buf);

@@ -133,6 +133,10 @@ typedef enum { PHASE_FORWARD = 0, PHASE_LOSS, PHASE_BACKWARD, PHASE_OPTIMIZER } 
 struct Node {
     int id;
     NodePhase phase;
+    /* For nodes the training graph adds: the forward node whose gradient
+     * (or, for optimizer updates, whose parameter) they serve; partitioning
+     * places them with it.  NULL for forward nodes and the loss. */
+    struct Node *origin;
     const char *name;
     const char *op_type;
     const char *domain; /* "" for the default ONNX domain */

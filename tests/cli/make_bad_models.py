@@ -39,6 +39,29 @@ def byte_cases(outdir, sample):
     rng = random.Random(20240229)
     write(outdir, "random.onnx", bytes(rng.getrandbits(8) for _ in range(4096)))
     write(outdir, "text.onnx", b'ir_version: 8\ngraph {\n  node { op_type: "Relu" input: "x" output: "y" }\n}\n')
+    write(outdir, "deep_nesting.onnx", nested_subgraphs(5000))
+
+
+def varint(n):
+    out = b""
+    while True:
+        low, n = n & 0x7F, n >> 7
+        if not n:
+            return out + bytes([low])
+        out += bytes([low | 0x80])
+
+
+def nested_subgraphs(depth):
+    """A ModelProto whose graph holds a node whose attribute holds a graph,
+    `depth` times over: 11 bytes a level, written by hand so it needs no onnx.
+    Recursive decoders run out of stack on it."""
+    def field(number, payload):
+        return varint(number << 3 | 2) + varint(len(payload)) + payload
+    g = b""
+    for _ in range(depth):
+        # GraphProto.node = 1, NodeProto.attribute = 5, AttributeProto.g = 6
+        g = field(1, field(5, field(6, g)))
+    return varint(1 << 3) + varint(8) + field(7, g)  # ir_version = 8, graph = 7
 
 
 # ---------------------------------------------------------------------------
@@ -318,6 +341,11 @@ def model_cases(outdir):
         helper.make_node("Shape", ["x"], [""], name="shape_no_output"),
         helper.make_node("Relu", ["x"], ["y"], name="relu"),
     ], [vi("x", F, [2, 3])], [vi("y", F, None)]))
+
+    save("pool_pads_overflow.onnx", model("pool_pads", [
+        helper.make_node("MaxPool", ["x"], ["y"], name="pool_huge_pads", kernel_shape=[2, 2],
+                         pads=[2 ** 63 - 1, 0, 7, 0]),
+    ], [vi("x", F, [1, 1, 8, 8])], [vi("y", F, None)]))
 
     save("conv_group_overflow.onnx", model("conv_group", [
         helper.make_node("Conv", ["x", "w"], ["y"], name="conv_huge_group", group=2 ** 40),

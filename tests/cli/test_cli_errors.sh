@@ -173,6 +173,7 @@ if [ "$gen" -eq 0 ] || [ "$gen" -eq 77 ]; then
   bad empty.onnx "empty file, not an ONNX model"
   bad random.onnx "not an ONNX model"
   bad text.onnx "not an ONNX model"
+  bad deep_nesting.onnx "protobuf messages nested more than [0-9]+ levels deep"
   for f in "$BAD"/truncated_*.onnx; do
     bad "$(basename "$f")" "not an ONNX model"
     bad "$(basename "$f")" "not an ONNX model" --batch 3 --format json
@@ -249,6 +250,9 @@ if [ "$gen" -eq 0 ]; then
   # shapes.c check_arity checks required inputs but not required outputs;
   # fold_out() and the rules then dereference the NULL output 0.
   known omitted_required_output.onnx "node 'shape_no_output' \(Shape\): "
+  # ops_nn.c window_out: pads[i] + pads[i + nsp], (kernel - 1) * dilation,
+  # in + stride - 1 and in + pads can overflow (UB).
+  known pool_pads_overflow.onnx "node 'pool_huge_pads' \(MaxPool\): "
   # ops_nn.c infer_conv: cw.k * group overflows (UB) before the check.
   known conv_group_overflow.onnx "node 'conv_huge_group' \(Conv\): "
   # ops_shape.c infer_concat: a.k + b.k overflows (UB) on the concat axis.

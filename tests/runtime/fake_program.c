@@ -16,9 +16,21 @@
  * does not implement: a program whose metadata is broken must say so.
  * FAKE_MODEL_LOSS describes the same program as loss_kind "model", whose
  * output is the scalar loss itself (as the compiler emits it): no accuracy,
- * and nothing for --predict. */
+ * and nothing for --predict.
+ *
+ * FAKE_DP makes it a data-parallel program for 2 ranks, as the compiler
+ * would with --ranks 2 --strategy dp: each rank gets 4 of the 8 rows of a
+ * batch, its gradient is scaled by 1/8 (the 1/N seed of the compiler times
+ * its local mean), and the gradient of W is summed over the ranks in two
+ * buckets (W's first 6 values and its last 6) through the runtime's
+ * collectives before the update, so the trained W is the single-rank one.
+ * With the environment variable FAKE_PERTURB_RANK=R, rank R
+ * (OMPI_COMM_WORLD_RANK) nudges its W after every update, so that its
+ * replica diverges.  FAKE_DP_OTHER is the same program with another plan
+ * hash. */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* rt_abi.h's opening comment contains "runtime/" followed by "*.c", which
@@ -28,11 +40,24 @@
 #include "rt_abi.h"
 #pragma GCC diagnostic pop
 
-enum { B = 8, D = 4, C = 3 };
+#ifdef FAKE_DP_OTHER
+#define FAKE_DP
+#endif
+
+#ifdef FAKE_DP
+enum { RANKS = 2 };
+#else
+enum { RANKS = 1 };
+#endif
+/* B: the global batch; ROWS: the rows of one rank. */
+enum { B = 8, ROWS = B / RANKS, D = 4, C = 3 };
 
 /* Arena layout (offsets aligned to 64): W [4, 3] at 0 (the 48 init bytes),
- * loss 64, lr 128, step 192, input 256, labels 384, logits 448, end 576. */
-enum { OFF_W = 0, OFF_LOSS = 64, OFF_LR = 128, OFF_STEP = 192, OFF_X = 256, OFF_Y = 384, OFF_OUT = 448 };
+ * loss 64, lr 128, step 192, input 256, labels 384, logits 448, and under
+ * FAKE_DP the gradient of W at 512 (buckets of 6 values at 512 and 536);
+ * end 576. */
+enum { OFF_W = 0, OFF_LOSS = 64, OFF_LR = 128, OFF_STEP = 192, OFF_X = 256, OFF_Y = 384, OFF_OUT = 448,
+       OFF_GRAD = 512 };
 
 #ifdef FAKE_BAD_ABI
 #define ABI "2"
@@ -42,17 +67,35 @@ enum { OFF_W = 0, OFF_LOSS = 64, OFF_LR = 128, OFF_STEP = 192, OFF_X = 256, OFF_
 #ifdef FAKE_MODEL_LOSS
 #define OUTPUT "{\"name\": \"loss\", \"offset\": 64, \"shape\": []}"
 #define LOSS_KIND "model"
+#elif defined FAKE_DP
+#define OUTPUT "{\"name\": \"logits\", \"offset\": 448, \"shape\": [4, 3]}"
+#define LOSS_KIND "ce"
 #else
 #define OUTPUT "{\"name\": \"logits\", \"offset\": 448, \"shape\": [8, 3]}"
 #define LOSS_KIND "ce"
 #endif
 
+#ifdef FAKE_DP_OTHER
+#define HEAD "\"plan_hash\": \"fedcba9876543210\", \"ranks\": 2, \"strategy\": \"dp\", \"local_batch\": 4,"
+#elif defined FAKE_DP
+#define HEAD "\"plan_hash\": \"00112233445566dd\", \"ranks\": 2, \"strategy\": \"dp\", \"local_batch\": 4,"
+#else
+#define HEAD "\"plan_hash\": \"0123456789abcdef\", \"ranks\": 1,"
+#endif
+#ifdef FAKE_DP
+#define ROWS_S "4"
+#define BUCKETS " \"buckets\": [{\"offset\": 512, \"count\": 6}, {\"offset\": 536, \"count\": 6}],"
+#else
+#define ROWS_S "8"
+#define BUCKETS ""
+#endif
+
 const char cleave_meta[] =
-    "{\"abi\": " ABI ", \"plan_hash\": \"0123456789abcdef\", \"ranks\": 1, \"rank_programs\": 1,"
-    " \"batch\": 8, \"arena_bytes\": 576, \"init_bytes\": 48,"
+    "{\"abi\": " ABI ", " HEAD " \"rank_programs\": 1,"
+    " \"batch\": 8, \"arena_bytes\": 576, \"init_bytes\": 48," BUCKETS
     " \"loss\": {\"offset\": 64}, \"lr\": {\"offset\": 128, \"value\": 0.1}, \"step\": {\"offset\": 192},"
-    " \"inputs\": [{\"name\": \"input\", \"dtype\": \"float32\", \"shape\": [8, 4], \"offset\": 256},"
-    "              {\"name\": \"labels\", \"dtype\": \"int64\", \"shape\": [8], \"offset\": 384}],"
+    " \"inputs\": [{\"name\": \"input\", \"dtype\": \"float32\", \"shape\": [" ROWS_S ", 4], \"offset\": 256},"
+    "              {\"name\": \"labels\", \"dtype\": \"int64\", \"shape\": [" ROWS_S "], \"offset\": 384}],"
     " \"output\": " OUTPUT ","
     " \"params\": [{\"name\": \"W\", \"dtype\": \"float32\", \"shape\": [4, 3], \"offset\": 0, \"trainable\": true}],"
     " \"loss_kind\": \"" LOSS_KIND "\", \"optimizer\": {\"name\": \"sgd\"}}";
@@ -66,16 +109,18 @@ static float get_f(const char *arena, int off) {
 
 static void put_f(char *arena, int off, float v) { memcpy(arena + off, &v, 4); }
 
-/* Forward pass and loss; with grad != NULL also dLoss/dW. */
+/* Forward pass over this rank's ROWS rows and their mean loss; with
+ * grad != NULL also their part of dLoss/dW of the global batch's mean loss
+ * (summed over the ranks, it is the whole gradient). */
 static void forward(char *arena, double grad[D * C]) {
-    float w[D * C], x[B * D];
-    int64_t y[B];
+    float w[D * C], x[ROWS * D];
+    int64_t y[ROWS];
     memcpy(w, arena + OFF_W, sizeof w);
     memcpy(x, arena + OFF_X, sizeof x);
     memcpy(y, arena + OFF_Y, sizeof y);
     double loss = 0;
     if (grad) memset(grad, 0, sizeof(double) * D * C);
-    for (int b = 0; b < B; b++) {
+    for (int b = 0; b < ROWS; b++) {
         double z[C], m = -INFINITY;
         for (int c = 0; c < C; c++) {
             z[c] = 0;
@@ -93,7 +138,7 @@ static void forward(char *arena, double grad[D * C]) {
             for (int d = 0; d < D; d++) grad[d * C + c] += (double)x[b * D + d] * g;
         }
     }
-    put_f(arena, OFF_LOSS, (float)(loss / B));
+    put_f(arena, OFF_LOSS, (float)(loss / ROWS));
 }
 
 void cleave_train_step(char *arena) {
@@ -106,6 +151,22 @@ void cleave_train_step(char *arena) {
     float step = get_f(arena, OFF_STEP);
     if (step != last_step + 1) put_f(arena, OFF_LOSS, NAN);
     last_step = step;
+#ifdef FAKE_DP
+    /* As a generated step would: each bucket starts once its gradients are
+     * written, the runtime may progress it between kernels, and the update
+     * waits for it.  The sum is in float32. */
+    for (int k = D * C / 2; k < D * C; k++) put_f(arena, OFF_GRAD + 4 * k, (float)grad[k]);
+    cleave_rt_allreduce_start(1);
+    cleave_rt_progress();
+    for (int k = 0; k < D * C / 2; k++) put_f(arena, OFF_GRAD + 4 * k, (float)grad[k]);
+    cleave_rt_allreduce_start(0);
+    cleave_rt_progress();
+    cleave_rt_allreduce_wait(0);
+    cleave_rt_allreduce_wait(1);
+    for (int k = 0; k < D * C; k++) grad[k] = get_f(arena, OFF_GRAD + 4 * k);
+    const char *perturb = getenv("FAKE_PERTURB_RANK"), *rank = getenv("OMPI_COMM_WORLD_RANK");
+    if (perturb && rank && strcmp(perturb, rank) == 0) grad[D * C - 1] += 1e-3 / lr;
+#endif
     for (int k = 0; k < D * C; k++) put_f(arena, OFF_W + 4 * k, (float)((double)get_f(arena, OFF_W + 4 * k) - lr * grad[k]));
 }
 

@@ -9,7 +9,8 @@ the same model replayed here in numpy: the loss of every step (so the row
 order, --shuffle and data loading are checked), the trained W that --save
 writes, the evaluation metrics and --predict.  It also checks the log lines,
 the progress bar (under a pseudo-terminal), every error case (non-zero exit,
-one clear line on stderr) and runs under `mpirun -np 2`.
+one clear line on stderr) and runs under `mpirun -np 2`, also as a 2-rank
+data-parallel program (fake_program_dp) with its guard rails.
 
     /usr/bin/python3 tests/runtime/test_runtime.py --bin-dir build/tests/runtime --workdir /tmp/w
 
@@ -176,6 +177,8 @@ def make_data(work):
     save("x_few.npy", x[:5])
     save("y_few.npy", y[:5])
     save("x_40.npy", x[:40])
+    save("x_20.npy", x[:20])
+    save("y_20.npy", y[:20])
     save("x_2x2.npy", x.reshape(50, 2, 2))
     save("x_fortran.npy", np.asfortranarray(x))
     save("x_big_endian.npy", x.astype(">f4"))
@@ -602,13 +605,111 @@ def check_mpi(rep, progs, x, y, files, work):
                                  mpi_ranks=2)
     rep.check("mpirun -np 2 with a missing file exits non-zero within the timeout",
               rc is not None and rc != 0 and took < TIMEOUT, (rc, took))
-    rep.check("... and names the error on one line per failing rank",
-              re.search(r"fake_program_f32: error: rank [01]: .*mpi-missing-file-\d+\.npy: cannot open", err) is not None, err)
+    # Every rank fails the same way: one line, without a rank.
+    rep.check("... and names the error on one line",
+              re.search(r"fake_program_f32: error: .*mpi-missing-file-\d+\.npy: cannot open", err) is not None
+              and err.count("error:") == 1, err)
     rep.check("... and leaves no rank running", not still_running(token))
 
     rc, _, err, took = progs.run(data_args(files) + ["--steps", "100", "--lr", "3e38", "--shuffle", "1"], mpi_ranks=2)
     rep.check("mpirun -np 2 with a NaN loss aborts every rank, non-zero, without hanging",
               rc is not None and rc != 0 and took < TIMEOUT and "loss is" in err, (rc, took, err[-400:]))
+
+    rc, _, err, _ = progs.run(data_args(files) + ["--steps", "3", "--log-every", "0", "--check-replicas"], mpi_ranks=2)
+    rep.check("a one-rank program under mpirun -np 2 warns once that every rank trains alone",
+              rc == 0 and err.count("fake_program_f32: warning: fake_program_f32 was compiled for one rank but runs on 2")
+              == 1 and "--ranks 2 --strategy dp" in err, err)
+    rep.check("... and --check-replicas finds its replicas identical",
+              "fake_program_f32: replicas identical (2 ranks)" in err, err)
+
+
+def check_dp(rep, progs, x, y, xe, ye, files, work):
+    """fake_program_dp: the same model as a 2-rank data-parallel program
+    (each rank computes 4 of the 8 rows, gradients summed in two buckets by
+    the runtime's collectives).  Everything must equal the one-rank numpy
+    replay: the row sharding, the loss reduction, eval and --predict."""
+    metrics = os.path.join(work, "dp.jsonl")
+    saved = os.path.join(work, "dp.onnx")
+    pred = os.path.join(work, "dp_pred.npy")
+    args = data_args(files) + data_args(files, "xe.npy", "ye.npy", "--eval-data") + [
+        "--steps", "10", "--lr", "0.5", "--shuffle", "3", "--metrics", metrics, "--save", saved, "--predict", pred,
+        "--log-every", "0", "--check-replicas"]
+    rc, _, err, _ = progs.run(args, variant="dp", mpi_ranks=2)
+    if rep.check("dp: mpirun -np 2 runs to the end", rc == 0, (rc, err)):
+        steps, evals = read_metrics(metrics)
+        ref, ref_w, ref_evals = train(x, y, 10, 0.5, seed=3, eval_set=(xe, ye))
+        rep.check("dp: 10 step lines whose losses (mean of the ranks' means) equal numpy's global batch",
+                  len(steps) == 10 and close([m["loss"] for m in steps], ref), ([m["loss"] for m in steps], ref))
+        rep.check("dp: step lines carry comm_wait_s <= allreduce_s, both >= 0",
+                  all(set(m) == {"step", "loss", "samples_per_s", "elapsed_s", "comm_wait_s", "allreduce_s"}
+                      and 0 <= m["comm_wait_s"] <= m["allreduce_s"] for m in steps), steps[:2])
+        rep.check("dp: --save (rank 0) equals numpy's W",
+                  close(numpy_helper.to_array(saved_initializers(saved)["W"]), ref_w))
+        ok = len(evals) == len(ref_evals) and all(
+            close(e["eval_loss"], r[1]) and abs(e["accuracy"] - r[2]) < 1e-9 for e, r in zip(evals, ref_evals))
+        rep.check("dp: sharded eval_loss and accuracy (13 rows, the last batch padded) equal numpy", ok,
+                  (evals, [(r[0], r[1], r[2]) for r in ref_evals]))
+        arr = np.load(pred)
+        rep.check("dp: --predict gathers every rank's rows in order and equals numpy",
+                  arr.shape == (13, 3) and close(arr, ref_evals[-1][3]), arr.shape)
+        rep.check("dp: --check-replicas reports identical replicas once",
+                  err.count("fake_program_dp: replicas identical (2 ranks)") == 1, err)
+
+    rc, out, _, _ = progs.run(["--help"], variant="dp")
+    rep.check("dp: --help tells how to start it and the per-rank shapes",
+              rc == 0 and "data-parallel over 2 ranks: run it as mpirun -np 2" in out
+              and re.search(r"input\s+float32 \[4, 4\]", out) is not None, out[-400:])
+
+    def refused(label, rc, err, took, pattern):
+        rep.check(label, rc is not None and rc == 1 and took < TIMEOUT and re.search(pattern, err) is not None
+                  and err.count("error:") == 1, (rc, took, err[-500:]))
+
+    short = data_args(files) + ["--steps", "3"]
+    rc, _, err, took = progs.run(short, variant="dp")
+    refused("dp: a 2-rank program started alone refuses", rc, err, took,
+            r"^fake_program_dp: error: fake_program_dp was compiled for 2 ranks but runs alone; start it with "
+            r"mpirun -np 2")
+    rc, _, err, took = progs.run(short, variant="dp", mpi_ranks=3)
+    refused("dp: a 2-rank program under -np 3 refuses on every rank, one line from rank 0", rc, err, took,
+            r"^fake_program_dp: error: fake_program_dp was compiled for 2 ranks but runs on 3 \(mpirun -np 3\)")
+
+    def mpmd(left, right, env=None):
+        cmd = ["mpirun", "--oversubscribe", "-np", "1"] + left + [":", "-np", "1"] + right
+        start = time.monotonic()
+        try:
+            p = subprocess.run(cmd, env=dict(progs.env, **(env or {})), stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            return None, "timed out", TIMEOUT
+        return p.returncode, p.stderr.decode("utf-8", "replace"), time.monotonic() - start
+
+    rc, err, took = mpmd([progs.path("dp")] + short, [progs.path("dp_other")] + short)
+    refused("dp: ranks running different programs refuse, naming both plan hashes", rc, err, took,
+            r"error: ranks run different programs \(plan hash 00112233445566dd on rank 0, fedcba9876543210 on rank 1\)")
+    rc, err, took = mpmd([progs.path("dp")] + short, [progs.path("dp")] + data_args(files) + ["--steps", "4"])
+    refused("dp: ranks started with different --steps refuse", rc, err, took,
+            r"error: rank 1 was started with other options than rank 0")
+    rc, err, took = mpmd([progs.path("dp")] + short, [progs.path("dp")] + data_args(files, "x_20.npy", "y_20.npy")
+                         + ["--steps", "3"])
+    refused("dp: ranks reading files of different lengths refuse", rc, err, took,
+            r"error: rank 1's --data files have 20 rows but rank 0's have 50")
+
+    missing = os.path.join(work, "dp-missing-%d.npy" % os.getpid())
+    rc, err, took = mpmd([progs.path("dp")] + short, [progs.path("dp"), "--data", "input=" + missing, "--data",
+                                                      "labels=" + files["y.npy"], "--steps", "3"])
+    refused("dp: a file only rank 1 cannot read stops both ranks with rank 1's message", rc, err, took,
+            r"fake_program_dp: error: rank 1: .*dp-missing-\d+\.npy: cannot open")
+    rep.check("... and leaves no rank running", not still_running(missing))
+
+    rc, _, err, took = progs.run(data_args(files) + ["--steps", "100", "--lr", "3e38", "--shuffle", "1"],
+                                 variant="dp", mpi_ranks=2)
+    refused("dp: a NaN loss (reduced over the ranks) stops every rank at the same step, reported once", rc, err, took,
+            r"^fake_program_dp: error: step \d+: loss is (nan|inf)")
+
+    rc, err, took = mpmd([progs.path("dp")] + short + ["--check-replicas"],
+                         [progs.path("dp")] + short + ["--check-replicas"], env={"FAKE_PERTURB_RANK": "1"})
+    refused("dp: --check-replicas finds a diverged replica and names it and the parameter", rc, err, took,
+            r"error: replicas diverged: rank 1's parameters differ from rank 0's \(first differing parameter W\)")
 
 
 def main():
@@ -643,6 +744,8 @@ def main():
     check_output(rep, progs, files, work)
     check_errors(rep, progs, files, work)
     check_mpi(rep, progs, x, y, files, work)
+    if shutil.which("mpirun") is not None:
+        check_dp(rep, progs, x, y, xe, ye, files, work)
     print("%d passed, %d failed" % (rep.passed, rep.failed))
     return 1 if rep.failed else 0
 
