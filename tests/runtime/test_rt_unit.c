@@ -1,6 +1,6 @@
 /* test_rt_unit.c - unit tests of the runtime's parts: metadata checks, the
  * command line, .npy and IDX decoding and conversion, the row order, half
- * floats, and .npy writing.  Whole programs are tested by test_runtime.py. */
+ * floats, .npy writing, and the data-parallel metadata.  Whole programs are tested by test_runtime.py. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -466,6 +466,89 @@ START_TEST(meta_bad) {
 }
 END_TEST
 
+/* The metadata of a data-parallel program for 2 ranks (4 of 8 rows each). */
+static const char *dp_meta =
+    "{\"abi\": 1, \"plan_hash\": \"cd\", \"ranks\": 2, \"rank_programs\": 1, \"strategy\": \"dp\","
+    " \"batch\": 8, \"local_batch\": 4, \"arena_bytes\": 576, \"init_bytes\": 48,"
+    " \"buckets\": [{\"offset\": 536, \"count\": 6}, {\"offset\": 512, \"count\": 6}],"
+    " \"loss\": {\"offset\": 64}, \"lr\": {\"offset\": 128, \"value\": 0.1}, \"step\": {\"offset\": 192},"
+    " \"inputs\": [{\"name\": \"input\", \"dtype\": \"float32\", \"shape\": [4, 4], \"offset\": 256},"
+    "  {\"name\": \"labels\", \"dtype\": \"int64\", \"shape\": [4], \"offset\": 384}],"
+    " \"output\": {\"name\": \"logits\", \"offset\": 448, \"shape\": [4, 3]},"
+    " \"params\": [{\"name\": \"W\", \"dtype\": \"float32\", \"shape\": [4, 3], \"offset\": 0, \"trainable\": true}],"
+    " \"loss_kind\": \"ce\", \"optimizer\": {\"name\": \"sgd\"}}";
+
+/* dp_meta with the first `from` replaced by `to`; returns the error or "". */
+static const char *dp_meta_error(const char *from, const char *to) {
+    static char json[4096];
+    static RtErr e;
+    memset(&e, 0, sizeof e);
+    const char *at = strstr(dp_meta, from);
+    ck_assert_msg(at != NULL, "'%s' not in the metadata", from);
+    snprintf(json, sizeof json, "%.*s%s%s", (int)(at - dp_meta), dp_meta, to, at + strlen(from));
+    RtMeta m;
+    if (rt_meta_parse(json, strlen(json), &m, &e)) rt_meta_free(&m);
+    return e.msg;
+}
+
+START_TEST(meta_parallel) {
+    RtMeta m;
+    RtErr e = {0};
+    /* A single-rank program: the fields may be absent. */
+    ck_assert_msg(rt_meta_parse(good_meta, strlen(good_meta), &m, &e), "%s", e.msg);
+    ck_assert(!m.dp);
+    ck_assert_int_eq(m.ranks, 1);
+    ck_assert_int_eq(m.local_batch, 8);
+    ck_assert_int_eq(m.n_buckets, 0);
+    ck_assert_str_eq(m.plan_hash, "ab");
+    rt_meta_free(&m);
+    ck_assert_str_eq(meta_error("\"ranks\": 1", "\"ranks\": 1, \"strategy\": \"single\", \"local_batch\": 8, "
+                                "\"buckets\": []"), "");
+
+    ck_assert_msg(rt_meta_parse(dp_meta, strlen(dp_meta), &m, &e), "%s", e.msg);
+    ck_assert(m.dp);
+    ck_assert_int_eq(m.ranks, 2);
+    ck_assert_int_eq(m.batch, 8);
+    ck_assert_int_eq(m.local_batch, 4);
+    ck_assert_int_eq(m.inputs[0].row_elems, 4);
+    ck_assert_int_eq(m.output.row_elems, 3);
+    ck_assert_int_eq(m.n_buckets, 2);
+    ck_assert_uint_eq(m.buckets[0].offset, 536); /* kept in the program's numbering */
+    ck_assert_int_eq(m.buckets[0].count, 6);
+    ck_assert_uint_eq(m.buckets[1].offset, 512);
+    ck_assert_str_eq(m.plan_hash, "cd");
+    rt_meta_free(&m);
+
+    ck_assert_str_eq(dp_meta_error("\"buckets\": [{", "\"x\": [{"), ""); /* no buckets: nothing to sum */
+    ck_assert_str_eq(dp_meta_error("\"count\": 6}, {", "\"count\": 0}, {"), "");
+    ASSERT_HAS(dp_meta_error("\"shape\": [4, 4]", "\"shape\": [8, 4]"),
+               "inputs[0]: shape[0] is 8, expected the local batch 4 (batch 8 over 2 ranks)");
+    ASSERT_HAS(dp_meta_error("\"shape\": [4, 3]}", "\"shape\": [8, 3]}"), "output: shape[0] is 8, expected the local batch 4");
+    ASSERT_HAS(dp_meta_error("\"local_batch\": 4", "\"local_batch\": 3"),
+               "strategy dp: \"local_batch\" 3 times \"ranks\" 2 is not \"batch\" 8");
+    ASSERT_HAS(dp_meta_error("\"local_batch\": 4", "\"local_batch\": 0"), "\"local_batch\" is 0, expected at least 1");
+    ASSERT_HAS(dp_meta_error("\"strategy\": \"dp\"", "\"strategy\": \"tp\""),
+               "program metadata has strategy \"tp\", which this runtime does not run (single, dp)");
+    ASSERT_HAS(dp_meta_error("\"strategy\": \"dp\"", "\"strategy\": 1"), "\"strategy\" is not a string");
+    ASSERT_HAS(dp_meta_error("\"strategy\": \"dp\"", "\"strategy\": \"single\""),
+               "strategy single with \"ranks\" 2 and \"local_batch\" 4 (expected 1 and the batch 8)");
+    ASSERT_HAS(dp_meta_error("\"offset\": 536", "\"offset\": 538"), "buckets[0]: offset 538 is not a multiple of 4");
+    ASSERT_HAS(dp_meta_error("\"offset\": 536, \"count\": 6", "\"offset\": 536, \"count\": 11"),
+               "buckets[0]: 11 values at offset 536 end past the arena of 576 bytes");
+    ASSERT_HAS(dp_meta_error("\"offset\": 536", "\"offset\": 520"), "\"buckets\" overlap");
+    ASSERT_HAS(dp_meta_error("\"count\": 6}, {", "\"count\": 4294967296}, {"), "more than one MPI call can sum");
+    ASSERT_HAS(dp_meta_error("{\"offset\": 536, \"count\": 6}", "[]"), "buckets[0] is not an object");
+    ASSERT_HAS(dp_meta_error("\"buckets\": [", "\"buckets\": 3, \"x\": ["), "\"buckets\" is not an array");
+    ASSERT_HAS(dp_meta_error(", \"count\": 6}, {", "}, {"), "buckets[0]: \"count\" is missing");
+    ASSERT_HAS(meta_error("\"ranks\": 1", "\"ranks\": 1, \"buckets\": [{\"offset\": 512, \"count\": 1}]"),
+               "strategy single with 1 gradient buckets");
+    ASSERT_HAS(meta_error("\"plan_hash\": \"ab\"", "\"plan_hash\": \"\""), "\"plan_hash\" has 0 characters");
+    ASSERT_HAS(meta_error("\"plan_hash\": \"ab\"",
+                          "\"plan_hash\": \"0123456789012345678901234567890123456789012345678901234567890123456789\""),
+               "\"plan_hash\" has 70 characters, expected 1 to 64");
+}
+END_TEST
+
 /* ---- command line ------------------------------------------------------- */
 
 static const char *args_error(const char *line, RtArgs *out) {
@@ -512,7 +595,47 @@ START_TEST(args_good) {
     rt_args_free(&a);
     ck_assert_str_eq(args_error("--data x=y --steps 1 --shuffle 18446744073709551615", &a), "");
     ck_assert(a.seed == UINT64_MAX);
+    ck_assert(!a.check_replicas);
     rt_args_free(&a);
+    ck_assert_str_eq(args_error("--data x=y --check-replicas --steps 1", &a), "");
+    ck_assert(a.check_replicas && a.steps == 1);
+    rt_args_free(&a);
+}
+END_TEST
+
+/* The flags every rank must agree on change the fingerprint; the ones only
+ * rank 0 uses, or that do not change the collectives, do not. */
+static uint64_t fingerprint(const char *line) {
+    RtArgs a;
+    ck_assert_str_eq(args_error(line, &a), "");
+    uint64_t h = rt_args_fingerprint(&a);
+    rt_args_free(&a);
+    return h;
+}
+
+START_TEST(args_fingerprint) {
+    uint64_t base = fingerprint("--data x=y --steps 3");
+    ck_assert(base == fingerprint("--data x=z --steps 3 --metrics m --save s.onnx --log-every 7"));
+    ck_assert(base == fingerprint("--steps=3 --data x=y"));
+    ck_assert(base != fingerprint("--data x=y --steps 4"));
+    ck_assert(base != fingerprint("--data x=y --epochs 3"));
+    ck_assert(base != fingerprint("--data x=y --steps 3 --shuffle 0"));
+    ck_assert(fingerprint("--data x=y --steps 3 --shuffle 1") != fingerprint("--data x=y --steps 3 --shuffle 2"));
+    ck_assert(base != fingerprint("--data x=y --steps 3 --lr 0.1"));
+    ck_assert(fingerprint("--data x=y --steps 3 --lr 0.1") != fingerprint("--data x=y --steps 3 --lr 0.2"));
+    ck_assert(base != fingerprint("--data x=y --steps 3 --eval-data x=e"));
+    ck_assert(fingerprint("--data x=y --steps 3 --eval-data x=e") !=
+              fingerprint("--data x=y --steps 3 --eval-data x=e --predict p.npy"));
+    ck_assert(base != fingerprint("--data x=y --steps 3 --check-replicas"));
+}
+END_TEST
+
+START_TEST(fnv1a) {
+    /* Reference values of 64-bit FNV-1a. */
+    ck_assert(rt_fnv1a64(RT_FNV1A64_INIT, "", 0) == 0xcbf29ce484222325ull);
+    ck_assert(rt_fnv1a64(RT_FNV1A64_INIT, "a", 1) == 0xaf63dc4c8601ec8cull);
+    ck_assert(rt_fnv1a64(RT_FNV1A64_INIT, "foobar", 6) == 0x85944171f73967e8ull);
+    ck_assert(rt_fnv1a64(rt_fnv1a64(RT_FNV1A64_INIT, "foo", 3), "bar", 3) == 0x85944171f73967e8ull);
 }
 END_TEST
 
@@ -546,6 +669,8 @@ START_TEST(args_bad) {
     ck_assert_str_eq(args_error("--data x=y --steps 1 --log-every -1", NULL), "--log-every needs an integer of at least 0, got '-1'");
     ck_assert_str_eq(args_error("--data x=y --steps 1 --a-very-long-option-name-indeed=3", NULL),
                      "unknown option '--a-very-long-option-name-indeed' (see --help)");
+    ck_assert_str_eq(args_error("--data x=y --steps 1 --check-replicas=yes", NULL), "--check-replicas takes no value");
+    ck_assert_str_eq(args_error("--data x=y --steps 1 --check-replicasx", NULL), "unknown option '--check-replicasx' (see --help)");
 }
 END_TEST
 
@@ -722,8 +847,9 @@ int main(void) {
         {"npy", {npy_good_headers, npy_bad_headers, npy_write_reads_back}},
         {"idx", {idx_headers}},
         {"data", {decode_conversions, decode_idx, load_files}},
-        {"meta", {meta_good, meta_bad}},
-        {"args", {args_good, args_bad, args_bind}},
+        {"meta", {meta_good, meta_bad, meta_parallel}},
+        {"args", {args_good, args_bad, args_bind, args_fingerprint}},
+        {"comm", {fnv1a}},
         {"order", {splitmix_reference, order_is_a_permutation, batch_rows_wrap}},
         {"half", {half_round_trip, shape_strings}},
     };
