@@ -20,13 +20,60 @@ typedef enum {
     STEP_COMPUTE = 0,
     STEP_ALLREDUCE_START, /* non-blocking sum of a bucket over the replicas */
     STEP_ALLREDUCE_WAIT,  /* completes a bucket's allreduce */
+    /* Pipeline plans (pipeline.h) */
+    STEP_SEND,       /* non-blocking send of `value` (micro-batch `micro`) to rank `peer` with `tag` */
+    STEP_RECV,       /* receive `value` from rank `peer` with `tag`; complete before the next step */
+    STEP_ACCUMULATE, /* add micro-batch `micro`'s gradient `value` into that gradient's accumulator */
+    STEP_ALLREDUCE,  /* blocking in-place sum of `value` over the ranks of Plan.groups[group] */
 } StepKind;
 
 typedef struct PlanStep {
     StepKind kind;
     Node *node; /* STEP_COMPUTE */
     int bucket; /* allreduce steps */
+    /* Pipeline plans.  micro: the micro-batch a step works on, or -1 for
+     * what runs once per global batch (optimizer updates, and the exchange
+     * and reduction of accumulated gradients before them). */
+    int micro;
+    int peer;      /* STEP_SEND, STEP_RECV: the other rank */
+    int tag;       /* STEP_SEND, STEP_RECV: unique per (micro-batch, tensor, direction) */
+    int group;     /* STEP_ALLREDUCE: index in Plan.groups */
+    int xfer;      /* STEP_SEND, STEP_RECV: index in Plan.xfers */
+    Value *value;  /* STEP_SEND, STEP_RECV, STEP_ACCUMULATE, STEP_ALLREDUCE */
+    int64_t bytes; /* STEP_SEND, STEP_RECV, STEP_ALLREDUCE */
 } PlanStep;
+
+/* Ranks taking part in a collective. */
+typedef struct PlanGroup {
+    int n;
+    int *ranks;
+} PlanGroup;
+
+/* Direction of a value crossing pipeline stages. */
+typedef enum {
+    XFER_ACTIVATION = 0, /* forward or loss value, sent in its micro-batch's forward */
+    XFER_GRADIENT,       /* backward value (gradient contribution), sent in its micro-batch's backward */
+    XFER_GRAD_SUM,       /* a shared weight's gradient, summed over micro-batches, sent once per step */
+} XferDir;
+
+/* One value sent from one stage to another (between the ranks of the
+ * same data-parallel replica).  Transfers of the same value and direction
+ * share a channel; a step's tag is channel * (microbatches + 1) + micro + 1. */
+typedef struct PlanXfer {
+    Value *value;
+    XferDir dir;
+    int src_stage, dst_stage;
+    int channel;
+    bool eval; /* also needed by the eval step (a forward or loss node reads it) */
+} PlanXfer;
+
+/* RankPlan.holds: how a rank comes to hold a value (bit flags). */
+enum {
+    HOLD_PERSISTENT = 1, /* input, parameter, constant or state: its own copy */
+    HOLD_COMPUTED = 2,   /* produced by the rank's own steps */
+    HOLD_RECEIVED = 4,   /* received from another rank */
+    HOLD_ACCUM = 8,      /* gradient accumulated over micro-batches */
+};
 
 /* Gradients reduced together, laid out contiguously in the persistent
  * region so one in-place collective covers them. */
@@ -49,6 +96,13 @@ typedef struct RankPlan {
     int inplace;             /* outputs that took their input's buffer */
     int n_buckets;
     Bucket *buckets;
+    /* Pipeline plans: the stage and data-parallel replica this rank runs,
+     * the most micro-batches whose activations it keeps at once, and by
+     * value id the HOLD_* flags of every value it holds (NULL in other
+     * plans). */
+    int stage, replica, max_inflight;
+    unsigned char *holds;
+    int n_held;
 } RankPlan;
 
 typedef struct Plan {
@@ -61,6 +115,21 @@ typedef struct Plan {
     int replicas;        /* data-parallel replicas (1: none) */
     double bucket_mb;
     RankPlan *ranks;
+    /* Pipeline plans (pipeline.h); zero in the others.  Rank
+     * replica * n_stages + stage runs `stage` of `replica`. */
+    int n_stages, microbatches;
+    int64_t micro_batch;  /* rows per micro-batch */
+    const char *schedule; /* "layer", "gpipe" or "1f1b" */
+    int n_fwd;
+    Node **fwd_order;     /* forward nodes in the order stages split */
+    int *stage_begin;     /* stage s: fwd_order[stage_begin[s] .. stage_begin[s+1]) */
+    double *stage_flops;  /* training FLOPs per stage (forward, loss, backward, optimizer) */
+    int *node_stage;      /* by node id; optimizer updates of a shared weight run on more stages (see steps) */
+    int n_xfers;
+    PlanXfer *xfers;
+    int n_groups;
+    PlanGroup *groups;
+    int tag_bound; /* every tag is below this */
 } Plan;
 
 bool plan_single(Graph *g, const TrainGraph *t, int64_t batch, Plan *p, Diag *d);

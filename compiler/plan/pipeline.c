@@ -1,0 +1,554 @@
+/* pipeline.c - layer, pipeline (GPipe, 1F1B) and hybrid data x pipeline
+ * plans: each rank's steps with the point-to-point transfers between
+ * stages, checked by comm_check before they are returned; and the JSON
+ * form of any plan.  See pipeline.h for what the steps mean. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pipeline.h"
+
+/* A growing step sequence (malloc'd until copied into the arena). */
+typedef struct Seq {
+    PlanStep *s;
+    int n, cap;
+    bool failed;
+} Seq;
+
+static void emit(Seq *q, PlanStep st) {
+    if (q->failed) return;
+    if (q->n == q->cap) {
+        int cap = q->cap ? 2 * q->cap : 64;
+        PlanStep *s = realloc(q->s, sizeof *s * (size_t)cap);
+        if (!s) {
+            q->failed = true;
+            return;
+        }
+        q->s = s;
+        q->cap = cap;
+    }
+    q->s[q->n++] = st;
+}
+
+typedef struct NodeList {
+    Node **a;
+    int n;
+} NodeList;
+
+typedef struct Ctx {
+    Graph *g;
+    const TrainGraph *t;
+    Plan *p;
+    Diag *d;
+    int P, M, D;
+    SchedKind sched;
+    int *stage;            /* by node id */
+    NodeList *fwd, *bwd, *opt; /* per stage, in topological order */
+    unsigned char *reads;  /* [value id * P + stage]: a non-optimizer node of the stage reads it */
+    unsigned char *acc;    /* by value id: computed, and read by an optimizer update (a gradient) */
+    int *xfer_head, *xfer_next;
+    PlanXfer *xf;
+    int n_xf, cap_xf, n_channels;
+} Ctx;
+
+static bool nomem(Ctx *c) { return diag_error(c->d, DIAG_NOMEM, "%s: out of memory planning the pipeline", c->g->path); }
+
+static const Node *live_producer(const Value *v) {
+    return v && v->producer && !v->producer->dead ? v->producer : NULL;
+}
+
+static XferDir dir_of(const Node *producer) {
+    return producer->phase <= PHASE_LOSS ? XFER_ACTIVATION : XFER_GRADIENT;
+}
+
+static int find_xfer(const Ctx *c, const Value *v, XferDir dir, int dst) {
+    for (int x = c->xfer_head[v->id]; x >= 0; x = c->xfer_next[x])
+        if (c->xf[x].dir == dir && c->xf[x].dst_stage == dst) return x;
+    return -1;
+}
+
+static bool add_xfer(Ctx *c, Value *v, XferDir dir, int src, int dst, bool eval) {
+    int x = find_xfer(c, v, dir, dst);
+    if (x >= 0) {
+        c->xf[x].eval |= eval;
+        return true;
+    }
+    if (plan_value_bytes(v) < 0)
+        return diag_error(c->d, DIAG_SHAPE, "%s: value '%s' goes from stage %d to stage %d but has no static shape; bind --batch",
+                          c->g->path, v->name, src, dst);
+    if (c->n_xf == c->cap_xf) {
+        int cap = c->cap_xf ? 2 * c->cap_xf : 64;
+        PlanXfer *a = realloc(c->xf, sizeof *a * (size_t)cap);
+        int *nx = realloc(c->xfer_next, sizeof *nx * (size_t)cap);
+        if (a) c->xf = a;
+        if (nx) c->xfer_next = nx;
+        if (!a || !nx) return nomem(c);
+        c->cap_xf = cap;
+    }
+    int channel = -1;
+    for (int y = c->xfer_head[v->id]; y >= 0 && channel < 0; y = c->xfer_next[y])
+        if (c->xf[y].dir == dir) channel = c->xf[y].channel;
+    if (channel < 0) channel = c->n_channels++;
+    x = c->n_xf++;
+    c->xf[x] = (PlanXfer){v, dir, src, dst, channel, eval};
+    c->xfer_next[x] = c->xfer_head[v->id];
+    c->xfer_head[v->id] = x;
+    return true;
+}
+
+static bool list_add(NodeList *l, Node *n, int cap) {
+    if (!l->a && !(l->a = malloc(sizeof *l->a * (size_t)(cap ? cap : 1)))) return false;
+    l->a[l->n++] = n;
+    return true;
+}
+
+/* Stages, node lists per stage and the transfers between stages. */
+static bool analyse(Ctx *c, const StageSplit *sp) {
+    Graph *g = c->g;
+    int P = c->P, nn = g->n_nodes;
+    for (int i = 0; i < nn; i++) c->stage[i] = -1;
+    for (int k = 0; k < P; k++)
+        for (int i = sp->begin[k]; i < sp->begin[k + 1]; i++) c->stage[sp->order[i]->id] = k;
+    int *fwd_stage = malloc(sizeof *fwd_stage * (size_t)(nn + 1));
+    if (!fwd_stage) return nomem(c);
+    memcpy(fwd_stage, c->stage, sizeof *fwd_stage * (size_t)nn);
+    GRAPH_FOR_NODES(g, n) {
+        if (n->phase != PHASE_FORWARD) c->stage[n->id] = stage_of(g, fwd_stage, n);
+    }
+    free(fwd_stage);
+    int count;
+    Node **topo = ir_topo_order(g, &count, c->d);
+    if (!topo) return false;
+    for (int i = 0; i < count; i++) {
+        const Node *n = topo[i];
+        if (n->phase == PHASE_OPTIMIZER) continue;
+        for (int k = 0; k < n->n_in; k++)
+            if (n->in[k]) c->reads[(size_t)n->in[k]->id * P + c->stage[n->id]] = 1;
+    }
+    unsigned char *targets = malloc((size_t)P);
+    if (!targets) return nomem(c);
+    bool ok = true;
+    for (int i = 0; i < count && ok; i++) {
+        Node *n = topo[i];
+        int s = c->stage[n->id];
+        if (s < 0 || s >= P) {
+            ok = diag_error(c->d, DIAG_INTERNAL, "%s: node '%s' (%s) has no pipeline stage", g->path, n->name, n->op_type);
+            break;
+        }
+        if (n->phase != PHASE_OPTIMIZER) {
+            ok = list_add(n->phase == PHASE_BACKWARD ? &c->bwd[s] : &c->fwd[s], n, count) || nomem(c);
+            for (int k = 0; k < n->n_in && ok; k++) {
+                Value *v = n->in[k];
+                const Node *pr = live_producer(v);
+                if (pr && c->stage[pr->id] != s)
+                    ok = add_xfer(c, v, dir_of(pr), c->stage[pr->id], s, n->phase <= PHASE_LOSS);
+            }
+            continue;
+        }
+        /* An update runs on its own stage and on every stage that reads
+         * its parameter, so that the copies stay identical; the gradient
+         * it reads comes summed from the stage computing it. */
+        memset(targets, 0, (size_t)P);
+        targets[s] = 1;
+        for (int k = 0; k < n->n_in; k++)
+            if (n->in[k] && n->in[k]->kind == VAL_INITIALIZER)
+                for (int q = 0; q < P; q++) targets[q] |= c->reads[(size_t)n->in[k]->id * P + q];
+        for (int q = 0; q < P && ok; q++) {
+            if (!targets[q]) continue;
+            ok = list_add(&c->opt[q], n, count) || nomem(c);
+            for (int k = 0; k < n->n_in && ok; k++) {
+                Value *v = n->in[k];
+                const Node *pr = live_producer(v);
+                if (!pr) continue;
+                c->acc[v->id] = 1;
+                if (c->stage[pr->id] != q) ok = add_xfer(c, v, XFER_GRAD_SUM, c->stage[pr->id], q, false);
+            }
+        }
+    }
+    free(targets);
+    return ok;
+}
+
+static int rank_of(const Ctx *c, int replica, int stage) { return replica * c->P + stage; }
+
+static int tag_of(const Ctx *c, int x, int micro) { return c->xf[x].channel * (c->M + 1) + micro + 1; }
+
+static PlanStep xfer_step(const Ctx *c, StepKind kind, int x, int peer, int micro) {
+    Value *v = c->xf[x].value;
+    return (PlanStep){.kind = kind, .micro = micro, .peer = peer, .tag = tag_of(c, x, micro), .group = -1, .xfer = x,
+                      .value = v, .bytes = plan_value_bytes(v)};
+}
+
+/* One unit of micro-batch m: each node with the receives it needs first
+ * and the sends of what it computes after (for the eval step, only the
+ * transfers forward and loss nodes read). */
+static void emit_nodes(Ctx *c, Seq *q, const NodeList *l, int replica, int s, int m, bool train,
+                       unsigned char *got) {
+    for (int i = 0; i < l->n; i++) {
+        Node *n = l->a[i];
+        for (int k = 0; k < n->n_in; k++) {
+            Value *v = n->in[k];
+            const Node *pr = live_producer(v);
+            if (!pr || c->stage[pr->id] == s) continue;
+            int x = find_xfer(c, v, dir_of(pr), s);
+            if (x < 0 || got[(size_t)v->id * c->M + m]) continue;
+            got[(size_t)v->id * c->M + m] = 1;
+            emit(q, xfer_step(c, STEP_RECV, x, rank_of(c, replica, c->xf[x].src_stage), m));
+        }
+        emit(q, (PlanStep){.kind = STEP_COMPUTE, .node = n, .micro = m, .peer = -1, .group = -1, .xfer = -1});
+        for (int k = 0; k < n->n_out; k++) {
+            Value *v = n->out[k];
+            if (!v) continue;
+            for (int dst = 0; dst < c->P; dst++) {
+                if (dst == s) continue;
+                int x = find_xfer(c, v, dir_of(n), dst);
+                if (x < 0 || (!train && !c->xf[x].eval)) continue;
+                emit(q, xfer_step(c, STEP_SEND, x, rank_of(c, replica, dst), m));
+            }
+            if (train && c->M > 1 && c->acc[v->id])
+                emit(q, (PlanStep){.kind = STEP_ACCUMULATE, .micro = m, .peer = -1, .group = -1, .xfer = -1,
+                                   .value = v});
+        }
+    }
+}
+
+/* Once per global batch: reduce over replicas, share the gradients of
+ * weights several stages hold, then update. */
+static void emit_flush(Ctx *c, Seq *q, int replica, int s) {
+    if (c->D > 1)
+        for (int i = 0; i < c->bwd[s].n; i++) {
+            const Node *n = c->bwd[s].a[i];
+            for (int k = 0; k < n->n_out; k++) {
+                Value *v = n->out[k];
+                if (v && c->acc[v->id])
+                    emit(q, (PlanStep){.kind = STEP_ALLREDUCE, .micro = -1, .peer = -1, .group = s, .xfer = -1,
+                                       .value = v, .bytes = plan_value_bytes(v)});
+            }
+        }
+    for (int x = 0; x < c->n_xf; x++)
+        if (c->xf[x].dir == XFER_GRAD_SUM && c->xf[x].src_stage == s)
+            emit(q, xfer_step(c, STEP_SEND, x, rank_of(c, replica, c->xf[x].dst_stage), -1));
+    for (int x = 0; x < c->n_xf; x++)
+        if (c->xf[x].dir == XFER_GRAD_SUM && c->xf[x].dst_stage == s)
+            emit(q, xfer_step(c, STEP_RECV, x, rank_of(c, replica, c->xf[x].src_stage), -1));
+    for (int i = 0; i < c->opt[s].n; i++)
+        emit(q, (PlanStep){.kind = STEP_COMPUTE, .node = c->opt[s].a[i], .micro = -1, .peer = -1, .group = -1,
+                           .xfer = -1});
+}
+
+/* Every value a step reads must be on the rank for that micro-batch
+ * (computed or received), and for once-per-step steps summed over the
+ * micro-batches; records what the rank holds. */
+static bool check_dataflow(Ctx *c, const RankPlan *rp, const PlanStep *seq, int n, unsigned char *holds,
+                           unsigned char *avail, const char *which) {
+    int M = c->M, slots = M + 1;
+    memset(avail, 0, (size_t)c->g->n_values * (size_t)slots);
+#define AVAIL(v, m) avail[(size_t)(v)->id * (size_t)slots + (size_t)((m) + 1)]
+    for (int i = 0; i < n; i++) {
+        const PlanStep *s = &seq[i];
+        bool per_micro = s->micro >= 0 && s->kind != STEP_ALLREDUCE;
+        int n_read = s->kind == STEP_COMPUTE ? s->node->n_in
+                     : s->kind == STEP_SEND || s->kind == STEP_ACCUMULATE || s->kind == STEP_ALLREDUCE ? 1
+                                                                                                     : 0;
+        for (int k = 0; k < n_read; k++) {
+            const Value *v = s->kind == STEP_COMPUTE ? s->node->in[k] : s->value;
+            if (!v) continue;
+            if (v->kind != VAL_INTERMEDIATE) {
+                holds[v->id] |= HOLD_PERSISTENT;
+                continue;
+            }
+            bool ok = per_micro ? AVAIL(v, s->micro) : AVAIL(v, -1) || (M == 1 && AVAIL(v, 0));
+            if (!ok)
+                return diag_error(c->d, DIAG_INTERNAL, "%s: pipeline plan, %s step: rank %d step %d (%s '%s', micro-batch %d) reads '%s' before it is computed or received",
+                                  c->g->path, which, rp->rank, i, s->kind == STEP_COMPUTE ? "node" : "value",
+                                  s->kind == STEP_COMPUTE ? s->node->name : s->value->name, s->micro, v->name);
+        }
+        if (s->kind == STEP_COMPUTE) {
+            for (int k = 0; k < s->node->n_out; k++)
+                if (s->node->out[k]) {
+                    AVAIL(s->node->out[k], s->micro) = 1;
+                    holds[s->node->out[k]->id] |= HOLD_COMPUTED;
+                }
+        } else if (s->kind == STEP_RECV) {
+            AVAIL(s->value, s->micro) = 1;
+            holds[s->value->id] |= HOLD_RECEIVED;
+        } else if (s->kind == STEP_ACCUMULATE) {
+            AVAIL(s->value, -1) = 1;
+            holds[s->value->id] |= HOLD_ACCUM;
+        }
+    }
+#undef AVAIL
+    return true;
+}
+
+static PlanStep *to_arena(Ctx *c, Seq *q) {
+    PlanStep *a = ARENA_ARRAY(&c->g->arena, PlanStep, q->n ? q->n : 1);
+    if (a && q->n) memcpy(a, q->s, sizeof *a * (size_t)q->n);
+    return a;
+}
+
+static bool build_ranks(Ctx *c) {
+    Graph *g = c->g;
+    Plan *p = c->p;
+    int P = c->P, M = c->M, nv = g->n_values;
+    SchedUnit *units = malloc(sizeof *units * (size_t)(2 * M));
+    unsigned char *got = malloc((size_t)nv * (size_t)M + 1);
+    unsigned char *avail = malloc((size_t)nv * (size_t)(M + 1) + 1);
+    Seq train = {0}, eval = {0};
+    bool ok = units && got && avail;
+    if (!ok) nomem(c);
+    for (int r = 0; r < c->D && ok; r++)
+        for (int s = 0; s < P && ok; s++) {
+            RankPlan *rp = &p->ranks[rank_of(c, r, s)];
+            rp->rank = rank_of(c, r, s);
+            rp->stage = s;
+            rp->replica = r;
+            rp->offset = NULL; /* TODO: per-rank memory plan over the micro-batch instances */
+            int n_units = schedule_units(c->sched, P, s, M, units);
+            if (!schedule_check(c->sched, P, s, M, units, n_units, &rp->max_inflight, c->d)) {
+                ok = false;
+                break;
+            }
+            train.n = eval.n = 0;
+            memset(got, 0, (size_t)nv * (size_t)M);
+            for (int u = 0; u < n_units; u++)
+                emit_nodes(c, &train, units[u].backward ? &c->bwd[s] : &c->fwd[s], r, s, units[u].micro, true, got);
+            emit_flush(c, &train, r, s);
+            memset(got, 0, (size_t)nv * (size_t)M);
+            for (int m = 0; m < M; m++) emit_nodes(c, &eval, &c->fwd[s], r, s, m, false, got);
+            if (train.failed || eval.failed) {
+                ok = nomem(c);
+                break;
+            }
+            rp->train = to_arena(c, &train);
+            rp->eval = to_arena(c, &eval);
+            rp->n_train = train.n;
+            rp->n_eval = eval.n;
+            rp->holds = ARENA_ARRAY(&g->arena, unsigned char, nv ? nv : 1);
+            if (!rp->train || !rp->eval || !rp->holds) {
+                ok = nomem(c);
+                break;
+            }
+            memset(rp->holds, 0, (size_t)nv);
+            ok = check_dataflow(c, rp, rp->train, rp->n_train, rp->holds, avail, "train") &&
+                 check_dataflow(c, rp, rp->eval, rp->n_eval, rp->holds, avail, "eval");
+            rp->n_held = 0;
+            for (int v = 0; v < nv; v++) rp->n_held += rp->holds[v] != 0;
+        }
+    free(units);
+    free(got);
+    free(avail);
+    free(train.s);
+    free(eval.s);
+    return ok;
+}
+
+static bool fill_plan(Ctx *c, const StageSplit *sp, int64_t batch) {
+    Graph *g = c->g;
+    Plan *p = c->p;
+    int P = c->P, n_ranks = c->D * P;
+    p->g = g;
+    p->t = c->t;
+    p->strategy = c->D > 1 ? "hybrid" : c->sched == SCHED_LAYER ? "layer" : "pipeline";
+    p->batch = batch;
+    p->local_batch = batch / c->D;
+    p->micro_batch = batch / ((int64_t)c->D * c->M);
+    p->n_ranks = n_ranks;
+    p->replicas = c->D;
+    p->n_stages = P;
+    p->microbatches = c->M;
+    p->schedule = schedule_name(c->sched);
+    p->n_fwd = sp->n_fwd;
+    p->fwd_order = sp->order;
+    p->stage_begin = sp->begin;
+    p->stage_flops = sp->flops;
+    p->node_stage = c->stage;
+    p->n_xfers = c->n_xf;
+    p->xfers = ARENA_ARRAY(&g->arena, PlanXfer, c->n_xf ? c->n_xf : 1);
+    p->n_groups = P;
+    p->groups = ARENA_ARRAY(&g->arena, PlanGroup, P);
+    p->ranks = ARENA_ARRAY(&g->arena, RankPlan, n_ranks);
+    p->tag_bound = c->n_channels * (c->M + 1);
+    if (!p->xfers || !p->groups || !p->ranks) return nomem(c);
+    if (c->n_xf) memcpy(p->xfers, c->xf, sizeof *p->xfers * (size_t)c->n_xf);
+    for (int s = 0; s < P; s++) {
+        p->groups[s].n = c->D;
+        p->groups[s].ranks = ARENA_ARRAY(&g->arena, int, c->D);
+        if (!p->groups[s].ranks) return nomem(c);
+        for (int r = 0; r < c->D; r++) p->groups[s].ranks[r] = rank_of(c, r, s);
+    }
+    return true;
+}
+
+bool plan_hybrid(Graph *g, const TrainGraph *t, int64_t batch, int dp, int n_stages, int microbatches,
+                 const char *schedule, const char *const *cuts, int n_cuts, Plan *p, Diag *d) {
+    memset(p, 0, sizeof *p);
+    SchedKind sched;
+    if (!schedule_parse(schedule, &sched, d)) return false;
+    if (n_stages < 1) return diag_error(d, DIAG_USAGE, "a pipeline needs at least one stage, not %d", n_stages);
+    if (microbatches < 1) return diag_error(d, DIAG_USAGE, "--microbatches must be at least 1, not %d", microbatches);
+    if (dp < 1) return diag_error(d, DIAG_USAGE, "--dp must be at least 1, not %d", dp);
+    if (sched == SCHED_LAYER && microbatches != 1)
+        return diag_error(d, DIAG_USAGE, "--strategy layer runs the whole batch through the stages at once; use --strategy pipeline for %d micro-batches",
+                          microbatches);
+    if ((int64_t)dp * n_stages > (1 << 20))
+        return diag_error(d, DIAG_LIMIT, "%d x %d ranks is too many", dp, n_stages);
+    if (batch < 0 || (batch > 0 && batch % ((int64_t)dp * microbatches)))
+        return diag_error(d, DIAG_USAGE, "--batch %lld does not divide into %d replica%s x %d micro-batch%s",
+                          (long long)batch, dp, dp == 1 ? "" : "s", microbatches, microbatches == 1 ? "" : "es");
+    StageSplit sp;
+    if (!stages_split(g, n_stages, cuts, n_cuts, &sp, d)) return false;
+    Ctx c = {g, t, p, d, n_stages, microbatches, dp, sched};
+    int nn = g->n_nodes, nv = g->n_values;
+    c.stage = ARENA_ARRAY(&g->arena, int, nn ? nn : 1);
+    c.fwd = calloc((size_t)n_stages, sizeof *c.fwd);
+    c.bwd = calloc((size_t)n_stages, sizeof *c.bwd);
+    c.opt = calloc((size_t)n_stages, sizeof *c.opt);
+    c.reads = calloc((size_t)nv * (size_t)n_stages + 1, 1);
+    c.acc = calloc((size_t)nv + 1, 1);
+    c.xfer_head = malloc(sizeof *c.xfer_head * (size_t)(nv + 1));
+    bool ok = c.stage && c.fwd && c.bwd && c.opt && c.reads && c.acc && c.xfer_head;
+    if (!ok) nomem(&c);
+    if (ok) {
+        for (int v = 0; v < nv; v++) c.xfer_head[v] = -1;
+        ok = analyse(&c, &sp) && fill_plan(&c, &sp, batch) && build_ranks(&c);
+    }
+    if (ok && g->arena.failed) ok = nomem(&c);
+    for (int s = 0; s < n_stages && c.fwd && c.bwd && c.opt; s++) {
+        free(c.fwd[s].a);
+        free(c.bwd[s].a);
+        free(c.opt[s].a);
+    }
+    free(c.fwd);
+    free(c.bwd);
+    free(c.opt);
+    free(c.reads);
+    free(c.acc);
+    free(c.xfer_head);
+    free(c.xfer_next);
+    free(c.xf);
+    return ok && comm_check_plan(p, d);
+}
+
+bool plan_pipeline(Graph *g, const TrainGraph *t, int64_t batch, int n_stages, int microbatches,
+                   const char *schedule, const char *const *cuts, int n_cuts, Plan *p, Diag *d) {
+    return plan_hybrid(g, t, batch, 1, n_stages, microbatches, schedule, cuts, n_cuts, p, d);
+}
+
+/* ---- JSON ---- */
+
+static const char *phase_name(NodePhase p) {
+    static const char *names[] = {"forward", "loss", "backward", "optimizer"};
+    return names[p];
+}
+
+static const char *dir_name(XferDir d) {
+    return d == XFER_ACTIVATION ? "activation" : d == XFER_GRADIENT ? "gradient" : "gradient_sum";
+}
+
+static json_t *step_json(const Plan *p, const PlanStep *s) {
+    switch (s->kind) {
+    case STEP_COMPUTE: {
+        const Node *n = s->node;
+        json_t *ins = json_array(), *outs = json_array();
+        for (int k = 0; k < n->n_in; k++) json_array_append_new(ins, n->in[k] ? json_string(n->in[k]->name) : json_null());
+        for (int k = 0; k < n->n_out; k++)
+            json_array_append_new(outs, n->out[k] ? json_string(n->out[k]->name) : json_null());
+        return json_pack("{s:s, s:s, s:s, s:s, s:i, s:o, s:o}", "kind", "compute", "node", n->name, "op", n->op_type,
+                         "phase", phase_name(n->phase), "micro", s->micro, "inputs", ins, "outputs", outs);
+    }
+    case STEP_SEND:
+    case STEP_RECV: {
+        const char *dir = p->xfers && s->xfer >= 0 && s->xfer < p->n_xfers ? dir_name(p->xfers[s->xfer].dir) : "";
+        return json_pack("{s:s, s:s, s:i, s:i, s:I, s:i, s:s}", "kind", s->kind == STEP_SEND ? "send" : "recv", "value",
+                         s->value ? s->value->name : "", "peer", s->peer, "tag", s->tag, "bytes", (json_int_t)s->bytes,
+                         "micro", s->micro, "direction", dir);
+    }
+    case STEP_ACCUMULATE:
+        return json_pack("{s:s, s:s, s:i}", "kind", "accumulate", "value", s->value ? s->value->name : "", "micro",
+                         s->micro);
+    case STEP_ALLREDUCE:
+        return json_pack("{s:s, s:s, s:i, s:I}", "kind", "allreduce", "value", s->value ? s->value->name : "", "group",
+                         s->group, "bytes", (json_int_t)s->bytes);
+    case STEP_ALLREDUCE_START:
+    case STEP_ALLREDUCE_WAIT:
+        return json_pack("{s:s, s:i}", "kind", s->kind == STEP_ALLREDUCE_START ? "allreduce_start" : "allreduce_wait",
+                         "bucket", s->bucket);
+    }
+    return json_pack("{s:s}", "kind", "unknown");
+}
+
+static json_t *steps_json(const Plan *p, const PlanStep *seq, int n) {
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(a, step_json(p, &seq[i]));
+    return a;
+}
+
+char *pipeline_plan_to_json(const Plan *p) {
+    const Graph *g = p->g;
+    json_t *ranks = json_array();
+    for (int r = 0; r < p->n_ranks; r++) {
+        const RankPlan *rp = &p->ranks[r];
+        json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:I, s:o, s:o}", "rank", rp->rank, "stage", rp->stage, "replica",
+                              rp->replica, "max_inflight", rp->max_inflight, "eval_steps", (json_int_t)rp->n_eval,
+                              "steps", steps_json(p, rp->train, rp->n_train), "eval", steps_json(p, rp->eval, rp->n_eval));
+        if (rp->holds) {
+            json_t *held = json_array();
+            for (int v = 0; v < g->n_values; v++) {
+                unsigned char h = rp->holds[v];
+                if (!h) continue;
+                json_t *how = json_array();
+                if (h & HOLD_PERSISTENT) json_array_append_new(how, json_string("persistent"));
+                if (h & HOLD_COMPUTED) json_array_append_new(how, json_string("computed"));
+                if (h & HOLD_RECEIVED) json_array_append_new(how, json_string("received"));
+                if (h & HOLD_ACCUM) json_array_append_new(how, json_string("accumulated"));
+                json_array_append_new(held, json_pack("{s:s, s:I, s:o}", "name", g->values[v]->name, "bytes",
+                                                      (json_int_t)plan_value_bytes(g->values[v]), "how", how));
+            }
+            json_object_set_new(o, "holds", held);
+        }
+        if (rp->offset) {
+            json_object_set_new(o, "arena_bytes", json_integer(rp->arena_bytes));
+            json_object_set_new(o, "persistent_bytes", json_integer(rp->init_bytes));
+        }
+        json_array_append_new(ranks, o);
+    }
+    json_t *root = json_pack("{s:s, s:i, s:s, s:s, s:I, s:I, s:i, s:i}", "format", "cleave-plan", "version", 1, "model",
+                             g->path ? g->path : "", "strategy", p->strategy ? p->strategy : "", "batch",
+                             (json_int_t)p->batch, "local_batch", (json_int_t)p->local_batch, "ranks", p->n_ranks,
+                             "replicas", p->replicas);
+    if (p->n_stages > 0) {
+        json_t *stages = json_array(), *xfers = json_array(), *groups = json_array();
+        for (int s = 0; s < p->n_stages; s++) {
+            int b = p->stage_begin[s], e = p->stage_begin[s + 1];
+            json_array_append_new(stages, json_pack("{s:i, s:s, s:s, s:i, s:f}", "stage", s, "first_node",
+                                                    p->fwd_order[b]->name, "last_node", p->fwd_order[e - 1]->name,
+                                                    "forward_nodes", e - b, "flops", p->stage_flops[s]));
+        }
+        for (int x = 0; x < p->n_xfers; x++) {
+            const PlanXfer *t = &p->xfers[x];
+            json_array_append_new(xfers, json_pack("{s:s, s:s, s:i, s:i, s:i, s:I, s:b}", "value", t->value->name,
+                                                   "direction", dir_name(t->dir), "from_stage", t->src_stage, "to_stage",
+                                                   t->dst_stage, "channel", t->channel, "bytes",
+                                                   (json_int_t)plan_value_bytes(t->value), "eval", t->eval));
+        }
+        for (int k = 0; k < p->n_groups; k++) {
+            json_t *m = json_array();
+            for (int i = 0; i < p->groups[k].n; i++) json_array_append_new(m, json_integer(p->groups[k].ranks[i]));
+            json_array_append_new(groups, m);
+        }
+        json_object_set_new(root, "stages", json_integer(p->n_stages));
+        json_object_set_new(root, "microbatches", json_integer(p->microbatches));
+        json_object_set_new(root, "micro_batch", json_integer(p->micro_batch));
+        json_object_set_new(root, "schedule", json_string(p->schedule ? p->schedule : ""));
+        json_object_set_new(root, "tag_bound", json_integer(p->tag_bound));
+        json_object_set_new(root, "stage_table", stages);
+        json_object_set_new(root, "transfers", xfers);
+        json_object_set_new(root, "groups", groups);
+    }
+    json_object_set_new(root, "rank_plans", ranks);
+    char *s = root ? json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(root);
+    return s;
+}

@@ -1,0 +1,160 @@
+/* pipeline.h - layer and pipeline parallelism: stages, micro-batch
+ * schedules, per-rank plans with point-to-point transfers, and the static
+ * check that every plan's communication matches up across ranks.
+ *
+ * Requires: the training graph (autodiff/train.h); for the pipeline
+ * strategies the graph is built at the micro-batch size batch / (dp * M),
+ * with TrainOptions.replicas = dp * M so that the loss gradient is seeded
+ * with 1 / (dp * M) and the gradients summed over micro-batches and
+ * replicas are those of the global batch's mean loss.
+ *
+ * Stages.  The forward nodes, in the order of the model file when that
+ * order is topological (ONNX requires it) and otherwise the topological
+ * order closest to it, are split into P contiguous non-empty stages.  Any
+ * other node of the training graph goes with the forward node it serves
+ * (Node.origin); loss nodes, and what serves them, go to the last stage.
+ *
+ * Ranks.  Rank replica * P + stage runs `stage` of data-parallel
+ * `replica`; transfers stay inside a replica.
+ *
+ * A rank's training step (RankPlan.train) is its units in schedule order;
+ * in the forward unit of micro-batch m it runs its stage's forward and loss
+ * nodes for m, in the backward unit its backward nodes for m.  Every value
+ * read on a stage other than its producer's is sent once to each consuming
+ * stage, directly (a skip connection from stage 0 to stage 2 is not relayed
+ * through stage 1): a SEND follows the step that computes it and a RECV
+ * precedes the first step of the consuming stage that reads it for that
+ * micro-batch.  With M > 1 each parameter gradient computed on the stage is
+ * added into its accumulator after each micro-batch (STEP_ACCUMULATE).
+ * Then, once per global batch (micro -1):
+ *   - with dp > 1, STEP_ALLREDUCE of each gradient the stage computes over
+ *     the stage's replicas (Plan.groups[stage]);
+ *   - a weight read on several stages (tied weights) is updated on each of
+ *     them: the stage that computes its gradient (summing every stage's
+ *     contributions, which arrive as ordinary gradient transfers) sends the
+ *     accumulated gradient to the others (XFER_GRAD_SUM) before their
+ *     optimizer steps, so the copies stay identical;
+ *   - the optimizer updates.
+ * The eval step (RankPlan.eval) is the forward units alone, with the
+ * transfers forward and loss nodes read.
+ *
+ * What codegen and the runtime must implement for these steps:
+ *   - one program per stage (replicas of a stage run the same one); the
+ *     graph inputs a rank holds (RankPlan.holds) are the ones the runtime
+ *     feeds it: rows [replica * B/dp + m * B/(dp*M), +B/(dp*M)) for
+ *     micro-batch m;
+ *   - an instance of every intermediate per micro-batch in flight (at most
+ *     RankPlan.max_inflight at once); parameters, state and gradient
+ *     accumulators once;
+ *   - SEND: MPI_Isend of the value's micro-batch instance; the buffer must
+ *     not be reused before the request completes (all requests complete by
+ *     the end of the step at the latest).  RECV: MPI_Irecv may be posted
+ *     as early as the buffer is free, and must be complete before the next
+ *     step.  Tags are below Plan.tag_bound, to check against MPI_TAG_UB;
+ *   - STEP_ACCUMULATE: acc = value for micro-batch 0, acc += value after;
+ *     steps with micro -1 that name a gradient (ALLREDUCE, SEND, RECV and
+ *     the optimizer update reading it) use the accumulator when M > 1;
+ *   - the loss and predictions are on the last stage's ranks.
+ * Memory planning per rank is not done yet: RankPlan.offset is NULL. */
+#ifndef CLEAVE_PIPELINE_H
+#define CLEAVE_PIPELINE_H
+
+#include "plan.h"
+
+/* ---- stages (stages.c) ---- */
+
+typedef struct StageSplit {
+    int n_stages;
+    int n_fwd;
+    Node **order;  /* forward nodes in split order */
+    int *begin;    /* n_stages + 1 entries: stage s is order[begin[s] .. begin[s+1]) */
+    double *flops; /* per stage: FLOPs of every node it runs for one micro-batch */
+} StageSplit;
+
+/* Splits the forward nodes into n_stages stages: at the user's cut points
+ * when n_cuts > 0 (cuts[k] names the first node of stage k + 1, so there
+ * are n_stages - 1 of them, in order), otherwise balanced: the most
+ * expensive stage as cheap as possible, then the stages as even as
+ * possible, weighing each forward node with the FLOPs of everything that
+ * goes with it.  Arrays live in g's arena.  Fails with a Diag naming the
+ * cut at fault: unknown node, not a forward node, out of order, a stage
+ * left empty, or more stages than forward nodes. */
+bool stages_split(Graph *g, int n_stages, const char *const *cuts, int n_cuts, StageSplit *s, Diag *d);
+/* The same, as a stage per forward node: stage_of_node has g->n_nodes
+ * entries, by node id; other nodes get -1.  The graph must not gain
+ * forward nodes afterwards. */
+bool stages_assign(Graph *g, int n_stages, const char *const *cuts, int n_cuts, int *stage_of_node, Diag *d);
+/* The stage of any node of the training graph: forward nodes as
+ * assigned, backward and optimizer nodes with the forward node they serve
+ * (Node.origin, or for nodes the training graph adds without one, the
+ * node producing what they read), loss nodes on the last stage. */
+int stage_of(const Graph *g, const int *stage_of_node, const Node *n);
+/* Forward nodes in split order (arena array; *count gets their number). */
+Node **stages_forward_order(Graph *g, int *count, Diag *d);
+/* Contiguous split of n weights (>= 0) into k non-empty parts minimising
+ * the largest sum, then the sum of squared part sums; begin gets k + 1
+ * entries.  False when k < 1 or k > n. */
+bool stages_balance(const double *w, int n, int k, int *begin);
+
+/* ---- schedules (schedule.c) ---- */
+
+typedef enum { SCHED_LAYER, SCHED_GPIPE, SCHED_1F1B } SchedKind;
+
+/* One unit of a stage's work: the forward or the backward of a micro-batch. */
+typedef struct SchedUnit {
+    bool backward;
+    int micro;
+} SchedUnit;
+
+bool schedule_parse(const char *name, SchedKind *k, Diag *d);
+const char *schedule_name(SchedKind k);
+/* The 2 * M units of `stage` in execution order.  Layer and GPipe: every
+ * forward, then every backward, in micro-batch order.  1F1B: P - stage - 1
+ * forwards (at most M) to warm up, then one forward and one backward in
+ * turn, then the remaining backwards. */
+int schedule_units(SchedKind k, int n_stages, int stage, int microbatches, SchedUnit *out);
+/* Checks an order: each micro-batch's forward once and before its
+ * backward, both in micro-batch order, and at most M (GPipe) or
+ * min(M, P - stage) (1F1B) micro-batches in flight; *max_inflight gets the
+ * largest number in flight. */
+bool schedule_check(SchedKind k, int n_stages, int stage, int microbatches, const SchedUnit *u, int n,
+                    int *max_inflight, Diag *d);
+
+/* ---- communication check (comm_check.c) ---- */
+
+/* Simulates the ranks' step sequences and fails on the first mismatch or
+ * potential deadlock, with one line naming the ranks, step indices, peers,
+ * tags and sizes.  The model is the runtime's: STEP_SEND is buffered and
+ * never blocks; STEP_RECV blocks until the peer's STEP_SEND with the same
+ * tag, which must have the same size; STEP_ALLREDUCE blocks until every
+ * member of its group reaches an allreduce over the same group, with the
+ * same size (and so collectives come in the same order on every member);
+ * STEP_ALLREDUCE_START counts as a collective over all ranks, matched by
+ * bucket.  Other steps are local.  At the end every message must have been
+ * received, and no two messages from one rank to another may carry the
+ * same tag at once.  `what` prefixes the message ("pipeline plan, train
+ * step"). */
+bool comm_check(int n_ranks, const PlanStep *const *seq, const int *n_steps, const PlanGroup *groups, int n_groups,
+                const char *what, Diag *d);
+/* comm_check over a plan's train and eval sequences. */
+bool comm_check_plan(const Plan *p, Diag *d);
+
+/* ---- plans (pipeline.c) ---- */
+
+/* Layer (schedule "layer", microbatches 1) and pipeline ("gpipe",
+ * "1f1b") plans over n_stages ranks; batch is the global batch (0: not
+ * bound).  The result passes comm_check_plan, or the call fails. */
+bool plan_pipeline(Graph *g, const TrainGraph *t, int64_t batch, int n_stages, int microbatches,
+                   const char *schedule, const char *const *cuts, int n_cuts, Plan *p, Diag *d);
+/* Hybrid data x pipeline parallelism: dp replicas of the pipeline, over
+ * dp * n_stages ranks; Plan.groups[s] holds the ranks running stage s. */
+bool plan_hybrid(Graph *g, const TrainGraph *t, int64_t batch, int dp, int n_stages, int microbatches,
+                 const char *schedule, const char *const *cuts, int n_cuts, Plan *p, Diag *d);
+/* JSON text of any plan (malloc'd; NULL when out of memory): the fields
+ * of docs/plan.md that do not depend on memory planning or training
+ * options, the stages, transfers and groups, and per rank its stage,
+ * steps (compute, send, recv, accumulate, allreduce), eval steps and the
+ * values it holds. */
+char *pipeline_plan_to_json(const Plan *p);
+
+#endif

@@ -1,0 +1,922 @@
+/* test_pipeline_plan.c - pipeline stages, schedules, per-rank plans and
+ * the static communication check.
+ *
+ * Graphs are small chains and branches of MatMul / Relu / Add built with
+ * the training-graph builders, trained with the MSE loss (so the last stage
+ * holds loss nodes), plus the sample models. */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support.h"
+#include "autodiff/grad.h"
+#include "autodiff/train.h"
+#include "plan/pipeline.h"
+
+/* ---- building graphs ---- */
+
+typedef struct TG {
+    Graph *g;
+    GradCtx gc;
+    Diag d;
+    TrainGraph t;
+    uint64_t rng;
+} TG;
+
+static void tg_init(TG *k, const char *name) {
+    memset(k, 0, sizeof *k);
+    k->g = graph_new(name);
+    k->g->opsets = ARENA_NEW(&k->g->arena, Opset);
+    k->g->opsets[0] = (Opset){"", 17};
+    k->g->n_opsets = 1;
+    k->g->inputs = ARENA_ARRAY(&k->g->arena, Value *, 8);
+    k->g->outputs = ARENA_ARRAY(&k->g->arena, Value *, 2);
+    k->gc = (GradCtx){k->g, &k->d, PHASE_FORWARD};
+    k->rng = 99;
+}
+
+static Value *tensor(TG *k, const char *name, ValueKind kind, int64_t r, int64_t c) {
+    Value *v = graph_add_value(k->g, name);
+    v->kind = kind;
+    v->dtype = v->file_dtype = DT_FLOAT;
+    v->rank = 2;
+    v->dims[0] = dim_const(r);
+    v->dims[1] = dim_const(c);
+    if (kind == VAL_INPUT) {
+        k->g->inputs[k->g->n_inputs++] = v;
+        return v;
+    }
+    v->konst = const_new(k->g, DT_FLOAT, r * c);
+    for (int64_t i = 0; i < r * c; i++) {
+        k->rng = k->rng * 6364136223846793005ull + 1442695040888963407ull;
+        const_set_f(v->konst, i, (float)((k->rng >> 40) / (double)(1ull << 24)) - 0.5f);
+    }
+    return v;
+}
+
+/* A forward node with a name of our choosing. */
+static Value *fwd(TG *k, const char *node, const char *op, Value *a, Value *b) {
+    Value *in[2] = {a, b};
+    Node *n = gb_start(&k->gc, "", op, b ? 2 : 1, in, 1);
+    ck_assert_msg(n != NULL, "building %s: %s", node, k->d.msg);
+    n->name = arena_strdup(&k->g->arena, node);
+    Value *y = gb_finish(&k->gc, n);
+    ck_assert_msg(y != NULL, "building %s: %s", node, k->d.msg);
+    return y;
+}
+
+static void train(TG *k, Value *y, OptKind opt) {
+    y->is_output = true;
+    k->g->outputs[k->g->n_outputs++] = y;
+    TrainOptions o = {.loss = LOSS_MSE, .optimizer = opt, .lr = 0.1f, .momentum = 0.9f, .beta1 = 0.9f,
+                      .beta2 = 0.999f, .eps = 1e-8f};
+    Diag d = {0};
+    ck_assert_msg(train_build(k->g, &o, &k->t, &d) && ir_verify(k->g, &d), "training graph: %s", d.msg);
+}
+
+/* x[B, w0] -> (MatMul W_i -> Relu) x layers: nodes mm<i> and relu<i>. */
+static void chain(TG *k, int layers, const int64_t *widths, int64_t batch) {
+    tg_init(k, "chain");
+    Value *h = tensor(k, "x", VAL_INPUT, batch, widths[0]);
+    for (int i = 0; i < layers; i++) {
+        char wn[32], mn[32], rn[32];
+        snprintf(wn, sizeof wn, "W%d", i);
+        snprintf(mn, sizeof mn, "mm%d", i);
+        snprintf(rn, sizeof rn, "relu%d", i);
+        h = fwd(k, mn, "MatMul", h, tensor(k, wn, VAL_INITIALIZER, widths[i], widths[i + 1]));
+        h = fwd(k, rn, "Relu", h, NULL);
+    }
+    train(k, h, OPT_SGD);
+}
+
+static void uniform_chain(TG *k, int layers, int64_t width, int64_t batch) {
+    int64_t w[65];
+    for (int i = 0; i <= layers; i++) w[i] = width;
+    chain(k, layers, w, batch);
+}
+
+/* ---- looking at plans ---- */
+
+static Node *node_named(Graph *g, const char *name) {
+    GRAPH_FOR_NODES(g, n) {
+        if (strcmp(n->name, name) == 0) return n;
+    }
+    ck_abort_msg("no node %s", name);
+    return NULL;
+}
+
+static int count_xfer_steps(const RankPlan *rp, StepKind kind, const Value *v, int peer, int micro) {
+    int c = 0;
+    for (int i = 0; i < rp->n_train; i++) {
+        const PlanStep *s = &rp->train[i];
+        if (s->kind == kind && (!v || s->value == v) && (peer < 0 || s->peer == peer) && (micro < -1 || s->micro == micro))
+            c++;
+    }
+    return c;
+}
+
+static bool rank_mentions(const RankPlan *rp, const Value *v) {
+    for (int i = 0; i < rp->n_train; i++) {
+        const PlanStep *s = &rp->train[i];
+        if (s->value == v) return true;
+        if (s->kind == STEP_COMPUTE)
+            for (int k = 0; k < s->node->n_in; k++)
+                if (s->node->in[k] == v) return true;
+    }
+    return false;
+}
+
+static void plan_ok(TG *k, int P, int M, const char *sched, const char *const *cuts, int n_cuts, Plan *p) {
+    Diag d = {0};
+    int64_t micro = k->g->inputs[0]->dims[0].k;
+    ck_assert_msg(plan_pipeline(k->g, &k->t, micro * M, P, M, sched, cuts, n_cuts, p, &d), "plan (P=%d M=%d %s): %s",
+                  P, M, sched, d.msg);
+}
+
+static void expect_error(bool ok, const Diag *d, const char *needle) {
+    ck_assert_msg(!ok, "expected an error containing '%s'", needle);
+    ck_assert_msg(strstr(d->msg, needle) != NULL, "error '%s' does not mention '%s'", d->msg, needle);
+}
+
+/* ---- stage balancing ---- */
+
+/* Least bottleneck and least sum of squares by trying every split. */
+static void brute(const double *w, int n, int k, double *best_max, double *best_sq) {
+    *best_max = INFINITY;
+    *best_sq = INFINITY;
+    int cut[8];
+    for (int i = 0; i < k - 1; i++) cut[i] = i + 1; /* cut[i]: start of part i + 1 */
+    for (;;) {
+        double mx = 0, sq = 0;
+        for (int part = 0; part < k; part++) {
+            int b = part ? cut[part - 1] : 0, e = part < k - 1 ? cut[part] : n;
+            double s = 0;
+            for (int i = b; i < e; i++) s += w[i];
+            mx = fmax(mx, s);
+            sq += s * s;
+        }
+        if (mx < *best_max - 1e-9 || (fabs(mx - *best_max) <= 1e-9 && sq < *best_sq)) {
+            *best_max = mx;
+            *best_sq = sq;
+        }
+        int i = k - 2;
+        while (i >= 0 && cut[i] == n - (k - 1 - i)) i--;
+        if (i < 0) break;
+        cut[i]++;
+        for (int j = i + 1; j < k - 1; j++) cut[j] = cut[j - 1] + 1;
+    }
+}
+
+static void check_split(const double *w, int n, int k, const int *begin, double *mx, double *sq) {
+    ck_assert_int_eq(begin[0], 0);
+    ck_assert_int_eq(begin[k], n);
+    *mx = 0;
+    *sq = 0;
+    for (int part = 0; part < k; part++) {
+        ck_assert_msg(begin[part + 1] > begin[part], "part %d of %d is empty", part, k);
+        double s = 0;
+        for (int i = begin[part]; i < begin[part + 1]; i++) s += w[i];
+        *mx = fmax(*mx, s);
+        *sq += s * s;
+    }
+}
+
+START_TEST(balance_weights) {
+    int begin[9];
+    double even[12];
+    for (int i = 0; i < 12; i++) even[i] = 5;
+    ck_assert(stages_balance(even, 12, 4, begin));
+    for (int s = 0; s <= 4; s++) ck_assert_int_eq(begin[s], 3 * s);
+    double zeros[5] = {0};
+    double mx, sq;
+    ck_assert(stages_balance(zeros, 5, 5, begin));
+    check_split(zeros, 5, 5, begin, &mx, &sq);
+    ck_assert(stages_balance(zeros, 5, 3, begin));
+    check_split(zeros, 5, 3, begin, &mx, &sq);
+    ck_assert(!stages_balance(zeros, 5, 6, begin));
+    ck_assert(!stages_balance(zeros, 5, 0, begin));
+    /* every small case against exhaustive search */
+    uint64_t rng = 7;
+    for (int trial = 0; trial < 400; trial++) {
+        double w[10];
+        int n = 1 + trial % 10, k = 1 + (trial / 10) % 5;
+        if (k > n) continue;
+        for (int i = 0; i < n; i++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            w[i] = (double)((rng >> 33) % 100);
+            if (trial % 3 == 0 && i % 2) w[i] = 0; /* free nodes, as Reshape is */
+        }
+        ck_assert(stages_balance(w, n, k, begin));
+        check_split(w, n, k, begin, &mx, &sq);
+        double bm, bs;
+        brute(w, n, k, &bm, &bs);
+        ck_assert_msg(fabs(mx - bm) < 1e-6, "trial %d: bottleneck %g, best %g", trial, mx, bm);
+        ck_assert_msg(fabs(sq - bs) < 1e-6, "trial %d: squares %g, best %g", trial, sq, bs);
+    }
+}
+END_TEST
+
+/* Per-node weights: the split with one stage per forward node. */
+static int node_weights(Graph *g, double *w) {
+    Diag d = {0};
+    int n;
+    ck_assert(stages_forward_order(g, &n, &d) != NULL);
+    StageSplit s;
+    ck_assert_msg(stages_split(g, n, NULL, 0, &s, &d), "%s", d.msg);
+    for (int i = 0; i < n; i++) w[i] = s.flops[i];
+    return n;
+}
+
+static void check_balanced(Graph *g, int P, const double *w, int n) {
+    Diag d = {0};
+    StageSplit s;
+    ck_assert_msg(stages_split(g, P, NULL, 0, &s, &d), "P=%d: %s", P, d.msg);
+    double total = 0, maxw = 0, mx = 0;
+    for (int i = 0; i < n; i++) {
+        total += w[i];
+        maxw = fmax(maxw, w[i]);
+    }
+    for (int k = 0; k < P; k++) {
+        ck_assert_msg(s.begin[k + 1] > s.begin[k], "P=%d: stage %d is empty", P, k);
+        mx = fmax(mx, s.flops[k]);
+    }
+    /* an optimal contiguous split is never worse than average + heaviest node */
+    ck_assert_msg(mx <= total / P + maxw + 1e-6 * total, "P=%d: heaviest stage %g, average %g, heaviest node %g", P, mx,
+                  total / P, maxw);
+    if (n <= 12 && P <= 6) {
+        double bm, bs;
+        brute(w, n, P, &bm, &bs);
+        ck_assert_msg(fabs(mx - bm) <= 1e-9 * total, "P=%d: bottleneck %g, best %g", P, mx, bm);
+    }
+    /* stage_of agrees with the split for every node, and backward and
+     * optimizer nodes sit with the forward node they serve */
+    int *st = malloc(sizeof *st * (size_t)g->n_nodes);
+    ck_assert(stages_assign(g, P, NULL, 0, st, &d));
+    GRAPH_FOR_NODES(g, nd) {
+        int sn = stage_of(g, st, nd);
+        ck_assert(sn >= 0 && sn < P);
+        if (nd->phase == PHASE_LOSS) ck_assert_int_eq(sn, P - 1);
+        if (nd->origin && nd->origin->phase == PHASE_FORWARD) ck_assert_int_eq(sn, st[nd->origin->id]);
+    }
+    free(st);
+}
+
+START_TEST(balance_mlp) {
+    Graph *g = test_load(test_src_path("samples/mlp.onnx"), 8);
+    TrainOptions o = {.loss = LOSS_CE, .optimizer = OPT_SGD, .lr = 0.1f};
+    TrainGraph t;
+    Diag d = {0};
+    ck_assert_msg(train_build(g, &o, &t, &d), "%s", d.msg);
+    double w[64];
+    int n = node_weights(g, w);
+    ck_assert_int_eq(n, 6); /* Flatten, Gemm, Relu, Gemm, Relu, Gemm */
+    for (int P = 1; P <= n; P++) check_balanced(g, P, w, n);
+    StageSplit s;
+    expect_error(stages_split(g, n + 1, NULL, 0, &s, &d), &d, "cannot split 6 forward nodes into 7 stages");
+    graph_free(g);
+}
+END_TEST
+
+START_TEST(balance_deep_chain) {
+    TG k;
+    int64_t widths[33];
+    for (int i = 0; i <= 32; i++) widths[i] = 16 + 16 * ((i * 7) % 5); /* 16 .. 80, uneven */
+    chain(&k, 32, widths, 4);
+    double w[128];
+    int n = node_weights(k.g, w);
+    ck_assert_int_eq(n, 64);
+    int Ps[] = {2, 3, 4, 8, 16, 64};
+    for (size_t i = 0; i < sizeof Ps / sizeof *Ps; i++) check_balanced(k.g, Ps[i], w, n);
+    graph_free(k.g);
+}
+END_TEST
+
+/* ---- user cut points ---- */
+
+START_TEST(user_cuts) {
+    TG k;
+    uniform_chain(&k, 3, 8, 4); /* mm0 relu0 mm1 relu1 mm2 relu2 */
+    Diag d = {0};
+    int *st = malloc(sizeof *st * (size_t)k.g->n_nodes);
+    const char *cuts[] = {"mm1", "mm2"};
+    ck_assert_msg(stages_assign(k.g, 3, cuts, 2, st, &d), "%s", d.msg);
+    const char *names[] = {"mm0", "relu0", "mm1", "relu1", "mm2", "relu2"};
+    for (int i = 0; i < 6; i++) ck_assert_int_eq(st[node_named(k.g, names[i])->id], i / 2);
+    GRAPH_FOR_NODES(k.g, n) {
+        if (n->phase != PHASE_FORWARD) ck_assert_int_eq(st[n->id], -1);
+    }
+
+    const char *unknown[] = {"nope"};
+    d = (Diag){0};
+    expect_error(stages_assign(k.g, 2, unknown, 1, st, &d), &d, "no node named 'nope'");
+    const char *backwards[] = {"mm2", "mm1"};
+    d = (Diag){0};
+    expect_error(stages_assign(k.g, 3, backwards, 2, st, &d), &d, "out of order: 'mm1'");
+    const char *twice[] = {"mm1", "mm1"};
+    d = (Diag){0};
+    expect_error(stages_assign(k.g, 3, twice, 2, st, &d), &d, "'mm1' is named twice, which leaves stage 1 empty");
+    const char *first[] = {"mm0"};
+    d = (Diag){0};
+    expect_error(stages_assign(k.g, 2, first, 1, st, &d), &d, "leaves stage 0 empty");
+    d = (Diag){0};
+    expect_error(stages_assign(k.g, 3, first, 1, st, &d), &d, "names 1 cut point for 3 stages; give 2");
+    d = (Diag){0};
+    expect_error(stages_assign(k.g, 7, NULL, 0, st, &d), &d, "cannot split 6 forward nodes into 7 stages");
+    /* names of nodes the training graph added */
+    const char *loss_name = NULL, *grad_name = NULL;
+    GRAPH_FOR_NODES(k.g, n) {
+        if (n->phase == PHASE_LOSS && !loss_name) loss_name = n->name;
+        if (n->phase == PHASE_BACKWARD && !grad_name) grad_name = n->name;
+    }
+    const char *bad_loss[] = {loss_name}, *bad_grad[] = {grad_name};
+    d = (Diag){0};
+    expect_error(stages_assign(k.g, 2, bad_loss, 1, st, &d), &d, "is a loss node");
+    d = (Diag){0};
+    expect_error(stages_assign(k.g, 2, bad_grad, 1, st, &d), &d, "is a backward node");
+    free(st);
+    graph_free(k.g);
+}
+END_TEST
+
+/* ---- cross-stage values ---- */
+
+/* Stage 0: a = mm0(x), h0 = relu0(a).  Stage 1: h1 = relu1(mm1(h0)), or
+ * mm1(a) when the middle stage also reads a.  Stage 2: e = add(mm2(h1), a),
+ * y = mm3(e). */
+static void skip_graph(TG *k, bool middle_reads_a) {
+    tg_init(k, "skip");
+    Value *x = tensor(k, "x", VAL_INPUT, 4, 8);
+    Value *a = fwd(k, "mm0", "MatMul", x, tensor(k, "W0", VAL_INITIALIZER, 8, 8));
+    Value *h0 = fwd(k, "relu0", "Relu", a, NULL);
+    Value *m1 = fwd(k, "mm1", "MatMul", middle_reads_a ? a : h0, tensor(k, "W1", VAL_INITIALIZER, 8, 8));
+    Value *h1 = fwd(k, "relu1", "Relu", m1, NULL);
+    if (middle_reads_a) h1 = fwd(k, "mix1", "Add", h1, h0);
+    Value *m2 = fwd(k, "mm2", "MatMul", h1, tensor(k, "W2", VAL_INITIALIZER, 8, 8));
+    Value *e = fwd(k, "add2", "Add", m2, a);
+    train(k, fwd(k, "mm3", "MatMul", e, tensor(k, "W3", VAL_INITIALIZER, 8, 4)), OPT_SGD);
+}
+
+START_TEST(skip_connection_not_relayed) {
+    TG k;
+    skip_graph(&k, false);
+    const Value *a = node_named(k.g, "mm0")->out[0];
+    const char *cuts[] = {"mm1", "mm2"};
+    const char *scheds[] = {"gpipe", "1f1b"};
+    for (int si = 0; si < 2; si++) {
+        Plan p;
+        plan_ok(&k, 3, 2, scheds[si], cuts, 2, &p);
+        for (int m = 0; m < 2; m++) {
+            ck_assert_int_eq(count_xfer_steps(&p.ranks[0], STEP_SEND, a, 2, m), 1);
+            ck_assert_int_eq(count_xfer_steps(&p.ranks[0], STEP_SEND, a, 1, m), 0);
+            ck_assert_int_eq(count_xfer_steps(&p.ranks[2], STEP_RECV, a, 0, m), 1);
+        }
+        ck_assert_msg(!rank_mentions(&p.ranks[1], a), "stage 1 relays the skip connection");
+        /* its gradient goes straight back from stage 2 to stage 0 */
+        bool direct = false;
+        for (int x = 0; x < p.n_xfers; x++) {
+            const PlanXfer *t = &p.xfers[x];
+            ck_assert_msg(!(t->src_stage == 1 && t->dst_stage == 2 && t->value == a), "relayed");
+            if (t->dir == XFER_GRADIENT && t->src_stage == 2 && t->dst_stage == 0) direct = true;
+            if (t->dir == XFER_ACTIVATION) ck_assert_int_gt(t->dst_stage, t->src_stage);
+            if (t->dir == XFER_GRADIENT) ck_assert_int_lt(t->dst_stage, t->src_stage);
+        }
+        ck_assert_msg(direct, "no gradient sent from stage 2 to stage 0");
+        for (int m = 0; m < 2; m++) ck_assert_int_ge(count_xfer_steps(&p.ranks[0], STEP_RECV, NULL, 2, m), 1);
+    }
+    graph_free(k.g);
+}
+END_TEST
+
+START_TEST(value_read_by_two_later_stages) {
+    TG k;
+    skip_graph(&k, true);
+    const Value *a = node_named(k.g, "mm0")->out[0];
+    const char *cuts[] = {"mm1", "mm2"};
+    Plan p;
+    plan_ok(&k, 3, 4, "1f1b", cuts, 2, &p);
+    for (int m = 0; m < 4; m++) {
+        ck_assert_int_eq(count_xfer_steps(&p.ranks[0], STEP_SEND, a, 1, m), 1);
+        ck_assert_int_eq(count_xfer_steps(&p.ranks[0], STEP_SEND, a, 2, m), 1);
+        ck_assert_int_eq(count_xfer_steps(&p.ranks[1], STEP_RECV, a, 0, m), 1);
+        ck_assert_int_eq(count_xfer_steps(&p.ranks[2], STEP_RECV, a, 0, m), 1);
+        ck_assert_int_eq(count_xfer_steps(&p.ranks[1], STEP_SEND, a, -1, m), 0);
+    }
+    /* one tag per (micro-batch, tensor, direction): both sends share it */
+    int tag[2] = {-1, -1};
+    for (int i = 0; i < p.ranks[0].n_train; i++) {
+        const PlanStep *s = &p.ranks[0].train[i];
+        if (s->kind == STEP_SEND && s->value == a && s->micro == 3) tag[s->peer - 1] = s->tag;
+    }
+    ck_assert_int_ge(tag[0], 0);
+    ck_assert_int_eq(tag[0], tag[1]);
+    ck_assert_int_lt(tag[0], p.tag_bound);
+    /* gradient contributions of a come back from both stages */
+    int from1 = 0, from2 = 0;
+    for (int x = 0; x < p.n_xfers; x++) {
+        from1 += p.xfers[x].dir == XFER_GRADIENT && p.xfers[x].src_stage == 1 && p.xfers[x].dst_stage == 0;
+        from2 += p.xfers[x].dir == XFER_GRADIENT && p.xfers[x].src_stage == 2 && p.xfers[x].dst_stage == 0;
+    }
+    ck_assert_int_ge(from1, 1);
+    ck_assert_int_ge(from2, 1);
+    graph_free(k.g);
+}
+END_TEST
+
+/* ---- tied weights ---- */
+
+START_TEST(tied_weight_gradient_exchange) {
+    int Ms[] = {1, 4};
+    OptKind opts[] = {OPT_SGD, OPT_MOMENTUM, OPT_ADAM};
+    for (int mi = 0; mi < 2; mi++)
+        for (int oi = 0; oi < 3; oi++) {
+            TG k;
+            tg_init(&k, "tied");
+            Value *x = tensor(&k, "x", VAL_INPUT, 4, 8);
+            Value *w = tensor(&k, "W", VAL_INITIALIZER, 8, 8);
+            Value *h = fwd(&k, "relu0", "Relu", fwd(&k, "mm0", "MatMul", x, w), NULL);
+            Value *h2 = fwd(&k, "relu1", "Relu", fwd(&k, "mm1", "MatMul", h, tensor(&k, "V", VAL_INITIALIZER, 8, 8)), NULL);
+            train(&k, fwd(&k, "mm2", "MatMul", h2, w), opts[oi]); /* W again, on stage 1 */
+            const char *cuts[] = {"mm1"};
+            Plan p;
+            int M = Ms[mi];
+            plan_ok(&k, 2, M, "1f1b", cuts, 1, &p);
+            Value *gw = NULL;
+            for (int i = 0; i < k.t.n_params; i++)
+                if (k.t.params[i] == w) gw = k.t.grads[i];
+            ck_assert_ptr_nonnull(gw);
+            int sends = 0, recvs = 0;
+            for (int r = 0; r < 2; r++) {
+                const RankPlan *rp = &p.ranks[r];
+                int update = -1, exchange = -1, last_acc = -1;
+                for (int i = 0; i < rp->n_train; i++) {
+                    const PlanStep *s = &rp->train[i];
+                    if (s->kind == STEP_COMPUTE && s->node->phase == PHASE_OPTIMIZER && s->node->in[0] == w) {
+                        ck_assert_int_eq(s->micro, -1);
+                        update = i;
+                    }
+                    if ((s->kind == STEP_SEND || s->kind == STEP_RECV) && s->value == gw) {
+                        ck_assert_int_eq(p.xfers[s->xfer].dir, XFER_GRAD_SUM);
+                        ck_assert_int_eq(s->micro, -1);
+                        ck_assert_int_eq(s->peer, 1 - r);
+                        exchange = i;
+                        sends += s->kind == STEP_SEND;
+                        recvs += s->kind == STEP_RECV;
+                    }
+                    if (s->kind == STEP_ACCUMULATE && s->value == gw) last_acc = i;
+                }
+                ck_assert_msg(update >= 0, "rank %d does not update the shared weight", r);
+                ck_assert_msg(exchange >= 0, "rank %d does not exchange the shared weight's gradient", r);
+                if (M > 1 && last_acc >= 0) ck_assert_int_lt(last_acc, exchange);
+                ck_assert_int_lt(exchange, update);
+                ck_assert(rp->holds[w->id] & HOLD_PERSISTENT);
+                /* optimizer state of the shared weight lives on both */
+                for (int j = 0; j < k.g->n_values; j++) {
+                    const Value *v = k.g->values[j];
+                    if (v->kind == VAL_STATE && strncmp(v->name, "W.", 2) == 0) ck_assert(rp->holds[v->id] & HOLD_PERSISTENT);
+                }
+            }
+            ck_assert_int_eq(sends, 1);
+            ck_assert_int_eq(recvs, 1);
+            graph_free(k.g);
+        }
+}
+END_TEST
+
+/* ---- schedules ---- */
+
+START_TEST(schedule_orders) {
+    SchedUnit u[64];
+    Diag d = {0};
+    int Ps[] = {2, 4}, Ms[] = {1, 4, 8};
+    SchedKind ks[] = {SCHED_GPIPE, SCHED_1F1B};
+    for (int pi = 0; pi < 2; pi++)
+        for (int mi = 0; mi < 3; mi++)
+            for (int ki = 0; ki < 2; ki++)
+                for (int s = 0; s < Ps[pi]; s++) {
+                    int P = Ps[pi], M = Ms[mi], most;
+                    int n = schedule_units(ks[ki], P, s, M, u);
+                    ck_assert_int_eq(n, 2 * M);
+                    ck_assert_msg(schedule_check(ks[ki], P, s, M, u, n, &most, &d), "%s", d.msg);
+                    for (int m = 0; m < M; m++) {
+                        int f = -1, b = -1;
+                        for (int i = 0; i < n; i++) {
+                            if (u[i].micro != m) continue;
+                            if (u[i].backward) b = i;
+                            else f = i;
+                        }
+                        ck_assert(f >= 0 && b > f);
+                    }
+                    int want = ks[ki] == SCHED_GPIPE ? M : (M < P - s ? M : P - s);
+                    ck_assert_msg(most == want, "%s P=%d s=%d M=%d: %d in flight, want %d",
+                                  schedule_name(ks[ki]), P, s, M, most, want);
+                }
+    /* 1F1B on four stages, eight micro-batches */
+    int n = schedule_units(SCHED_1F1B, 4, 0, 8, u);
+    const char *want0 = "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7 ";
+    char got[256] = "";
+    for (int i = 0; i < n; i++) snprintf(got + strlen(got), sizeof got - strlen(got), "%c%d ", u[i].backward ? 'B' : 'F', u[i].micro);
+    ck_assert_str_eq(got, want0);
+    n = schedule_units(SCHED_1F1B, 4, 3, 8, u);
+    got[0] = '\0';
+    for (int i = 0; i < n; i++) snprintf(got + strlen(got), sizeof got - strlen(got), "%c%d ", u[i].backward ? 'B' : 'F', u[i].micro);
+    ck_assert_str_eq(got, "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7 ");
+    /* broken orders */
+    SchedUnit bad[4] = {{true, 0}, {false, 0}, {false, 1}, {true, 1}};
+    expect_error(schedule_check(SCHED_GPIPE, 2, 0, 2, bad, 4, NULL, &d), &d, "backward 0 before its forward");
+    d = (Diag){0};
+    n = schedule_units(SCHED_GPIPE, 4, 2, 8, u);
+    expect_error(schedule_check(SCHED_1F1B, 4, 2, 8, u, n, NULL, &d), &d, "at most 2 allowed");
+    d = (Diag){0};
+    SchedKind k;
+    expect_error(schedule_parse("zigzag", &k, &d), &d, "'zigzag' is not a pipeline schedule");
+}
+END_TEST
+
+/* Per rank: every forward and backward node once per micro-batch, each
+ * micro-batch's forward before its backward, updates once after all, and
+ * the micro-batches in flight (from the first forward node of one to the
+ * last backward node) within the schedule's bound. */
+static void check_rank_order(const RankPlan *rp, int P, int M, bool one_f_one_b) {
+    int fcount[64] = {0}, bcount[64] = {0}, first_f[64], last_f[64], first_b[64], last_b[64];
+    for (int m = 0; m < M; m++) first_f[m] = last_f[m] = first_b[m] = last_b[m] = -1;
+    int updates = 0, accs = 0, last_unit = -1;
+    for (int i = 0; i < rp->n_train; i++) {
+        const PlanStep *s = &rp->train[i];
+        if (s->kind == STEP_ACCUMULATE) accs++;
+        if (s->kind != STEP_COMPUTE) continue;
+        NodePhase ph = s->node->phase;
+        if (ph == PHASE_OPTIMIZER) {
+            ck_assert_int_eq(s->micro, -1);
+            ck_assert_int_gt(i, last_unit);
+            updates++;
+            continue;
+        }
+        int m = s->micro;
+        ck_assert(m >= 0 && m < M);
+        last_unit = i;
+        if (ph == PHASE_BACKWARD) {
+            if (first_b[m] < 0) first_b[m] = i;
+            last_b[m] = i;
+            bcount[m]++;
+        } else {
+            if (first_f[m] < 0) first_f[m] = i;
+            last_f[m] = i;
+            fcount[m]++;
+        }
+    }
+    for (int m = 0; m < M; m++) {
+        ck_assert_int_gt(fcount[m], 0);
+        ck_assert_int_eq(fcount[m], fcount[0]);
+        ck_assert_int_eq(bcount[m], bcount[0]);
+        if (bcount[m]) ck_assert_msg(first_b[m] > last_f[m], "rank %d: backward of micro-batch %d before its forward ends",
+                                     rp->rank, m);
+    }
+    ck_assert_int_eq(accs, M > 1 ? M * updates : 0); /* one gradient per update, no shared weights */
+    if (!bcount[0]) return;
+    int most = 0;
+    for (int m = 0; m < M; m++) {
+        int live = 0;
+        for (int q = 0; q < M; q++) live += first_f[q] <= first_f[m] && last_b[q] > first_f[m];
+        if (live > most) most = live;
+    }
+    ck_assert_int_eq(most, rp->max_inflight);
+    if (one_f_one_b) ck_assert_int_le(most, P - rp->stage);
+    else ck_assert_int_eq(most, M);
+}
+
+START_TEST(pipeline_plans_on_a_chain) {
+    TG k;
+    uniform_chain(&k, 8, 16, 2);
+    int Ps[] = {2, 4}, Ms[] = {1, 4, 8};
+    const char *scheds[] = {"gpipe", "1f1b"};
+    for (int pi = 0; pi < 2; pi++)
+        for (int mi = 0; mi < 3; mi++)
+            for (int si = 0; si < 2; si++) {
+                Plan p;
+                int P = Ps[pi], M = Ms[mi];
+                plan_ok(&k, P, M, scheds[si], NULL, 0, &p);
+                ck_assert_str_eq(p.strategy, "pipeline");
+                ck_assert_int_eq(p.n_ranks, P);
+                ck_assert_int_eq(p.microbatches, M);
+                for (int r = 0; r < P; r++) {
+                    ck_assert_int_eq(p.ranks[r].stage, r);
+                    ck_assert_ptr_null(p.ranks[r].offset);
+                    check_rank_order(&p.ranks[r], P, M, si == 1);
+                    /* graph input on the first stage, labels and loss on the last */
+                    ck_assert_int_eq(p.ranks[r].holds[k.g->inputs[0]->id] != 0, r == 0);
+                    ck_assert_int_eq(p.ranks[r].holds[k.t.labels->id] != 0, r == P - 1);
+                    ck_assert_int_eq(p.ranks[r].holds[k.t.loss->id] != 0, r == P - 1);
+                }
+            }
+    Plan p;
+    plan_ok(&k, 4, 1, "layer", NULL, 0, &p);
+    ck_assert_str_eq(p.strategy, "layer");
+    Diag d = {0};
+    expect_error(plan_pipeline(k.g, &k.t, 8, 4, 4, "layer", NULL, 0, &p, &d), &d, "--strategy layer");
+    d = (Diag){0};
+    expect_error(plan_pipeline(k.g, &k.t, 6, 2, 4, "gpipe", NULL, 0, &p, &d), &d, "--batch 6 does not divide");
+    d = (Diag){0};
+    expect_error(plan_pipeline(k.g, &k.t, 8, 2, 4, "zigzag", NULL, 0, &p, &d), &d, "not a pipeline schedule");
+    graph_free(k.g);
+}
+END_TEST
+
+START_TEST(hybrid_plan) {
+    TG k;
+    uniform_chain(&k, 4, 16, 2);
+    Plan p;
+    Diag d = {0};
+    ck_assert_msg(plan_hybrid(k.g, &k.t, 8, 2, 2, 2, "1f1b", NULL, 0, &p, &d), "%s", d.msg);
+    ck_assert_str_eq(p.strategy, "hybrid");
+    ck_assert_int_eq(p.n_ranks, 4);
+    ck_assert_int_eq(p.local_batch, 4);
+    ck_assert_int_eq(p.micro_batch, 2);
+    ck_assert_int_eq(p.n_groups, 2);
+    for (int s = 0; s < 2; s++) {
+        ck_assert_int_eq(p.groups[s].n, 2);
+        ck_assert_int_eq(p.groups[s].ranks[0], s);
+        ck_assert_int_eq(p.groups[s].ranks[1], 2 + s);
+    }
+    for (int r = 0; r < 4; r++) {
+        const RankPlan *rp = &p.ranks[r];
+        ck_assert_int_eq(rp->stage, r % 2);
+        ck_assert_int_eq(rp->replica, r / 2);
+        int ar = 0;
+        for (int i = 0; i < rp->n_train; i++) {
+            const PlanStep *s = &rp->train[i];
+            if (s->kind == STEP_ALLREDUCE) {
+                ck_assert_int_eq(s->group, rp->stage);
+                ar++;
+            }
+            if (s->kind == STEP_SEND || s->kind == STEP_RECV) ck_assert_int_eq(s->peer / 2, rp->replica);
+        }
+        ck_assert_int_eq(ar, 2); /* two weights per stage */
+    }
+    graph_free(k.g);
+}
+END_TEST
+
+/* ---- the communication checker ---- */
+
+#define SEND(p, t, b) ((PlanStep){.kind = STEP_SEND, .peer = (p), .tag = (t), .bytes = (b)})
+#define RECV(p, t, b) ((PlanStep){.kind = STEP_RECV, .peer = (p), .tag = (t), .bytes = (b)})
+#define AR(g, b) ((PlanStep){.kind = STEP_ALLREDUCE, .group = (g), .bytes = (b)})
+#define WORK ((PlanStep){.kind = STEP_COMPUTE})
+
+static bool run(int n, const PlanStep *r0, int n0, const PlanStep *r1, int n1, const PlanStep *r2, int n2,
+                const PlanGroup *groups, int n_groups, Diag *d) {
+    const PlanStep *seq[3] = {r0, r1, r2};
+    int len[3] = {n0, n1, n2};
+    *d = (Diag){0};
+    return comm_check(n, seq, len, groups, n_groups, "test", d);
+}
+
+START_TEST(comm_check_sequences) {
+    Diag d;
+    /* ping-pong with local work in between */
+    PlanStep a0[] = {WORK, SEND(1, 1, 100), WORK, RECV(1, 2, 50)}, a1[] = {RECV(0, 1, 100), WORK, SEND(0, 2, 50)};
+    ck_assert_msg(run(2, a0, 4, a1, 3, NULL, 0, NULL, 0, &d), "%s", d.msg);
+    /* with tags, receives may come in another order than the sends */
+    PlanStep b0[] = {SEND(1, 1, 8), SEND(1, 2, 8)}, b1[] = {RECV(0, 2, 8), RECV(0, 1, 8)};
+    ck_assert_msg(run(2, b0, 2, b1, 2, NULL, 0, NULL, 0, &d), "%s", d.msg);
+    /* mismatched size */
+    PlanStep c1[] = {RECV(0, 1, 200), WORK, SEND(0, 2, 50)};
+    ck_assert(!run(2, a0, 4, c1, 3, NULL, 0, NULL, 0, &d));
+    ck_assert_str_eq(d.msg, "test: size mismatch: rank 1 step 0 receives 200 bytes from rank 0 (tag 1) but rank 0 step 1 sends 100 bytes");
+    /* wrong peer */
+    PlanStep w0[] = {SEND(2, 1, 100)}, w1[] = {RECV(0, 1, 100)}, w2[] = {WORK};
+    ck_assert(!run(3, w0, 1, w1, 1, w2, 1, NULL, 0, &d));
+    ck_assert_str_eq(d.msg, "test: rank 1 step 0 (recv from rank 0 (tag 1, 100 bytes)) never completes: rank 0 step 0 sent tag 1 to rank 2 instead");
+    /* swapped order: each waits for the other */
+    PlanStep s0[] = {WORK, RECV(1, 2, 50), SEND(1, 1, 100)}, s1[] = {RECV(0, 1, 100), SEND(0, 2, 50)};
+    ck_assert(!run(2, s0, 3, s1, 2, NULL, 0, NULL, 0, &d));
+    ck_assert_str_eq(d.msg, "test: deadlock: rank 0 step 1 (recv from rank 1 (tag 2, 50 bytes)) waits for rank 1 step 0 (recv from rank 0 (tag 1, 100 bytes)) waits for rank 0");
+    /* missing receive */
+    PlanStep m1[] = {WORK};
+    ck_assert(!run(2, a0, 2, m1, 1, NULL, 0, NULL, 0, &d));
+    ck_assert_str_eq(d.msg, "test: rank 0 step 1 sends (tag 1, 100 bytes) to rank 1, which never receives it");
+    /* missing send */
+    ck_assert(!run(2, m1, 1, a1, 1, NULL, 0, NULL, 0, &d));
+    ck_assert_msg(strstr(d.msg, "rank 1 step 0 (recv from rank 0 (tag 1, 100 bytes)) never completes: rank 0 finished without sending it") != NULL, "%s", d.msg);
+    /* a tag reused while in flight */
+    PlanStep t0[] = {SEND(1, 3, 8), SEND(1, 3, 8)}, t1[] = {RECV(0, 3, 8), RECV(0, 3, 8)};
+    ck_assert(!run(2, t0, 2, t1, 2, NULL, 0, NULL, 0, &d));
+    ck_assert_msg(strstr(d.msg, "rank 0 step 1 sends tag 3 to rank 1 while its message with that tag from step 0 is still unreceived") != NULL, "%s", d.msg);
+    /* no such rank, or itself */
+    PlanStep x0[] = {SEND(5, 1, 8)}, y0[] = {RECV(0, 1, 8)};
+    ck_assert(!run(2, x0, 1, m1, 1, NULL, 0, NULL, 0, &d));
+    ck_assert_msg(strstr(d.msg, "rank 0 step 0: send to rank 5 (tag 1, 8 bytes): no such rank") != NULL, "%s", d.msg);
+    ck_assert(!run(2, y0, 1, m1, 1, NULL, 0, NULL, 0, &d));
+    ck_assert_msg(strstr(d.msg, "cannot receive from itself") != NULL, "%s", d.msg);
+
+    /* collectives */
+    int g01[] = {0, 1}, g2[] = {2}, g02[] = {0, 2};
+    PlanGroup groups[] = {{2, g01}, {1, g2}, {2, g02}};
+    PlanStep c0[] = {AR(0, 64), SEND(2, 1, 8)}, cc1[] = {WORK, AR(0, 64)}, cc2[] = {AR(1, 16), RECV(0, 1, 8)};
+    ck_assert_msg(run(3, c0, 2, cc1, 2, cc2, 2, groups, 3, &d), "%s", d.msg);
+    PlanStep bad1[] = {AR(0, 32)};
+    ck_assert(!run(3, c0, 2, bad1, 1, cc2, 2, groups, 3, &d));
+    ck_assert_str_eq(d.msg, "test: collective mismatch: rank 0 step 0 does allreduce over group 0 (64 bytes) but rank 1 step 0 does allreduce over group 0 (32 bytes)");
+    PlanStep notmember[] = {AR(1, 16)};
+    ck_assert(!run(3, c0, 2, notmember, 1, cc2, 2, groups, 3, &d));
+    ck_assert_msg(strstr(d.msg, "rank 1 step 0 allreduces over group 1, which it is not a member of") != NULL, "%s", d.msg);
+    /* collective against a receive: rank 0 waits in the allreduce for rank
+     * 1, which waits for a message rank 0 sends only after it */
+    PlanStep o0[] = {AR(0, 8), SEND(1, 4, 8)}, o1[] = {RECV(0, 4, 8), AR(0, 8)};
+    ck_assert(!run(2, o0, 2, o1, 2, NULL, 0, groups, 1, &d));
+    ck_assert_str_eq(d.msg, "test: deadlock: rank 0 step 0 (allreduce over group 0 (8 bytes)) waits for rank 1 step 0 (recv from rank 0 (tag 4, 8 bytes)) waits for rank 0");
+    /* a member that never joins */
+    PlanStep lone[] = {AR(2, 8)}, none[] = {WORK};
+    ck_assert(!run(3, lone, 1, m1, 1, none, 1, groups, 3, &d));
+    ck_assert_str_eq(d.msg, "test: rank 0 step 0 (allreduce over group 2 (8 bytes)) never completes: rank 2 finished without joining it");
+}
+END_TEST
+
+/* Copies of a plan's train sequences that a test may break. */
+typedef struct Broken {
+    int n;
+    PlanStep *seq[8];
+    int len[8];
+} Broken;
+
+static void broken_init(Broken *b, const Plan *p) {
+    b->n = p->n_ranks;
+    for (int r = 0; r < b->n; r++) {
+        b->len[r] = p->ranks[r].n_train;
+        b->seq[r] = malloc(sizeof(PlanStep) * (size_t)(b->len[r] + 1));
+        memcpy(b->seq[r], p->ranks[r].train, sizeof(PlanStep) * (size_t)b->len[r]);
+    }
+}
+
+static bool broken_check(Broken *b, Diag *d) {
+    *d = (Diag){0};
+    return comm_check(b->n, (const PlanStep *const *)b->seq, b->len, NULL, 0, "broken", d);
+}
+
+static void broken_free(Broken *b) {
+    for (int r = 0; r < b->n; r++) free(b->seq[r]);
+}
+
+static int find_step(const Broken *b, int r, StepKind kind, int peer, int nth) {
+    for (int i = 0; i < b->len[r]; i++)
+        if (b->seq[r][i].kind == kind && b->seq[r][i].peer == peer && nth-- == 0) return i;
+    ck_abort_msg("rank %d has no such step", r);
+    return -1;
+}
+
+START_TEST(comm_check_broken_plans) {
+    TG k;
+    uniform_chain(&k, 6, 16, 2);
+    Plan p;
+    plan_ok(&k, 3, 4, "1f1b", NULL, 0, &p);
+    Diag d = {0};
+    ck_assert_msg(comm_check_plan(&p, &d), "%s", d.msg);
+    char want[512];
+
+    Broken b;
+    broken_init(&b, &p);
+    ck_assert_msg(broken_check(&b, &d), "%s", d.msg);
+    int i = find_step(&b, 1, STEP_RECV, 0, 0);
+    b.seq[1][i].bytes /= 2; /* mismatched size */
+    ck_assert(!broken_check(&b, &d));
+    snprintf(want, sizeof want, "broken: size mismatch: rank 1 step %d receives %lld bytes from rank 0", i,
+             (long long)b.seq[1][i].bytes);
+    ck_assert_msg(strncmp(d.msg, want, strlen(want)) == 0, "%s", d.msg);
+    broken_free(&b);
+
+    broken_init(&b, &p);
+    i = find_step(&b, 0, STEP_SEND, 1, 0);
+    b.seq[0][i].peer = 2; /* wrong peer */
+    ck_assert(!broken_check(&b, &d));
+    snprintf(want, sizeof want, "never completes: rank 0 step %d sent tag %d to rank 2 instead", i, b.seq[0][i].tag);
+    ck_assert_msg(strncmp(d.msg, "broken: rank 1 step ", 20) == 0 && strstr(d.msg, want), "%s", d.msg);
+    broken_free(&b);
+
+    broken_init(&b, &p);
+    /* swapped order: rank 1 sends its first activation only after waiting
+     * for the gradient that depends on it */
+    int s = find_step(&b, 1, STEP_SEND, 2, 0), r = find_step(&b, 1, STEP_RECV, 2, 0);
+    ck_assert_int_lt(s, r);
+    PlanStep moved = b.seq[1][s];
+    memmove(&b.seq[1][s], &b.seq[1][s + 1], sizeof(PlanStep) * (size_t)(r - s));
+    b.seq[1][r] = moved;
+    ck_assert(!broken_check(&b, &d));
+    ck_assert_msg(strstr(d.msg, "broken: deadlock: rank 1 step") || strstr(d.msg, "broken: deadlock: rank 2 step"), "%s",
+                  d.msg);
+    broken_free(&b);
+
+    broken_init(&b, &p);
+    i = find_step(&b, 2, STEP_RECV, 1, 3); /* missing recv */
+    memmove(&b.seq[2][i], &b.seq[2][i + 1], sizeof(PlanStep) * (size_t)(b.len[2] - i - 1));
+    b.len[2]--;
+    ck_assert(!broken_check(&b, &d));
+    ck_assert_msg(strstr(d.msg, "to rank 2, which never receives it") != NULL, "%s", d.msg);
+    broken_free(&b);
+
+    /* the plan-level checker sees the same breakage in a plan */
+    PlanStep *orig = p.ranks[2].train;
+    broken_init(&b, &p);
+    b.seq[2][find_step(&b, 2, STEP_RECV, 1, 0)].tag += 1000;
+    p.ranks[2].train = b.seq[2];
+    d = (Diag){0};
+    ck_assert(!comm_check_plan(&p, &d));
+    ck_assert_msg(strstr(d.msg, "pipeline plan (pipeline), train step: ") == d.msg, "%s", d.msg);
+    if (getenv("SHOW_MESSAGES")) fprintf(stderr, "%s\n", d.msg);
+    p.ranks[2].train = orig;
+    broken_free(&b);
+    graph_free(k.g);
+}
+END_TEST
+
+/* ---- sample models, data parallel plans, JSON ---- */
+
+static void sample_plans(const char *model, LossKind loss, int P, int M, const char *sched) {
+    Graph *g = test_load(test_src_path(model), 2);
+    TrainOptions o = {.loss = loss, .optimizer = OPT_ADAM, .lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                      .replicas = M};
+    TrainGraph t;
+    Diag d = {0};
+    ck_assert_msg(train_build(g, &o, &t, &d) && ir_verify(g, &d), "%s", d.msg);
+    Plan p;
+    ck_assert_msg(plan_pipeline(g, &t, 2 * M, P, M, sched, NULL, 0, &p, &d), "%s P=%d M=%d %s: %s", model, P, M, sched,
+                  d.msg);
+    for (int r = 0; r < P; r++) {
+        ck_assert_int_gt(p.ranks[r].n_train, 0);
+        ck_assert_int_gt(p.ranks[r].n_eval, 0);
+    }
+    ck_assert(p.ranks[P - 1].holds[t.loss->id] & HOLD_COMPUTED);
+    char *text = pipeline_plan_to_json(&p);
+    ck_assert_ptr_nonnull(text);
+    json_error_t err;
+    json_t *root = json_loads(text, 0, &err);
+    ck_assert_msg(root != NULL, "JSON: %s", err.text);
+    ck_assert_int_eq(json_integer_value(json_object_get(root, "stages")), P);
+    json_t *ranks = json_object_get(root, "rank_plans");
+    ck_assert_int_eq((int)json_array_size(ranks), P);
+    int sends = 0, recvs = 0;
+    for (size_t r = 0; r < json_array_size(ranks); r++) {
+        json_t *steps = json_object_get(json_array_get(ranks, r), "steps");
+        for (size_t i = 0; i < json_array_size(steps); i++) {
+            const char *kind = json_string_value(json_object_get(json_array_get(steps, i), "kind"));
+            sends += strcmp(kind, "send") == 0;
+            recvs += strcmp(kind, "recv") == 0;
+        }
+    }
+    ck_assert_int_gt(sends, 0);
+    ck_assert_int_eq(sends, recvs);
+    ck_assert_int_eq((int)json_array_size(json_object_get(root, "stage_table")), P);
+    json_decref(root);
+    free(text);
+    graph_free(g);
+}
+
+START_TEST(sample_models) {
+    sample_plans("samples/mlp.onnx", LOSS_CE, 3, 4, "1f1b");
+    sample_plans("samples/mlp.onnx", LOSS_CE, 2, 1, "layer");
+    sample_plans("samples/cnn.onnx", LOSS_CE, 2, 2, "gpipe");
+    sample_plans("samples/cnn.onnx", LOSS_CE, 4, 8, "1f1b");
+    sample_plans("samples/transformer.onnx", LOSS_MSE, 4, 4, "1f1b");
+    sample_plans("samples/transformer.onnx", LOSS_MSE, 8, 2, "gpipe");
+}
+END_TEST
+
+START_TEST(other_plans_check_and_print) {
+    Graph *g = test_load(test_src_path("samples/mlp.onnx"), 4);
+    TrainOptions o = {.loss = LOSS_CE, .optimizer = OPT_SGD, .lr = 0.1f, .replicas = 2};
+    TrainGraph t;
+    Diag d = {0};
+    ck_assert_msg(train_build(g, &o, &t, &d), "%s", d.msg);
+    Plan p;
+    ck_assert_msg(plan_dp(g, &t, 8, 2, 0.25, &p, &d), "%s", d.msg);
+    ck_assert_msg(comm_check_plan(&p, &d), "%s", d.msg);
+    char *text = pipeline_plan_to_json(&p);
+    ck_assert_ptr_nonnull(text);
+    ck_assert(strstr(text, "allreduce_start") != NULL);
+    free(text);
+    graph_free(g);
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("pipeline_plan");
+    TCase *tc = tcase_create("pipeline_plan");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, balance_weights);
+    tcase_add_test(tc, balance_mlp);
+    tcase_add_test(tc, balance_deep_chain);
+    tcase_add_test(tc, user_cuts);
+    tcase_add_test(tc, skip_connection_not_relayed);
+    tcase_add_test(tc, value_read_by_two_later_stages);
+    tcase_add_test(tc, tied_weight_gradient_exchange);
+    tcase_add_test(tc, schedule_orders);
+    tcase_add_test(tc, pipeline_plans_on_a_chain);
+    tcase_add_test(tc, hybrid_plan);
+    tcase_add_test(tc, comm_check_sequences);
+    tcase_add_test(tc, comm_check_broken_plans);
+    tcase_add_test(tc, sample_models);
+    tcase_add_test(tc, other_plans_check_and_print);
+    suite_add_tcase(s, tc);
+    return test_run_suite(s);
+}
