@@ -108,6 +108,8 @@ typedef struct CgOptions {
     const char *output;
     const char *model_path;  /* embedded for --save */
     const char *meta_json;   /* embedded program description */
+    const char *passes;      /* LLVM pass pipeline; NULL: "default<O3>" (tests
+                                use O1 to compile hundreds of models quickly) */
     bool verbose;
 } CgOptions;
 

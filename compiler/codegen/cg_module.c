@@ -174,6 +174,7 @@ static bool emit(Cg *c, LLVMTargetMachineRef tm, const CgOptions *o) {
 }
 
 struct CgModule {
+    const char *passes;
     LLVMOrcThreadSafeContextRef tsc;
     Cg c;
     LLVMTargetMachineRef tm;
@@ -197,6 +198,7 @@ CgModule *cg_build(const Plan *p, const CgOptions *o, Diag *d) {
         diag_error(d, DIAG_NOMEM, "out of memory");
         return NULL;
     }
+    m->passes = o->passes ? o->passes : "default<O3>";
     Cg *c = &m->c;
     c->g = p->g;
     c->d = d;
@@ -255,7 +257,7 @@ static bool optimize(CgModule *m, Diag *d) {
     }
     LLVMDisposeMessage(err);
     LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
-    LLVMErrorRef e = LLVMRunPasses(m->c.mod, "default<O3>", m->tm, po);
+    LLVMErrorRef e = LLVMRunPasses(m->c.mod, m->passes, m->tm, po);
     LLVMDisposePassBuilderOptions(po);
     if (e) {
         char *msg = LLVMGetErrorMessage(e);

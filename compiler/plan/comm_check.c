@@ -249,7 +249,17 @@ static bool report_stuck(Sim *S) {
                 if (w < 0) break;
                 o += (size_t)w < sizeof line - o ? (size_t)w : sizeof line - o - 1;
             }
-            diag_error(S->d, DIAG_INTERNAL, "%s: deadlock: %srank %d", S->what, line, next);
+            /* a message under another tag is the usual cause */
+            char hint[200] = "";
+            for (int i = seen[next]; i < len && !hint[0]; i++) {
+                int q = path[i];
+                const PlanStep *w = at(S, q);
+                for (int j = 0; w->kind == STEP_RECV && j < S->box[q].n && !hint[0]; j++)
+                    if (S->box[q].m[j].src == w->peer)
+                        snprintf(hint, sizeof hint, " (rank %d has an unreceived message from rank %d with tag %d, sent at step %d)",
+                                 q, w->peer, S->box[q].m[j].tag, S->box[q].m[j].step);
+            }
+            diag_error(S->d, DIAG_INTERNAL, "%s: deadlock: %srank %d%s", S->what, line, next, hint);
             break;
         }
         cur = next;

@@ -30,7 +30,7 @@ int test_run_suite(Suite *s) {
 #include <string.h>
 
 static bool finish_prog(TestProg *tp, Diag *d) {
-    CgOptions co = {.emit = "obj"};
+    CgOptions co = {.emit = "obj", .passes = "default<O1>"};
     CgModule *m = cg_build(&tp->p, &co, d);
     if (!m) return false;
     tp->jit = cg_jit(m, d);

@@ -281,11 +281,21 @@ static double type_ulp(DType t, double w) {
  * of 16-bit float types may also differ by one unit of their last place:
  * rtol 1e-4 is finer than their precision, so an intermediate result
  * computed in another order may round to the neighbouring value. */
-static bool close_enough(DType t, double want, double got) {
+static bool close_enough(DType t, double want, double got, double atol) {
     if (isnan(want)) return isnan(got);
     if (isinf(want)) return got == want;
     double err = fabs(got - want);
-    return err <= ATOL + RTOL * fabs(want) || err <= type_ulp(t, want);
+    return err <= atol + RTOL * fabs(want) || err <= type_ulp(t, want);
+}
+
+/* Node tests whose expected outputs are stored rounded to four decimals:
+ * 1.3595/9 = 0.151056 is stored as 0.1511.  They are compared with the
+ * rounding's own bound instead of ATOL. */
+static double folder_atol(const char *folder) {
+    static const char *rounded[] = {"test_averagepool_2d_ceil_last_window_starts_on_pad"};
+    for (size_t i = 0; i < sizeof rounded / sizeof *rounded; i++)
+        if (strstr(folder, rounded[i])) return 5e-5;
+    return ATOL;
 }
 
 /* Compares output v (buffer `buf`, or its constant contents when buf is
@@ -311,7 +321,7 @@ static bool compare_output(const char *folder, int k, const Value *v, const void
         if (fl) {
             double w = const_get_f(want->konst, i);
             double got = buf ? ((const float *)buf)[i] : const_get_f(v->konst, i);
-            ok = close_enough(want->dtype, w, got);
+            ok = close_enough(want->dtype, w, got, folder_atol(folder));
             if (!ok && first < 0) fw = w, fg = got;
         } else {
             int64_t w = const_get_i(want->konst, i);
@@ -532,7 +542,15 @@ START_TEST(forward_outputs_match_onnx_node_tests) {
     clock_gettime(CLOCK_MONOTONIC, &t0);
     FwTally t = {0};
     int compiled = 0, folded = 0, v_ran = 0, v_passed = 0, v_failed = 0;
+    /* Under the sanitizers every LLVM allocation goes through ASan's
+     * allocator and compiling ~650 models takes too long; the sanitizer run
+     * sets CLEAVE_TEST_STRIDE=k to compile every k-th folder (the plain
+     * build runs them all). */
+    int stride = getenv("CLEAVE_TEST_STRIDE") ? atoi(getenv("CLEAVE_TEST_STRIDE")) : 1;
+    if (stride < 1) stride = 1;
+    if (stride > 1) printf("forward: CLEAVE_TEST_STRIDE=%d: every %d-th folder only\n", stride, stride);
     for (int i = 0; i < count; i++) {
+        if (i % stride) continue;
         RunInfo info;
         FwResult r = run_model(names[i], false, &info);
         if (r == FW_PASS || r == FW_FAIL || r == FW_NN_FAIL) {
@@ -587,7 +605,8 @@ START_TEST(forward_outputs_match_onnx_node_tests) {
     for (int i = 0; i < count; i++) free(names[i]);
     free(names);
     free(t.groups);
-    ck_assert_msg(t.failed == 0, "%d supported ONNX node tests compute wrong forward results", t.failed);
+    ck_assert_msg(t.failed + t.nn_failed == 0, "%d supported ONNX node tests compute wrong forward results",
+                  t.failed + t.nn_failed);
 }
 END_TEST
 
@@ -708,7 +727,7 @@ static void kg_expect_floats(TestProg *tp, const Node *n, int count, const doubl
     ck_assert_int_eq(value_numel(n->out[0]), count);
     for (int e = 0; e < count; e++) {
         double got = kg_float(tp, n, e);
-        ck_assert_msg(close_enough(DT_FLOAT, want[e], got), "%s element %d: expected %.9g, got %.9g", n->op_type, e,
+        ck_assert_msg(close_enough(DT_FLOAT, want[e], got, ATOL), "%s element %d: expected %.9g, got %.9g", n->op_type, e,
                       want[e], got);
     }
 }
