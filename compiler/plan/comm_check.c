@@ -186,10 +186,17 @@ static bool report_stuck(Sim *S) {
     for (int i = 0; i < n; i++) seen[i] = -1;
     int len = 0, cur = r0;
     char a[400], b[400];
-    /* a receive whose message went to another rank */
+    /* a receive whose message went to another rank, and that its sender
+     * will not send again */
     for (int r = 0; r < n; r++) {
         const PlanStep *s = at(S, r);
-        if (!s || s->kind != STEP_RECV) continue;
+        if (!s || s->kind != STEP_RECV || s->peer < 0 || s->peer >= n) continue;
+        bool later = false;
+        for (int i = S->pc[s->peer]; i < S->len[s->peer] && !later; i++) {
+            const PlanStep *o = &S->seq[s->peer][i];
+            later = o->kind == STEP_SEND && o->peer == r && o->tag == s->tag;
+        }
+        if (later) continue;
         for (int q = 0; q < n; q++)
             for (int i = 0; q != r && i < S->box[q].n; i++) {
                 const Msg *m = &S->box[q].m[i];

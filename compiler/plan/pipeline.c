@@ -44,9 +44,11 @@ typedef struct Ctx {
     int P, M, D;
     SchedKind sched;
     int *stage;            /* by node id */
-    NodeList *fwd, *bwd, *opt; /* per stage, in topological order */
-    unsigned char *reads;  /* [value id * P + stage]: a non-optimizer node of the stage reads it */
-    unsigned char *acc;    /* by value id: computed, and read by an optimizer update (a gradient) */
+    NodeList *fwd, *bwd, *sum, *opt; /* per stage, in topological order */
+    unsigned char *reads;    /* [value id * P + stage]: a non-optimizer node of the stage reads it */
+    unsigned char *grad;     /* by value id: computed, and read by an optimizer update */
+    unsigned char *acc;      /* by value id: accumulated over micro-batches */
+    unsigned char *deferred; /* by node id: a cross-stage gradient sum run once per step */
     int *xfer_head, *xfer_next;
     PlanXfer *xf;
     int n_xf, cap_xf, n_channels;
@@ -103,6 +105,86 @@ static bool list_add(NodeList *l, Node *n, int cap) {
     return true;
 }
 
+/* Add of two same-shaped values, or Identity, in the backward pass: what
+ * sums a value's gradient contributions. */
+static bool is_sum_node(const Node *n) {
+    if (n->phase != PHASE_BACKWARD || n->n_out != 1 || !n->out[0] || n->domain[0]) return false;
+    bool add = strcmp(n->op_type, "Add") == 0 && n->n_in == 2, copy = strcmp(n->op_type, "Identity") == 0 && n->n_in == 1;
+    if (!add && !copy) return false;
+    int64_t e = value_numel(n->out[0]);
+    for (int k = 0; k < n->n_in; k++)
+        if (!n->in[k] || n->in[k]->rank != n->out[0]->rank || value_numel(n->in[k]) != e) return false;
+    return e > 0;
+}
+
+/* A gradient summed from contributions computed on several stages (a
+ * weight read on several stages) is summed once per step instead of once
+ * per micro-batch, which is the same by linearity: each stage accumulates
+ * its contributions over the micro-batches, sends the partial sum to the
+ * stage computing the total once, and that stage runs the Add tree then. */
+static bool defer_sums(Ctx *c) {
+    Graph *g = c->g;
+    int nn = g->n_nodes, nv = g->n_values;
+    int *readers = calloc((size_t)nv + 1, sizeof *readers), *opt_readers = calloc((size_t)nv + 1, sizeof *opt_readers);
+    Node **stack = malloc(sizeof *stack * (size_t)(nn + 1)), **tree = malloc(sizeof *tree * (size_t)(nn + 1));
+    Value **leaves = malloc(sizeof *leaves * (size_t)(2 * nn + 2));
+    bool ok = readers && opt_readers && stack && tree && leaves;
+    if (ok) {
+        GRAPH_FOR_NODES(g, n) {
+            for (int k = 0; k < n->n_in; k++) {
+                Value *v = n->in[k];
+                if (!v) continue;
+                readers[v->id]++;
+                if (n->phase != PHASE_OPTIMIZER) continue;
+                opt_readers[v->id]++;
+                if (live_producer(v)) c->grad[v->id] = 1;
+            }
+        }
+        for (int v = 0; v < nv; v++) {
+            Node *root = g->values[v]->producer;
+            if (!c->grad[v] || !root || root->dead || !is_sum_node(root) || c->deferred[root->id] ||
+                readers[v] != opt_readers[v])
+                continue;
+            int owner = c->stage[root->id], n_stack = 0, n_tree = 0, n_leaves = 0;
+            bool valid = true, spans = false;
+            stack[n_stack++] = root;
+            while (n_stack > 0) {
+                Node *r = stack[--n_stack];
+                tree[n_tree++] = r;
+                spans |= c->stage[r->id] != owner;
+                for (int k = 0; k < r->n_in; k++) {
+                    Value *u = r->in[k];
+                    const Node *pr = live_producer(u);
+                    if (pr && is_sum_node(pr) && readers[u->id] == 1 && !c->deferred[pr->id]) {
+                        stack[n_stack++] = (Node *)pr;
+                    } else if (!pr) {
+                        valid = false; /* a constant would be summed M times */
+                    } else {
+                        leaves[n_leaves++] = u;
+                        spans |= c->stage[pr->id] != owner;
+                    }
+                }
+            }
+            if (!valid || !spans) continue;
+            for (int i = 0; i < n_tree; i++) {
+                c->deferred[tree[i]->id] = 1;
+                c->stage[tree[i]->id] = owner;
+            }
+            for (int i = 0; i < n_leaves; i++) c->acc[leaves[i]->id] = 1;
+        }
+        for (int v = 0; v < nv; v++) {
+            const Node *pr = live_producer(g->values[v]);
+            if (c->grad[v] && pr && !c->deferred[pr->id]) c->acc[v] = 1;
+        }
+    }
+    free(readers);
+    free(opt_readers);
+    free(stack);
+    free(tree);
+    free(leaves);
+    return ok || nomem(c);
+}
+
 /* Stages, node lists per stage and the transfers between stages. */
 static bool analyse(Ctx *c, const StageSplit *sp) {
     Graph *g = c->g;
@@ -117,6 +199,12 @@ static bool analyse(Ctx *c, const StageSplit *sp) {
         if (n->phase != PHASE_FORWARD) c->stage[n->id] = stage_of(g, fwd_stage, n);
     }
     free(fwd_stage);
+    GRAPH_FOR_NODES(g, n) {
+        if (c->stage[n->id] < 0 || c->stage[n->id] >= P)
+            return diag_error(c->d, DIAG_INTERNAL, "%s: node '%s' (%s) has no pipeline stage", g->path, n->name,
+                              n->op_type);
+    }
+    if (!defer_sums(c)) return false;
     int count;
     Node **topo = ir_topo_order(g, &count, c->d);
     if (!topo) return false;
@@ -132,17 +220,16 @@ static bool analyse(Ctx *c, const StageSplit *sp) {
     for (int i = 0; i < count && ok; i++) {
         Node *n = topo[i];
         int s = c->stage[n->id];
-        if (s < 0 || s >= P) {
-            ok = diag_error(c->d, DIAG_INTERNAL, "%s: node '%s' (%s) has no pipeline stage", g->path, n->name, n->op_type);
-            break;
-        }
         if (n->phase != PHASE_OPTIMIZER) {
-            ok = list_add(n->phase == PHASE_BACKWARD ? &c->bwd[s] : &c->fwd[s], n, count) || nomem(c);
+            bool once = c->deferred[n->id];
+            NodeList *l = once ? &c->sum[s] : n->phase == PHASE_BACKWARD ? &c->bwd[s] : &c->fwd[s];
+            ok = list_add(l, n, count) || nomem(c);
             for (int k = 0; k < n->n_in && ok; k++) {
                 Value *v = n->in[k];
                 const Node *pr = live_producer(v);
                 if (pr && c->stage[pr->id] != s)
-                    ok = add_xfer(c, v, dir_of(pr), c->stage[pr->id], s, n->phase <= PHASE_LOSS);
+                    ok = add_xfer(c, v, once ? XFER_GRAD_SUM : dir_of(pr), c->stage[pr->id], s,
+                                  n->phase <= PHASE_LOSS);
             }
             continue;
         }
@@ -160,9 +247,7 @@ static bool analyse(Ctx *c, const StageSplit *sp) {
             for (int k = 0; k < n->n_in && ok; k++) {
                 Value *v = n->in[k];
                 const Node *pr = live_producer(v);
-                if (!pr) continue;
-                c->acc[v->id] = 1;
-                if (c->stage[pr->id] != q) ok = add_xfer(c, v, XFER_GRAD_SUM, c->stage[pr->id], q, false);
+                if (pr && c->stage[pr->id] != q) ok = add_xfer(c, v, XFER_GRAD_SUM, c->stage[pr->id], q, false);
             }
         }
     }
@@ -213,25 +298,45 @@ static void emit_nodes(Ctx *c, Seq *q, const NodeList *l, int replica, int s, in
     }
 }
 
-/* Once per global batch: reduce over replicas, share the gradients of
- * weights several stages hold, then update. */
-static void emit_flush(Ctx *c, Seq *q, int replica, int s) {
-    if (c->D > 1)
-        for (int i = 0; i < c->bwd[s].n; i++) {
-            const Node *n = c->bwd[s].a[i];
-            for (int k = 0; k < n->n_out; k++) {
-                Value *v = n->out[k];
-                if (v && c->acc[v->id])
-                    emit(q, (PlanStep){.kind = STEP_ALLREDUCE, .micro = -1, .peer = -1, .group = s, .xfer = -1,
-                                       .value = v, .bytes = plan_value_bytes(v)});
-            }
+static void emit_grad_sums(Ctx *c, Seq *q, int replica, int s, StepKind kind, bool totals) {
+    for (int x = 0; x < c->n_xf; x++) {
+        const PlanXfer *t = &c->xf[x];
+        if (t->dir != XFER_GRAD_SUM || (bool)c->grad[t->value->id] != totals) continue;
+        if (kind == STEP_SEND && t->src_stage == s)
+            emit(q, xfer_step(c, STEP_SEND, x, rank_of(c, replica, t->dst_stage), -1));
+        if (kind == STEP_RECV && t->dst_stage == s)
+            emit(q, xfer_step(c, STEP_RECV, x, rank_of(c, replica, t->src_stage), -1));
+    }
+}
+
+static void emit_allreduce(Ctx *c, Seq *q, const NodeList *l, int s) {
+    for (int i = 0; i < l->n; i++) {
+        const Node *n = l->a[i];
+        for (int k = 0; k < n->n_out; k++) {
+            Value *v = n->out[k];
+            if (v && c->grad[v->id])
+                emit(q, (PlanStep){.kind = STEP_ALLREDUCE, .micro = -1, .peer = -1, .group = s, .xfer = -1, .value = v,
+                                   .bytes = plan_value_bytes(v)});
         }
-    for (int x = 0; x < c->n_xf; x++)
-        if (c->xf[x].dir == XFER_GRAD_SUM && c->xf[x].src_stage == s)
-            emit(q, xfer_step(c, STEP_SEND, x, rank_of(c, replica, c->xf[x].dst_stage), -1));
-    for (int x = 0; x < c->n_xf; x++)
-        if (c->xf[x].dir == XFER_GRAD_SUM && c->xf[x].dst_stage == s)
-            emit(q, xfer_step(c, STEP_RECV, x, rank_of(c, replica, c->xf[x].src_stage), -1));
+    }
+}
+
+/* Once per global batch: partial sums of shared weights' gradients to
+ * the stage that totals them, the totals, their sum over replicas, the
+ * totals to the other stages holding the weight, then the updates.  Every
+ * rank sends before it waits at each turn, so no turn can deadlock. */
+static void emit_flush(Ctx *c, Seq *q, int replica, int s) {
+    emit_grad_sums(c, q, replica, s, STEP_SEND, false);
+    emit_grad_sums(c, q, replica, s, STEP_RECV, false);
+    for (int i = 0; i < c->sum[s].n; i++)
+        emit(q, (PlanStep){.kind = STEP_COMPUTE, .node = c->sum[s].a[i], .micro = -1, .peer = -1, .group = -1,
+                           .xfer = -1});
+    if (c->D > 1) {
+        emit_allreduce(c, q, &c->bwd[s], s);
+        emit_allreduce(c, q, &c->sum[s], s);
+    }
+    emit_grad_sums(c, q, replica, s, STEP_SEND, true);
+    emit_grad_sums(c, q, replica, s, STEP_RECV, true);
     for (int i = 0; i < c->opt[s].n; i++)
         emit(q, (PlanStep){.kind = STEP_COMPUTE, .node = c->opt[s].a[i], .micro = -1, .peer = -1, .group = -1,
                            .xfer = -1});
@@ -404,27 +509,34 @@ bool plan_hybrid(Graph *g, const TrainGraph *t, int64_t batch, int dp, int n_sta
     c.stage = ARENA_ARRAY(&g->arena, int, nn ? nn : 1);
     c.fwd = calloc((size_t)n_stages, sizeof *c.fwd);
     c.bwd = calloc((size_t)n_stages, sizeof *c.bwd);
+    c.sum = calloc((size_t)n_stages, sizeof *c.sum);
     c.opt = calloc((size_t)n_stages, sizeof *c.opt);
     c.reads = calloc((size_t)nv * (size_t)n_stages + 1, 1);
+    c.grad = calloc((size_t)nv + 1, 1);
     c.acc = calloc((size_t)nv + 1, 1);
+    c.deferred = calloc((size_t)nn + 1, 1);
     c.xfer_head = malloc(sizeof *c.xfer_head * (size_t)(nv + 1));
-    bool ok = c.stage && c.fwd && c.bwd && c.opt && c.reads && c.acc && c.xfer_head;
+    bool ok = c.stage && c.fwd && c.bwd && c.sum && c.opt && c.reads && c.grad && c.acc && c.deferred && c.xfer_head;
     if (!ok) nomem(&c);
     if (ok) {
         for (int v = 0; v < nv; v++) c.xfer_head[v] = -1;
         ok = analyse(&c, &sp) && fill_plan(&c, &sp, batch) && build_ranks(&c);
     }
     if (ok && g->arena.failed) ok = nomem(&c);
-    for (int s = 0; s < n_stages && c.fwd && c.bwd && c.opt; s++) {
+    for (int s = 0; s < n_stages && c.fwd && c.bwd && c.sum && c.opt; s++) {
         free(c.fwd[s].a);
         free(c.bwd[s].a);
+        free(c.sum[s].a);
         free(c.opt[s].a);
     }
     free(c.fwd);
     free(c.bwd);
+    free(c.sum);
     free(c.opt);
     free(c.reads);
+    free(c.grad);
     free(c.acc);
+    free(c.deferred);
     free(c.xfer_head);
     free(c.xfer_next);
     free(c.xf);

@@ -24,16 +24,22 @@
  * stage, directly (a skip connection from stage 0 to stage 2 is not relayed
  * through stage 1): a SEND follows the step that computes it and a RECV
  * precedes the first step of the consuming stage that reads it for that
- * micro-batch.  With M > 1 each parameter gradient computed on the stage is
- * added into its accumulator after each micro-batch (STEP_ACCUMULATE).
- * Then, once per global batch (micro -1):
+ * micro-batch.  With M > 1 each parameter gradient (or stage's share of
+ * one, below) computed on the stage is added into its accumulator after
+ * each micro-batch (STEP_ACCUMULATE).
+ * Then, once per global batch (micro -1), for a weight read on several
+ * stages (tied weights) and otherwise as applies:
+ *   - each stage's contributions to a gradient that sums contributions
+ *     from several stages are accumulated over the micro-batches and sent,
+ *     once, to the stage computing the total (XFER_GRAD_SUM), which runs
+ *     the Add nodes summing them then, not per micro-batch (the same sum,
+ *     by linearity, with one message per step instead of one per
+ *     micro-batch);
  *   - with dp > 1, STEP_ALLREDUCE of each gradient the stage computes over
  *     the stage's replicas (Plan.groups[stage]);
- *   - a weight read on several stages (tied weights) is updated on each of
- *     them: the stage that computes its gradient (summing every stage's
- *     contributions, which arrive as ordinary gradient transfers) sends the
- *     accumulated gradient to the others (XFER_GRAD_SUM) before their
- *     optimizer steps, so the copies stay identical;
+ *   - the total is sent to every other stage reading the weight
+ *     (XFER_GRAD_SUM), and each of them runs the weight's optimizer update
+ *     too, so the copies stay identical;
  *   - the optimizer updates.
  * The eval step (RankPlan.eval) is the forward units alone, with the
  * transfers forward and loss nodes read.
@@ -52,10 +58,14 @@
  *     as early as the buffer is free, and must be complete before the next
  *     step.  Tags are below Plan.tag_bound, to check against MPI_TAG_UB;
  *   - STEP_ACCUMULATE: acc = value for micro-batch 0, acc += value after;
- *     steps with micro -1 that name a gradient (ALLREDUCE, SEND, RECV and
- *     the optimizer update reading it) use the accumulator when M > 1;
- *   - the loss and predictions are on the last stage's ranks.
- * Memory planning per rank is not done yet: RankPlan.offset is NULL. */
+ *     a step with micro -1 reads a value's accumulator when the value has
+ *     STEP_ACCUMULATE steps, and otherwise its one instance (computed or
+ *     received at micro -1, or of micro-batch 0 when M = 1);
+ *   - the loss is on the last stage's ranks, one per micro-batch (the
+ *     step's loss is their mean); RankPlan.holds says where the output is.
+ * Memory planning per rank is not done yet (RankPlan.offset is NULL); it
+ * needs lifetimes over the unrolled sequence, one per (value, micro-batch),
+ * a SEND's buffer living until its request completes. */
 #ifndef CLEAVE_PIPELINE_H
 #define CLEAVE_PIPELINE_H
 
@@ -92,8 +102,9 @@ int stage_of(const Graph *g, const int *stage_of_node, const Node *n);
 /* Forward nodes in split order (arena array; *count gets their number). */
 Node **stages_forward_order(Graph *g, int *count, Diag *d);
 /* Contiguous split of n weights (>= 0) into k non-empty parts minimising
- * the largest sum, then the sum of squared part sums; begin gets k + 1
- * entries.  False when k < 1 or k > n. */
+ * the largest sum, then the sum of squared part sums (for graphs so large
+ * that k * n * n > 5e7, the largest sum only); begin gets k + 1 entries.
+ * False when k < 1 or k > n, or out of memory. */
 bool stages_balance(const double *w, int n, int k, int *begin);
 
 /* ---- schedules (schedule.c) ---- */

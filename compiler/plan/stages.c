@@ -4,6 +4,7 @@
  * The split is over one order of the forward nodes (the model file's when
  * it is topological), so any cut gives stages whose forward edges only go
  * from a stage to itself or a later one. */
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -186,9 +187,10 @@ bool stages_balance(const double *w, int n, int k, int *begin) {
     if (k < 1 || k > n) return false;
     double *S = malloc(sizeof *S * (size_t)(n + 1));
     double *prev = malloc(sizeof *prev * (size_t)(n + 1)), *cur = malloc(sizeof *cur * (size_t)(n + 1));
-    double *q = malloc(sizeof *q * (size_t)(n + 1) * (size_t)(k + 1));
-    int *from = malloc(sizeof *from * (size_t)(n + 1) * (size_t)(k + 1));
-    bool ok = S && prev && cur && q && from;
+    bool quadratic = (double)k * n * n <= 5e7;
+    double *q = quadratic ? malloc(sizeof *q * (size_t)(n + 1) * (size_t)(k + 1)) : NULL;
+    int *from = quadratic ? malloc(sizeof *from * (size_t)(n + 1) * (size_t)(k + 1)) : NULL;
+    bool ok = S && prev && cur && (!quadratic || (q && from));
     if (ok) {
         S[0] = 0;
         for (int i = 0; i < n; i++) S[i + 1] = S[i] + (w[i] > 0 ? w[i] : 0);
@@ -221,7 +223,7 @@ bool stages_balance(const double *w, int n, int k, int *begin) {
          * squared parts (the most even), first cut as early as possible on
          * ties.  Quadratic per stage; very large graphs keep pass 1's
          * bound with the greedy split below instead. */
-        if ((double)k * n * n <= 5e7) {
+        if (quadratic) {
             for (int j = 0; j <= k; j++)
                 for (int i = 0; i <= n; i++) q[j * (n + 1) + i] = INFINITY;
             q[0] = 0;
@@ -310,7 +312,7 @@ static bool user_cuts(Graph *g, Node **order, int n_fwd, int n_stages, const cha
                             k);
         } else if (k > 0 && at < begin[k]) {
             ok = diag_error(d, DIAG_USAGE, "%s: --stages: cut points out of order: '%s' (node %d of %d in order) comes before '%s' (node %d)",
-                            g->path, name, at + 1, n_fwd, cuts[k - 1], begin[k] + 1);
+                            g->path, name, at + 1, n_fwd, cuts[k - 1] ? cuts[k - 1] : "", begin[k] + 1);
         }
         begin[k + 1] = at;
     }
@@ -350,9 +352,10 @@ bool stages_split(Graph *g, int n_stages, const char *const *cuts, int n_cuts, S
         int at = h && pos[h->id] >= 0 ? pos[h->id] : n_fwd - 1;
         w[at] += node_flops(n);
     }
+    assert(n_cuts <= 0 || cuts);
     bool ok = n_cuts > 0 ? user_cuts(g, order, n_fwd, n_stages, cuts, n_cuts, begin, d)
                          : (stages_balance(w, n_fwd, n_stages, begin) ||
-                            diag_error(d, DIAG_INTERNAL, "%s: balancing %d stages failed", g->path, n_stages));
+                            diag_error(d, DIAG_NOMEM, "%s: out of memory balancing %d stages", g->path, n_stages));
     if (ok)
         for (int k = 0; k < n_stages; k++) {
             flops[k] = 0;

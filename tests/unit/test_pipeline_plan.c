@@ -107,7 +107,8 @@ static Node *node_named(Graph *g, const char *name) {
     return NULL;
 }
 
-static int count_xfer_steps(const RankPlan *rp, StepKind kind, const Value *v, int peer, int micro) {
+/* Train steps of a kind; v NULL, peer < 0 and micro < -1 match any. */
+static int count_steps(const RankPlan *rp, StepKind kind, const Value *v, int peer, int micro) {
     int c = 0;
     for (int i = 0; i < rp->n_train; i++) {
         const PlanStep *s = &rp->train[i];
@@ -214,6 +215,45 @@ START_TEST(balance_weights) {
         brute(w, n, k, &bm, &bs);
         ck_assert_msg(fabs(mx - bm) < 1e-6, "trial %d: bottleneck %g, best %g", trial, mx, bm);
         ck_assert_msg(fabs(sq - bs) < 1e-6, "trial %d: squares %g, best %g", trial, sq, bs);
+    }
+}
+END_TEST
+
+/* Graphs too large for the quadratic pass: still the least bottleneck,
+ * found here by bisection over integer weights. */
+START_TEST(balance_large) {
+    enum { N = 4000 };
+    static double w[N];
+    static int begin[17];
+    uint64_t rng = 3;
+    double total = 0, maxw = 0;
+    for (int i = 0; i < N; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        w[i] = (double)((rng >> 33) % 1000);
+        total += w[i];
+        maxw = fmax(maxw, w[i]);
+    }
+    int ks[] = {8, 16};
+    for (int t = 0; t < 2; t++) {
+        int k = ks[t];
+        ck_assert(stages_balance(w, N, k, begin));
+        double mx, sq;
+        check_split(w, N, k, begin, &mx, &sq);
+        double lo = maxw, hi = total;
+        while (lo < hi) {
+            double mid = floor((lo + hi) / 2), run = 0;
+            int parts = 1;
+            for (int i = 0; i < N; i++) {
+                if (run + w[i] > mid) {
+                    parts++;
+                    run = 0;
+                }
+                run += w[i];
+            }
+            if (parts <= k) hi = mid;
+            else lo = mid + 1;
+        }
+        ck_assert_msg(mx == lo, "k=%d: bottleneck %g, best %g", k, mx, lo);
     }
 }
 END_TEST
@@ -368,9 +408,9 @@ START_TEST(skip_connection_not_relayed) {
         Plan p;
         plan_ok(&k, 3, 2, scheds[si], cuts, 2, &p);
         for (int m = 0; m < 2; m++) {
-            ck_assert_int_eq(count_xfer_steps(&p.ranks[0], STEP_SEND, a, 2, m), 1);
-            ck_assert_int_eq(count_xfer_steps(&p.ranks[0], STEP_SEND, a, 1, m), 0);
-            ck_assert_int_eq(count_xfer_steps(&p.ranks[2], STEP_RECV, a, 0, m), 1);
+            ck_assert_int_eq(count_steps(&p.ranks[0], STEP_SEND, a, 2, m), 1);
+            ck_assert_int_eq(count_steps(&p.ranks[0], STEP_SEND, a, 1, m), 0);
+            ck_assert_int_eq(count_steps(&p.ranks[2], STEP_RECV, a, 0, m), 1);
         }
         ck_assert_msg(!rank_mentions(&p.ranks[1], a), "stage 1 relays the skip connection");
         /* its gradient goes straight back from stage 2 to stage 0 */
@@ -383,7 +423,7 @@ START_TEST(skip_connection_not_relayed) {
             if (t->dir == XFER_GRADIENT) ck_assert_int_lt(t->dst_stage, t->src_stage);
         }
         ck_assert_msg(direct, "no gradient sent from stage 2 to stage 0");
-        for (int m = 0; m < 2; m++) ck_assert_int_ge(count_xfer_steps(&p.ranks[0], STEP_RECV, NULL, 2, m), 1);
+        for (int m = 0; m < 2; m++) ck_assert_int_ge(count_steps(&p.ranks[0], STEP_RECV, NULL, 2, m), 1);
     }
     graph_free(k.g);
 }
@@ -397,11 +437,11 @@ START_TEST(value_read_by_two_later_stages) {
     Plan p;
     plan_ok(&k, 3, 4, "1f1b", cuts, 2, &p);
     for (int m = 0; m < 4; m++) {
-        ck_assert_int_eq(count_xfer_steps(&p.ranks[0], STEP_SEND, a, 1, m), 1);
-        ck_assert_int_eq(count_xfer_steps(&p.ranks[0], STEP_SEND, a, 2, m), 1);
-        ck_assert_int_eq(count_xfer_steps(&p.ranks[1], STEP_RECV, a, 0, m), 1);
-        ck_assert_int_eq(count_xfer_steps(&p.ranks[2], STEP_RECV, a, 0, m), 1);
-        ck_assert_int_eq(count_xfer_steps(&p.ranks[1], STEP_SEND, a, -1, m), 0);
+        ck_assert_int_eq(count_steps(&p.ranks[0], STEP_SEND, a, 1, m), 1);
+        ck_assert_int_eq(count_steps(&p.ranks[0], STEP_SEND, a, 2, m), 1);
+        ck_assert_int_eq(count_steps(&p.ranks[1], STEP_RECV, a, 0, m), 1);
+        ck_assert_int_eq(count_steps(&p.ranks[2], STEP_RECV, a, 0, m), 1);
+        ck_assert_int_eq(count_steps(&p.ranks[1], STEP_SEND, a, -1, m), 0);
     }
     /* one tag per (micro-batch, tensor, direction): both sends share it */
     int tag[2] = {-1, -1};
@@ -479,6 +519,26 @@ START_TEST(tied_weight_gradient_exchange) {
             }
             ck_assert_int_eq(sends, 1);
             ck_assert_int_eq(recvs, 1);
+            /* stage 1's contribution to W's gradient travels once per step,
+             * not per micro-batch; per micro-batch only the activation's
+             * gradient goes back */
+            int partial = 0;
+            for (int xi = 0; xi < p.n_xfers; xi++) {
+                const PlanXfer *t = &p.xfers[xi];
+                if (t->dir == XFER_GRADIENT) {
+                    ck_assert_int_eq(t->src_stage, 1);
+                    ck_assert_int_eq(plan_value_bytes(t->value), 4 * 8 * 4);
+                }
+                if (t->dir == XFER_GRAD_SUM && t->value != gw) {
+                    ck_assert_int_eq(t->src_stage, 1);
+                    ck_assert_int_eq(t->dst_stage, 0);
+                    ck_assert_int_eq(plan_value_bytes(t->value), 8 * 8 * 4);
+                    ck_assert_int_eq(count_steps(&p.ranks[1], STEP_SEND, t->value, 0, -2), 1);
+                    ck_assert_int_eq(count_steps(&p.ranks[1], STEP_ACCUMULATE, t->value, -1, -2), M > 1 ? M : 0);
+                    partial++;
+                }
+            }
+            ck_assert_int_eq(partial, 1);
             graph_free(k.g);
         }
 }
@@ -643,18 +703,40 @@ START_TEST(hybrid_plan) {
         const RankPlan *rp = &p.ranks[r];
         ck_assert_int_eq(rp->stage, r % 2);
         ck_assert_int_eq(rp->replica, r / 2);
-        int ar = 0;
+        int ar = 0, updates = 0;
         for (int i = 0; i < rp->n_train; i++) {
             const PlanStep *s = &rp->train[i];
             if (s->kind == STEP_ALLREDUCE) {
                 ck_assert_int_eq(s->group, rp->stage);
+                ck_assert_int_eq(updates, 0);
                 ar++;
             }
+            if (s->kind == STEP_COMPUTE && s->node->phase == PHASE_OPTIMIZER) updates++;
             if (s->kind == STEP_SEND || s->kind == STEP_RECV) ck_assert_int_eq(s->peer / 2, rp->replica);
         }
-        ck_assert_int_eq(ar, 2); /* two weights per stage */
+        ck_assert_int_gt(updates, 0);
+        ck_assert_int_eq(ar, updates); /* each gradient summed over the replicas before its update */
     }
     graph_free(k.g);
+}
+END_TEST
+
+START_TEST(out_of_memory_at_every_allocation) {
+    int failures = 0;
+    for (long nth = 1; nth < 2000; nth++) {
+        TG k;
+        skip_graph(&k, true);
+        Plan p;
+        Diag d = {0};
+        arena_fail_after(nth);
+        bool ok = plan_hybrid(k.g, &k.t, 16, 2, 3, 2, "1f1b", NULL, 0, &p, &d);
+        arena_fail_after(0);
+        graph_free(k.g);
+        if (ok) break; /* nth is past the last allocation */
+        ck_assert_msg(d.code == DIAG_NOMEM, "allocation %ld: expected out of memory, got: %s", nth, d.msg);
+        failures++;
+    }
+    ck_assert_int_gt(failures, 10);
 }
 END_TEST
 
@@ -904,6 +986,7 @@ int main(void) {
     TCase *tc = tcase_create("pipeline_plan");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, balance_weights);
+    tcase_add_test(tc, balance_large);
     tcase_add_test(tc, balance_mlp);
     tcase_add_test(tc, balance_deep_chain);
     tcase_add_test(tc, user_cuts);
@@ -913,6 +996,7 @@ int main(void) {
     tcase_add_test(tc, schedule_orders);
     tcase_add_test(tc, pipeline_plans_on_a_chain);
     tcase_add_test(tc, hybrid_plan);
+    tcase_add_test(tc, out_of_memory_at_every_allocation);
     tcase_add_test(tc, comm_check_sequences);
     tcase_add_test(tc, comm_check_broken_plans);
     tcase_add_test(tc, sample_models);
