@@ -53,14 +53,14 @@ DDP_BUCKET_MB = 25.0               # torch.nn.parallel.DistributedDataParallel's
 LOOPBACK = "127.0.0.1"
 
 # model (a name of bench_train.MODELS), global batch, default steps.  Each of
-# the two ranks gets half of the batch; the steps keep a default run (5 runs
-# of the five measurements per model) at about six minutes on the 2-core
-# development machine, torch's side and the start-up of the 25 processes
-# per model taking most of it.
+# the two ranks gets half of the batch (64, 32 and 32 rows).  The steps keep a
+# default run (5 runs of five measurements per model, plus 3 compiles per
+# model) at about five minutes on the busy 2-core development machine; about a
+# third of that is process start-up (Python with torch, mpirun, gloo).
 DP_MODELS = [
-    ("mlp_784_1024_1024_10", 128, 40),
-    ("mlp_784_256_256_10", 64, 300),
-    ("deep_mlp_16x512", 64, 40),
+    ("mlp_784_1024_1024_10", 128, 24),
+    ("mlp_784_256_256_10", 64, 200),
+    ("deep_mlp_16x512", 64, 24),
 ]
 
 np = None
@@ -424,7 +424,7 @@ def print_report(report):
     print("command: %s" % report["command"])
     print("machine: %s, %d cores (%d usable), Linux %s"
           % (m["cpu"], m["cores"], m["cores_usable"], m["kernel"]))
-    print("         2 ranks (or 2 DDP processes) use both cores; mpirun binds rank r to core r")
+    print("         2 ranks (or 2 DDP processes) take both cores; mpirun binds rank r to core r")
     print("cleave:  %s (%s); %s" % (report["cleave"], report["cleave_version"], report["mpirun"]))
     print("torch:   %s, 1 thread per process, DDP over gloo on %s (bucket_cap_mb %g), BLAS %s"
           % (report["torch_version"], LOOPBACK, DDP_BUCKET_MB,

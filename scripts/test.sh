@@ -27,7 +27,8 @@ echo "== tests under ASan+UBSan"
 # libraries, and full unwinding lets LeakSanitizer see them on the stacks.
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:fast_unwind_on_malloc=0 \
   LSAN_OPTIONS=suppressions="$root/tests/runtime/lsan.supp" \
-  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 CLEAVE_TEST_STRIDE=6 ctest --output-on-failure)
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 CLEAVE_TEST_STRIDE=6 CK_TIMEOUT_MULTIPLIER=4 \
+  ctest --output-on-failure --timeout 3000)
 
 fuzz_seconds=${FUZZ_SECONDS:-60}
 if [ "$fuzz_seconds" -gt 0 ] && [ -f tests/fuzz/run_fuzz.sh ]; then

@@ -19,6 +19,11 @@ Graph *onnx_load(const char *path, Diag *d);
 /* Same from bytes already in memory; `path` names them in messages and its
  * folder anchors external data. */
 Graph *onnx_load_buffer(const uint8_t *buf, size_t len, const char *path, Diag *d);
+/* False when buf nests protobuf messages deeper than the loader accepts:
+ * the decoder recurses once per level, so deep nesting would overflow the
+ * stack.  onnx_load_buffer checks it; exposed for other decoders of the
+ * same bytes (the fuzzer's mutator). */
+bool onnx_nesting_ok(const uint8_t *buf, size_t len);
 /* Reads a serialized TensorProto (as in the .pb files of ONNX test data sets) into a
  * new constant value of g. */
 Value *onnx_load_tensor_file(Graph *g, const char *path, Diag *d);

@@ -320,12 +320,16 @@ static bool nesting_ok(const ProtobufCMessageDescriptor *desc, const uint8_t *p,
     return true;
 }
 
+bool onnx_nesting_ok(const uint8_t *buf, size_t len) {
+    return nesting_ok(&onnx__model_proto__descriptor, buf, len, 0);
+}
+
 Graph *onnx_load_buffer(const uint8_t *buf, size_t len, const char *path, Diag *d) {
     if (len == 0) {
         diag_error(d, DIAG_FORMAT, "%s: empty file, not an ONNX model", path);
         return NULL;
     }
-    if (!nesting_ok(&onnx__model_proto__descriptor, buf, len, 0)) {
+    if (!onnx_nesting_ok(buf, len)) {
         diag_error(d, DIAG_LIMIT, "%s: protobuf messages nested more than %d levels deep", path, MAX_NESTING);
         return NULL;
     }

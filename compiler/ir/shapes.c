@@ -40,6 +40,10 @@ static bool check_arity(Graph *g, const Node *n, Diag *d) {
     if (n->n_out < def->min_out || n->n_out > def->max_out)
         return diag_error(d, DIAG_GRAPH, "%s: node '%s' (%s): has %d outputs; %d to %d expected", g->path, n->name,
                           n->op_type, n->n_out, def->min_out, def->max_out);
+    for (int k = 0; k < def->min_out; k++)
+        if (!n->out[k])
+            return diag_error(d, DIAG_GRAPH, "%s: node '%s' (%s): required output %d is omitted", g->path, n->name,
+                              n->op_type, k);
     for (int i = 0; i < def->min_in; i++)
         if (!n->in[i])
             return diag_error(d, DIAG_GRAPH, "%s: node '%s' (%s): required input %d is missing", g->path, n->name,

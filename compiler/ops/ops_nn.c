@@ -28,6 +28,10 @@ static bool window_out(OpCtx *c, const Node *n, const Value *x, const int64_t *k
         int64_t s = ks >= 0 ? strides[i] : 1, d = kd >= 0 ? dil[i] : 1;
         if (s <= 0 || d <= 0 || kernel[i] <= 0)
             return op_error(c, n, "strides, dilations and kernel sizes must be positive");
+        /* Bounds that keep every sum below in 64-bit range. */
+        const int64_t big = (int64_t)1 << 40;
+        if (s > big || d > big || kernel[i] > big || (kp >= 0 && (pads[i] > big || pads[i + nsp] > big)))
+            return op_error(c, n, "strides, dilations, kernel sizes or pads beyond 2^40 on spatial axis %d", i);
         if (!dim_is_const(in)) { out[i] = dim_unknown(); continue; }
         int64_t ek = (kernel[i] - 1) * d + 1; /* effective kernel extent */
         int64_t o;
@@ -61,6 +65,9 @@ static bool infer_conv(OpCtx *c, Node *n) {
     int64_t group = node_attr_i(n, "group", 1);
     if (group <= 0) return op_error(c, n, "group must be positive");
     Dim cin = x->dims[1], cw = w->dims[1], m = w->dims[0];
+    int64_t cw_total;
+    if (dim_is_const(cw) && __builtin_mul_overflow(cw.k, group, &cw_total))
+        return op_error(c, n, "W's %lld channels times group %lld overflow", (long long)cw.k, (long long)group);
     if (dim_is_const(cin) && dim_is_const(cw) && cin.k != cw.k * group)
         return op_error(c, n, "input has %lld channels but W expects %lld x group %lld", (long long)cin.k,
                         (long long)cw.k, (long long)group);

@@ -114,6 +114,8 @@ static bool infer_reshape(OpCtx *c, Node *n) {
     int64_t target[MAX_RANK];
     Dim tdims[MAX_RANK];
     int k;
+    if (c->opset >= 5 && (n->n_in < 2 || !n->in[1]))
+        return op_error(c, n, "the shape input is required from opset 5");
     if (c->opset < 5) {
         const int64_t *a;
         k = node_attr_ints(n, "shape", &a);
@@ -319,7 +321,12 @@ static bool infer_concat(OpCtx *c, Node *n) {
         }
         Dim a = out[axis], b = x->dims[axis];
         if (a.sym == DIM_UNKNOWN || b.sym == DIM_UNKNOWN) out[axis] = dim_unknown();
-        else if (a.sym == b.sym || a.k == 0 || b.k == 0) out[axis] = (Dim){a.k + b.k, a.sym ? a.sym : b.sym};
+        else if (a.sym == b.sym || a.k == 0 || b.k == 0) {
+            int64_t sum;
+            if (__builtin_add_overflow(a.k, b.k, &sum))
+                return op_error(c, n, "the concatenated dimension overflows");
+            out[axis] = (Dim){sum, a.sym ? a.sym : b.sym};
+        }
         else out[axis] = dim_unknown();
     }
     set_out(n, 0, t, x0->rank, out);

@@ -27,7 +27,7 @@ mkdir -p "$BAD"
 RUN_DIR=$WORK # folder the checked commands run in
 pass=0
 fail=0
-label=FAIL # how expect reports a failed check; `known` changes it
+label=FAIL # how expect reports a failed check
 
 # run COMMAND...: runs it in RUN_DIR under the time limit; sets `status`
 # and `err` and leaves stdout in $WORK/stdout.
@@ -134,25 +134,6 @@ bad() {
   expect 1 "^cleave: error: ${name//./\\.}: $pattern" -- "$CLEAVE" inspect "$name" "$@"
 }
 
-# known NAME PATTERN [FLAGS...]: like `bad`, for inputs that still hit a bug
-# in code outside this suite (compiler/ops, compiler/ir/shapes.c), named in
-# the comment above each.  A failure is printed as KNOWN and not counted; a
-# pass is counted, and once it passes under the sanitizers too the check
-# should become a plain `bad`.
-known_fail=0
-known_names=
-known() {
-  local before=$fail
-  label=KNOWN
-  bad "$@"
-  label=FAIL
-  if [ "$fail" -gt "$before" ]; then
-    fail=$before
-    known_fail=$((known_fail + 1))
-    known_names="$known_names $1"
-  fi
-}
-
 if [ ! -x "$PYTHON" ]; then
   gen=127
   echo "SKIP: $PYTHON not found; malformed-input checks skipped"
@@ -243,20 +224,12 @@ if [ "$gen" -eq 0 ]; then
   checked="${checked}huge_reshape.onnx "
   expect_ok "flatten_huge" -- "$CLEAVE" inspect huge_reshape.onnx
 
-  # Found by the fuzzer; the fixes belong in files this suite does not own.
-  # ops_shape.c infer_reshape: opset >= 5 reads in[1] without checking it
-  # is present (min_in is 1 for the attribute form of opset < 5).
-  known reshape_no_shape_input.onnx "node 'reshape_one_input' \(Reshape\): "
-  # shapes.c check_arity checks required inputs but not required outputs;
-  # fold_out() and the rules then dereference the NULL output 0.
-  known omitted_required_output.onnx "node 'shape_no_output' \(Shape\): "
-  # ops_nn.c window_out: pads[i] + pads[i + nsp], (kernel - 1) * dilation,
-  # in + stride - 1 and in + pads can overflow (UB).
-  known pool_pads_overflow.onnx "node 'pool_huge_pads' \(MaxPool\): "
-  # ops_nn.c infer_conv: cw.k * group overflows (UB) before the check.
-  known conv_group_overflow.onnx "node 'conv_huge_group' \(Conv\): "
-  # ops_shape.c infer_concat: a.k + b.k overflows (UB) on the concat axis.
-  known concat_dim_overflow.onnx "node 'concat_huge' \(Concat\): "
+  # Found by the fuzzer: rules that once crashed or overflowed on these.
+  bad reshape_no_shape_input.onnx "node 'reshape_one_input' \(Reshape\): "
+  bad omitted_required_output.onnx "node 'shape_no_output' \(Shape\): "
+  bad pool_pads_overflow.onnx "node 'pool_huge_pads' \(MaxPool\): "
+  bad conv_group_overflow.onnx "node 'conv_huge_group' \(Conv\): "
+  bad concat_dim_overflow.onnx "node 'concat_huge' \(Concat\): "
 
   # External data
   bad ext_escape.onnx "initializer 'w_ext': external data location '\.\./escape\.bin' leaves the model's folder"
@@ -295,8 +268,5 @@ for f in "$BAD"/*.onnx; do
   esac
 done
 
-if [ "$known_fail" -gt 0 ]; then
-  echo "KNOWN: $known_fail known failure(s) not counted:$known_names"
-fi
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

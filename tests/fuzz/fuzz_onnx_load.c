@@ -68,7 +68,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     }
     exe[n] = 0;
     char *slash = strrchr(exe, '/');
-    *slash = 0;
+    if (slash) *slash = 0;
     char dir[PATH_MAX], weights[PATH_MAX];
     snprintf(dir, sizeof dir, "%s/fuzz_onnx_load.data", exe);
     snprintf(weights, sizeof weights, "%s/weights.bin", dir);
@@ -356,6 +356,9 @@ static void mutate_input(Mut *m, Onnx__ValueInfoProto *vi) {
 size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size, unsigned int seed) {
     Mut m = {.state = ((uint64_t)seed << 1) | 1};
     if (rnd(&m, 4) == 0) return LLVMFuzzerMutate(data, size, max_size);
+    /* Deeply nested bytes pass through the loader as an error but would
+     * overflow the stack here. */
+    if (!onnx_nesting_ok(data, size)) return LLVMFuzzerMutate(data, size, max_size);
     Pool pool = {0};
     ProtobufCAllocator alloc = {pool_alloc, pool_keep, &pool};
     Onnx__ModelProto *model = onnx__model_proto__unpack(&alloc, size, data);

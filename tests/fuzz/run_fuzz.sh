@@ -8,7 +8,8 @@
 # from run to run; it is seeded from samples/*.onnx and the inputs
 # tests/cli/make_bad_models.py writes.  Findings (crash-*, leak-*,
 # timeout-*, oom-*) go to BUILD_DIR/fuzz/artifacts and the log to
-# BUILD_DIR/fuzz/fuzz.log.  Exits 0 only when the run found nothing.
+# BUILD_DIR/fuzz/fuzz.log.  Prints one summary line on stdout (notes go to
+# stderr) and exits 0 only when the run found nothing.
 #
 # Environment: FUZZ_MAX_LEN (default 65536) caps input size; larger seeds
 # are left out.  PYTHON (default /usr/bin/python3) writes the bad models.
@@ -51,15 +52,15 @@ if [ -x "$PYTHON" ]; then
   "$PYTHON" "$SRC/tests/cli/make_bad_models.py" "$SEEDS/bad" 2>"$OUT/make_bad_models.err"
   case $? in
   0) ;;
-  77) echo "run_fuzz: $(head -n 1 "$OUT/make_bad_models.err"); seeding with byte-level cases only" ;;
-  *) echo "run_fuzz: make_bad_models.py failed; see $OUT/make_bad_models.err" ;;
+  77) echo "run_fuzz: $(head -n 1 "$OUT/make_bad_models.err"); seeding with byte-level cases only" >&2 ;;
+  *) echo "run_fuzz: make_bad_models.py failed; see $OUT/make_bad_models.err" >&2 ;;
   esac
 fi
 # Only regular files are inputs; the external-data helpers (weights.bin,
 # link.bin, subdir) are not models.
 find "$SEEDS/bad" -mindepth 1 ! -name '*.onnx' -exec rm -rf {} + 2>/dev/null
 find "$SEEDS/bad" -name '*.onnx' -size +"$MAX_LEN"c -delete
-[ "$skipped" -gt 0 ] && echo "run_fuzz: left out $skipped sample(s) larger than $MAX_LEN bytes"
+[ "$skipped" -gt 0 ] && echo "run_fuzz: left out $skipped sample(s) larger than $MAX_LEN bytes" >&2
 
 # Dictionary: names the mutator cannot guess byte by byte.  Op names come
 # from the op table, attribute names from its AttrSpec lists, so both stay
