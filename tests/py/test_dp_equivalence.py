@@ -23,29 +23,18 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-RESULTS = {"pass": 0, "fail": 0}
-
-
-def check(ok, what, detail=""):
-    RESULTS["pass" if ok else "fail"] += 1
-    print("%s %s%s" % ("PASS" if ok else "FAIL", what, (": " + detail) if detail and not ok else ""))
-    return ok
-
-
-def mpi_env():
-    env = dict(os.environ)
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_btl_vader_single_copy_mechanism="none", OMPI_MCA_rmaps_base_oversubscribe="1")
-    return env
+import harness  # noqa: E402
 
 
 def run(cmd, timeout=300, env=None):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout, env=env)
+    p, _ = harness.run(cmd, timeout=timeout, env=env)
     return p.returncode, p.stdout, p.stderr
 
 
 def mpirun(np_, argv, timeout=300):
-    return run(["mpirun", "--oversubscribe", "-np", str(np_)] + argv, timeout=timeout, env=mpi_env())
+    env = harness.mpi_env(OMPI_MCA_btl_vader_single_copy_mechanism="none",
+                          OMPI_MCA_rmaps_base_oversubscribe="1")
+    return run(harness.mpirun(np_, argv), timeout=timeout, env=env)
 
 
 def read_losses(path):
@@ -69,6 +58,7 @@ def main():
     ap.add_argument("--cleave", required=True)
     ap.add_argument("--workdir", default="/tmp/cleave_dp")
     args = ap.parse_args()
+    rep = harness.Report()
     try:
         import numpy as np
         import torch  # noqa: F401
@@ -100,35 +90,36 @@ def main():
             files += ["--data", "%s=%s" % (k, p)]
         base = [args.cleave, "compile", model_path, "--batch", str(B), "--loss", loss] + opt
         rc, _, err = run(base + ["-o", os.path.join(d, "single")])
-        if not check(rc == 0, "%s: compile single" % name, err.strip()):
+        if not rep.check("%s: compile single" % name, rc == 0, err.strip()):
             continue
         rc, _, err = run([os.path.join(d, "single")] + files + ["--steps", str(STEPS), "--metrics",
                          os.path.join(d, "single.jsonl"), "--save", os.path.join(d, "single.onnx")])
-        if not check(rc == 0, "%s: run single" % name, err.strip()):
+        if not rep.check("%s: run single" % name, rc == 0, err.strip()):
             continue
         ref_losses = read_losses(os.path.join(d, "single.jsonl"))
         ref_w = read_weights(os.path.join(d, "single.onnx"))
         for ranks in (2, 4):
             prog = os.path.join(d, "dp%d" % ranks)
             rc, _, err = run(base + ["-o", prog, "--ranks", str(ranks), "--strategy", "dp", "--bucket-mb", "0.001"])
-            if not check(rc == 0, "%s: compile dp x%d" % (name, ranks), err.strip()):
+            if not rep.check("%s: compile dp x%d" % (name, ranks), rc == 0, err.strip()):
                 continue
             m = prog + ".jsonl"
             t0 = time.time()
             rc, _, err = mpirun(ranks, [prog] + files + ["--steps", str(STEPS), "--metrics", m, "--save",
                                 prog + ".onnx", "--check-replicas"])
-            if not check(rc == 0, "%s: dp x%d runs under mpirun (%.1fs)" % (name, ranks, time.time() - t0),
-                         err.strip()[-500:]):
+            if not rep.check("%s: dp x%d runs under mpirun (%.1fs)" % (name, ranks, time.time() - t0), rc == 0,
+                             err.strip()[-500:]):
                 continue
             losses = read_losses(m)
-            check(len(losses) == STEPS, "%s: dp x%d wrote %d loss lines" % (name, ranks, STEPS), str(len(losses)))
+            rep.check("%s: dp x%d wrote %d loss lines" % (name, ranks, STEPS), len(losses) == STEPS,
+                      str(len(losses)))
             ok = len(losses) == len(ref_losses) and np.allclose(losses, ref_losses, rtol=1e-5, atol=1e-7)
-            check(ok, "%s: dp x%d per-step losses equal single-process (rtol 1e-5)" % (name, ranks),
-                  "%s vs %s" % (losses[:4], ref_losses[:4]))
+            rep.check("%s: dp x%d per-step losses equal single-process (rtol 1e-5)" % (name, ranks), ok,
+                      "%s vs %s" % (losses[:4], ref_losses[:4]))
             w = read_weights(prog + ".onnx")
             bad = [k for k in ref_w if k not in w or not np.allclose(w[k], ref_w[k], rtol=1e-4, atol=1e-6)]
-            check(not bad, "%s: dp x%d final weights equal single-process (rtol 1e-4)" % (name, ranks),
-                  "differ: %s" % bad)
+            rep.check("%s: dp x%d final weights equal single-process (rtol 1e-4)" % (name, ranks), not bad,
+                      "differ: %s" % bad)
 
     # guard rails
     spec = tm.MODELS["mlp_gemm"]
@@ -136,15 +127,16 @@ def main():
     model_path = os.path.join(d, "model.onnx")
     rc, _, err = run([args.cleave, "compile", model_path, "--batch", "15", "--ranks", "2", "--strategy", "dp",
                       "-o", os.path.join(d, "bad")])
-    check(rc == 2 and "15" in err and "2" in err, "batch not divisible by ranks is refused naming both", err.strip())
+    rep.check("batch not divisible by ranks is refused naming both", rc == 2 and "15" in err and "2" in err,
+              err.strip())
     prog = os.path.join(d, "dp2")
     if os.path.exists(prog):
         files = ["--data", "input=%s" % os.path.join(d, "input.npy"), "--data",
                  "labels=%s" % os.path.join(d, "labels.npy")]
         t0 = time.time()
         rc, _, err = mpirun(3, [prog] + files + ["--steps", "2"], timeout=120)
-        check(rc != 0 and "rank" in err.lower(), "a 2-rank program launched with -np 3 refuses to run (%.1fs)"
-              % (time.time() - t0), err.strip()[-300:])
+        rep.check("a 2-rank program launched with -np 3 refuses to run (%.1fs)" % (time.time() - t0),
+                  rc != 0 and "rank" in err.lower(), err.strip()[-300:])
         # a file that only rank 1 cannot read: every rank must stop, quickly
         bad_dir = os.path.join(d, "rank_fail")
         os.makedirs(bad_dir, exist_ok=True)
@@ -158,13 +150,11 @@ def main():
         try:
             rc, _, err = mpirun(2, [script], timeout=60)
             elapsed = time.time() - t0
-            check(rc != 0 and "nonexistent" in err and elapsed < 30,
-                  "a file unreadable on one rank stops every rank with its message (%.1fs)" % elapsed,
-                  err.strip()[-300:])
+            rep.check("a file unreadable on one rank stops every rank with its message (%.1fs)" % elapsed,
+                      rc != 0 and "nonexistent" in err and elapsed < 30, err.strip()[-300:])
         except subprocess.TimeoutExpired:
-            check(False, "a file unreadable on one rank stops every rank", "hung for 60 s")
-    print("%d passed, %d failed" % (RESULTS["pass"], RESULTS["fail"]))
-    return 1 if RESULTS["fail"] else 0
+            rep.check("a file unreadable on one rank stops every rank", False, "hung for 60 s")
+    return rep.summary()
 
 
 if __name__ == "__main__":

@@ -25,16 +25,14 @@ import argparse
 import json
 import math
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
+
+import harness
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, os.pardir, os.pardir))
 SAMPLES = os.path.join(REPO, "samples")
 BATCH = 4
-TIMEOUT = 300  # seconds per cleave run
 
 # Filled in by main() once the imports succeed.
 torch = None
@@ -42,33 +40,6 @@ nn = None
 tm = None
 onnx = None
 numpy_helper = None
-
-
-class Report:
-    def __init__(self):
-        self.passed = 0
-        self.failed = 0
-
-    def check(self, label, ok, detail=""):
-        if ok:
-            self.passed += 1
-            print("PASS %s" % label)
-        else:
-            self.failed += 1
-            print("FAIL %s%s" % (label, ": " + detail if detail else ""))
-        sys.stdout.flush()
-        return ok
-
-    def equal(self, label, got, want):
-        return self.check("%s == %r" % (label, want), got == want,
-                          "got %r, expected %r" % (got, want))
-
-    def guarded(self, label, fn):
-        """Run fn(); a Python error inside it counts as a failed check."""
-        try:
-            fn()
-        except Exception as e:  # noqa: BLE001 - any error is a test failure
-            self.check(label, False, "%s: %s" % (type(e).__name__, e))
 
 
 # ---------------------------------------------------------------- torch side
@@ -219,8 +190,7 @@ def run_inspect(cleave, model_path, batch):
     if batch is not None:
         cmd += ["--batch", str(batch)]
     cmd += ["--format", "json"]
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       timeout=TIMEOUT, universal_newlines=True)
+    p, _ = harness.run(cmd)
     if p.returncode != 0:
         raise RuntimeError("%s exited %d; stderr: %s" % (
             " ".join(cmd), p.returncode, p.stderr.strip()[-2000:]))
@@ -322,23 +292,14 @@ def main():
     if unknown:
         ap.error("unknown model(s) %s; known: %s" % (unknown, sorted(tm.MODELS)))
 
-    rep = Report()
+    rep = harness.Report()
     cleave = None
     if not args.selftest:
         cleave = os.path.abspath(args.cleave)
-        if not rep.check("cleave binary %s is executable" % cleave,
-                         os.path.isfile(cleave) and os.access(cleave, os.X_OK)):
-            print("%d passed, %d failed" % (rep.passed, rep.failed))
-            return 1
+        if not rep.executable(cleave):
+            return rep.summary()
 
-    tmp = None
-    if args.workdir:
-        workdir = os.path.abspath(args.workdir)
-        os.makedirs(workdir, exist_ok=True)
-    else:
-        workdir = tmp = tempfile.mkdtemp(prefix="cleave-inspect-")
-
-    try:
+    with harness.workdir(args.workdir, "cleave-inspect-") as workdir:
         for name in names:
             spec = tm.MODELS[name]
             try:
@@ -372,12 +333,8 @@ def main():
             for path, tag in targets:
                 check_with_batch(rep, exp, cleave, path, tag)
                 check_without_batch(rep, exp, cleave, path, tag)
-    finally:
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
 
-    print("%d passed, %d failed" % (rep.passed, rep.failed))
-    return 1 if rep.failed else 0
+    return rep.summary()
 
 
 if __name__ == "__main__":

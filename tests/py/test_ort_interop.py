@@ -36,8 +36,9 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
+
+import harness
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, os.pardir, os.pardir))
@@ -48,63 +49,11 @@ N_TRAIN = 96
 N_EVAL = 40
 STEPS = 10
 RTOL, ATOL = 1e-4, 1e-5
-TIMEOUT = 300
 
 np = None
 torch = None
 onnx = None
 tmod = None
-
-
-class Report:
-    def __init__(self):
-        self.passed = 0
-        self.failed = 0
-
-    def check(self, label, ok, detail=""):
-        if ok:
-            self.passed += 1
-            print("PASS %s" % label)
-        else:
-            self.failed += 1
-            print("FAIL %s%s" % (label, ": " + detail if detail else ""))
-        sys.stdout.flush()
-        return ok
-
-    def guarded(self, label, fn):
-        try:
-            return fn()
-        except Exception as e:  # noqa: BLE001 - any error is a test failure
-            self.check(label, False, "%s: %s" % (type(e).__name__, e))
-            return None
-
-
-def compare(got, want, rtol=RTOL, atol=ATOL):
-    got = np.asarray(got)
-    want = np.asarray(want)
-    if got.shape != want.shape:
-        return False, "shape %s, expected %s" % (list(got.shape), list(want.shape))
-    if not np.all(np.isfinite(got)):
-        return False, "non-finite values"
-    bad = np.abs(got - want) > atol + rtol * np.abs(want)
-    if not bad.any():
-        return True, ""
-    err = np.abs(got - want)
-    i = np.unravel_index(int(np.argmax(err)), err.shape)
-    return False, "%d of %d elements differ; worst at %s: got %.9g, expected %.9g" % (
-        int(bad.sum()), bad.size, tuple(int(v) for v in i), got[i], want[i])
-
-
-def run(cmd, cwd=None):
-    t0 = time.time()
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       universal_newlines=True, timeout=TIMEOUT, cwd=cwd)
-    return p, time.time() - t0
-
-
-def failure(cmd, p):
-    return "%s exited %d: %s" % (" ".join(cmd), p.returncode,
-                                 (p.stderr.strip() or p.stdout.strip())[-1500:])
 
 
 class Ort:
@@ -116,9 +65,9 @@ class Ort:
         if os.path.exists(out_path):
             os.remove(out_path)
         cmd = [self.node, ORT_RUN, model, tmod.INPUT, x_path, out_path] + list(extra)
-        p, _ = run(cmd)
+        p, _ = harness.run(cmd)
         if p.returncode != 0:
-            raise RuntimeError(failure(cmd, p))
+            raise RuntimeError(harness.failure(cmd, p))
         y = np.load(out_path)
         if y.dtype != np.float32:
             raise RuntimeError("%s holds %s, not float32" % (out_path, y.dtype))
@@ -132,7 +81,7 @@ def ort_available(node):
     if not os.path.isdir(os.path.join(JS_DIR, "node_modules", "onnxruntime-node")):
         return False, "onnxruntime-node not installed in tests/js (run scripts/setup_node.sh)"
     try:
-        p, _ = run([node, ORT_RUN, "--check"])
+        p, _ = harness.run([node, ORT_RUN, "--check"])
     except (OSError, subprocess.SubprocessError) as e:
         return False, "%s: %s" % (node, e)
     if p.returncode != 0:
@@ -167,14 +116,14 @@ def ort_vs_torch_one(rep, ort, d, spec, dynamic, tag):
         with torch.no_grad():
             want = model(torch.from_numpy(data[tmod.INPUT]),
                          torch.from_numpy(data[tmod.LABELS])).numpy()
-        ok, detail = compare(got, want)
+        ok, detail = harness.compare(got, want, RTOL, ATOL)
         rep.check("ORT %s: loss of one batch equals torch (%.7g)" % (tag, float(want)), ok, detail)
         return
     x = tmod.make_data(spec, "mse", N_EVAL, seed=tmod.DATA_SEED + 2)[tmod.INPUT]
     np.save(base + "_x.npy", x)
     got = ort.run(base + ".onnx", base + "_x.npy", base + "_out.npy")
     want = tmod.forward(model, x)
-    ok, detail = compare(got, want)
+    ok, detail = harness.compare(got, want, RTOL, ATOL)
     rep.check("ORT %s: output on %d rows equals torch forward (rtol %g, atol %g)" % (
         tag, N_EVAL, RTOL, ATOL), ok, detail)
 
@@ -187,12 +136,6 @@ CASES = [
     ("mlp_gemm", False, "ce", ["--optimizer", "sgd", "--lr", "0.1"]),
     ("mlp_matmul_seq", True, "mse", ["--optimizer", "adam", "--lr", "0.01"]),
 ]
-
-
-def compile_available(cleave):
-    p = subprocess.run([cleave, "compile", "--help"], stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
-    return "unknown command" not in p.stdout + p.stderr
 
 
 def check_cleave_case(rep, ort, cleave, workdir, model_name, dynamic, loss, flags):
@@ -217,8 +160,8 @@ def check_cleave_case(rep, ort, cleave, workdir, model_name, dynamic, loss, flag
 
     prog = os.path.join(d, "prog")
     cmd = [cleave, "compile", model_path, "-o", prog, "--batch", str(BATCH), "--loss", loss] + flags
-    p, dt = run(cmd)
-    if not rep.check("%s: cleave compile (%.1fs)" % (tag, dt), p.returncode == 0, failure(cmd, p)):
+    p, dt = harness.run(cmd)
+    if not rep.check("%s: cleave compile (%.1fs)" % (tag, dt), p.returncode == 0, harness.failure(cmd, p)):
         return
 
     trained = os.path.join(d, "trained.onnx")
@@ -228,9 +171,9 @@ def check_cleave_case(rep, ort, cleave, workdir, model_name, dynamic, loss, flag
            "--steps", str(STEPS), "--save", trained,
            "--eval-data", "%s=%s" % (tmod.INPUT, xe),
            "--eval-data", "%s=%s" % (tmod.LABELS, ye), "--predict", pred]
-    p, dt = run(cmd, cwd=d)
+    p, dt = harness.run(cmd, cwd=d)
     if not rep.check("%s: program trains %d steps, saves and predicts (%.1fs)" % (tag, STEPS, dt),
-                     p.returncode == 0, failure(cmd, p)):
+                     p.returncode == 0, harness.failure(cmd, p)):
         return
     if not rep.check("%s: --save wrote trained.onnx" % tag, os.path.isfile(trained)):
         return
@@ -255,7 +198,7 @@ def check_cleave_case(rep, ort, cleave, workdir, model_name, dynamic, loss, flag
         tag, N_EVAL, ", ".join(str(s) for s in spec.out_shape)),
         cp.dtype == np.float32 and list(cp.shape) == [N_EVAL] + list(spec.out_shape),
         "got %s %s" % (cp.dtype, list(cp.shape)))
-    ok, detail = compare(got, cp)
+    ok, detail = harness.compare(got, cp, RTOL, ATOL)
     rep.check("%s: ORT on trained.onnx equals cleave's --predict (rtol %g, atol %g)" % (
         tag, RTOL, ATOL), ok, detail)
 
@@ -291,37 +234,25 @@ def main():
     print("using %s (%s)" % (info, args.node))
     ort = Ort(args.node)
 
-    tmp = None
-    if args.workdir:
-        workdir = os.path.abspath(args.workdir)
-        os.makedirs(workdir, exist_ok=True)
-    else:
-        workdir = tmp = tempfile.mkdtemp(prefix="cleave-ort-")
-
-    rep = Report()
+    rep = harness.Report()
     t0 = time.time()
-    try:
+    with harness.workdir(args.workdir, "cleave-ort-") as workdir:
         check_ort_vs_torch(rep, ort, workdir)
 
         cleave = os.path.abspath(args.cleave) if args.cleave else None
         if cleave is None:
             print("SKIP: no --cleave given; cleave-trained models not checked")
-        elif not rep.check("cleave binary %s is executable" % cleave,
-                           os.path.isfile(cleave) and os.access(cleave, os.X_OK)):
+        elif not rep.executable(cleave):
             pass
-        elif not compile_available(cleave):
+        elif not harness.compile_available(cleave):
             print("SKIP: cleave compile not available; cleave-trained models not checked")
         else:
             for model_name, dynamic, loss, flags in CASES:
                 rep.guarded("%s/%s" % (model_name, loss), lambda: check_cleave_case(
                     rep, ort, cleave, workdir, model_name, dynamic, loss, flags))
-    finally:
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
 
     print("took %.1fs" % (time.time() - t0))
-    print("%d passed, %d failed" % (rep.passed, rep.failed))
-    return 1 if rep.failed else 0
+    return rep.summary()
 
 
 if __name__ == "__main__":

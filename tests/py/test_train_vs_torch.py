@@ -47,19 +47,18 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import List, Optional
+
+import harness
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BATCH = 16
 N_ROWS = 96
 STEPS = 20
 N_EVAL = 40          # eval rows for --predict; not a multiple of the batch
-TIMEOUT = 300        # seconds per cleave compile / program run
 
 LOSS_RTOL, LOSS_ATOL = 1e-4, 1e-6
 W_RTOL, W_ATOL = 1e-3, 1e-5
@@ -71,30 +70,6 @@ torch = None
 onnx = None
 numpy_helper = None
 tmod = None
-
-
-class Report:
-    def __init__(self):
-        self.passed = 0
-        self.failed = 0
-
-    def check(self, label, ok, detail=""):
-        if ok:
-            self.passed += 1
-            print("PASS %s" % label)
-        else:
-            self.failed += 1
-            print("FAIL %s%s" % (label, ": " + detail if detail else ""))
-        sys.stdout.flush()
-        return ok
-
-    def guarded(self, label, fn):
-        """Run fn(); a Python error inside it counts as a failed check."""
-        try:
-            return fn()
-        except Exception as e:  # noqa: BLE001 - any error is a test failure
-            self.check(label, False, "%s: %s" % (type(e).__name__, e))
-            return None
 
 
 # -------------------------------------------------------------------- cases
@@ -167,26 +142,6 @@ def make_cases():
 # ---------------------------------------------------------------- helpers
 
 
-def compare(got, want, rtol, atol):
-    """(ok, detail) for two arrays of the same shape."""
-    got = np.asarray(got)
-    want = np.asarray(want)
-    if got.shape != want.shape:
-        return False, "shape %s, expected %s" % (list(got.shape), list(want.shape))
-    if not np.all(np.isfinite(got)):
-        return False, "non-finite values in result"
-    bad = np.abs(got - want) > atol + rtol * np.abs(want)
-    if not bad.any():
-        return True, ""
-    err = np.abs(got - want)
-    i = np.unravel_index(int(np.argmax(err)), err.shape)
-    first = tuple(int(v) for v in np.argwhere(bad)[0])
-    return False, ("%d of %d elements differ; worst at %s: got %.9g, expected %.9g "
-                   "(abs err %.3g); first at %s: got %.9g, expected %.9g" % (
-                       int(bad.sum()), bad.size, tuple(int(v) for v in i), got[i], want[i],
-                       err[i], first, got[first], want[first]))
-
-
 def compare_losses(got, want):
     n = min(len(got), len(want))
     for k in range(n):
@@ -199,26 +154,6 @@ def compare_losses(got, want):
         return False, "%d losses, expected %d" % (len(got), len(want))
     worst = max(abs(g - w) / max(abs(w), 1e-30) for g, w in zip(got, want)) if want else 0.0
     return True, "max rel err %.2g" % worst
-
-
-def run_cmd(cmd, cwd=None):
-    t0 = time.time()
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       timeout=TIMEOUT, universal_newlines=True, cwd=cwd)
-    return p, time.time() - t0
-
-
-def describe_failure(cmd, p):
-    tail = (p.stderr.strip() or p.stdout.strip())[-1500:]
-    return "%s exited %d: %s" % (" ".join(cmd), p.returncode, tail)
-
-
-def compile_available(cleave):
-    """False when the binary has no `compile` command yet."""
-    p = subprocess.run([cleave, "compile", "--help"], stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, timeout=60, universal_newlines=True)
-    text = p.stdout + p.stderr
-    return "unknown command" not in text
 
 
 def read_metrics(path):
@@ -307,7 +242,7 @@ def check_saved(rep, tag, model_path, saved_path, ref, freeze):
                       "max abs change %g" % float(np.max(np.abs(got - want)))
                       if got.shape == want.shape else "shape changed")
         else:
-            ok, detail = compare(got, ref.weights[name], W_RTOL, W_ATOL)
+            ok, detail = harness.compare(got, ref.weights[name], W_RTOL, W_ATOL)
             rep.check("%s: %s equals torch (rtol %g, atol %g)" % (tag, name, W_RTOL, W_ATOL),
                       ok, detail)
 
@@ -346,10 +281,10 @@ def run_case(rep, cleave, workdir, case):
     prog = os.path.join(cdir, "prog")
     cmd = [cleave, "compile", model_path, "-o", prog, "--batch", str(BATCH),
            "--loss", case.loss] + case.opt.cleave_flags()
-    p, dt = run_cmd(cmd)
+    p, dt = harness.run(cmd)
     ok = p.returncode == 0 and os.path.isfile(prog) and os.access(prog, os.X_OK)
     if not rep.check("%s: compile (%.1fs)" % (case.name, dt), ok,
-                     describe_failure(cmd, p) if p.returncode else "no executable %s" % prog):
+                     harness.failure(cmd, p) if p.returncode else "no executable %s" % prog):
         return
 
     for run in case.runs:
@@ -391,9 +326,9 @@ def run_one(rep, tag, spec, case, run, cdir, model_path, prog):
     ref = torch_reference(case, run, data)
     steps = run.n_steps()
 
-    p, dt = run_cmd(cmd, cwd=rdir)
+    p, dt = harness.run(cmd, cwd=rdir)
     if not rep.check("%s: program runs %d steps (%.1fs)" % (tag, steps, dt), p.returncode == 0,
-                     describe_failure(cmd, p)):
+                     harness.failure(cmd, p)):
         return
 
     if rep.check("%s: metrics file written" % tag, os.path.isfile(metrics)):
@@ -410,7 +345,7 @@ def run_one(rep, tag, spec, case, run, cdir, model_path, prog):
     if run.predict and rep.check("%s: --predict wrote pred.npy" % tag, os.path.isfile(pred)):
         got = np.load(pred)
         want = tmod.forward(ref.model, eval_data[tmod.INPUT])
-        ok, detail = compare(got.astype(np.float64) if got.dtype == np.float32 else got,
+        ok, detail = harness.compare(got.astype(np.float64) if got.dtype == np.float32 else got,
                              want, PRED_RTOL, PRED_ATOL)
         rep.check("%s: predictions on %d eval rows equal the trained torch model "
                   "(float32, rtol %g, atol %g)" % (tag, N_EVAL, PRED_RTOL, PRED_ATOL),
@@ -477,7 +412,7 @@ def selftest_mutants(rep, base):
         ra = torch_reference(a_case, a_run, data_a)
         rb = torch_reference(b_case, b_run, data_b)
         same_loss = compare_losses(ra.losses, rb.losses)[0]
-        same_w = all(compare(ra.weights[k], rb.weights[k], W_RTOL, W_ATOL)[0] for k in ra.weights)
+        same_w = all(harness.compare(ra.weights[k], rb.weights[k], W_RTOL, W_ATOL)[0] for k in ra.weights)
         rep.check("tolerances detect %s (losses and weights)" % label,
                   not same_loss and not same_w,
                   "losses %s, weights %s" % ("equal" if same_loss else "differ",
@@ -524,7 +459,7 @@ def selftest_run(rep, tag, spec, case, run):
     rep.check("%s: float32 losses within tolerance of float64" % tag, ok, detail)
     bad = []
     for k in ref.weights:
-        okw, dw = compare(ref.weights[k].astype(np.float64), r64.weights[k], W_RTOL, W_ATOL)
+        okw, dw = harness.compare(ref.weights[k].astype(np.float64), r64.weights[k], W_RTOL, W_ATOL)
         if not okw:
             bad.append("%s: %s" % (k, dw))
     rep.check("%s: float32 weights within tolerance of float64" % tag, not bad, "; ".join(bad))
@@ -564,39 +499,26 @@ def main():
         if not cases:
             ap.error("no case matches %s" % args.cases)
 
-    rep = Report()
+    rep = harness.Report()
     cleave = None
     if not args.selftest:
         cleave = os.path.abspath(args.cleave)
-        if not rep.check("cleave binary %s is executable" % cleave,
-                         os.path.isfile(cleave) and os.access(cleave, os.X_OK)):
-            print("%d passed, %d failed" % (rep.passed, rep.failed))
-            return 1
-        if not compile_available(cleave):
+        if not rep.executable(cleave):
+            return rep.summary()
+        if not harness.compile_available(cleave):
             print("SKIP: cleave compile not available (%s has no compile command yet)" % cleave)
             return 0
 
-    tmp = None
-    if args.workdir:
-        workdir = os.path.abspath(args.workdir)
-        os.makedirs(workdir, exist_ok=True)
-    else:
-        workdir = tmp = tempfile.mkdtemp(prefix="cleave-train-")
-
     t0 = time.time()
-    try:
+    with harness.workdir(args.workdir, "cleave-train-") as workdir:
         if args.selftest:
             selftest(rep, workdir, cases)
         else:
             for case in cases:
                 rep.guarded("%s" % case.name, lambda: run_case(rep, cleave, workdir, case))
-    finally:
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
 
     print("took %.1fs" % (time.time() - t0))
-    print("%d passed, %d failed" % (rep.passed, rep.failed))
-    return 1 if rep.failed else 0
+    return rep.summary()
 
 
 if __name__ == "__main__":

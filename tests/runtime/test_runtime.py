@@ -37,28 +37,16 @@ try:
 except ImportError:  # reported by main()
     np = None
 
+# The shared test harness lives in tests/py.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "py"))
+import harness  # noqa: E402
+
 B, D, C = 8, 4, 3
 M64 = (1 << 64) - 1
 TIMEOUT = 60
 
 onnx = None
 numpy_helper = None
-
-
-class Report:
-    def __init__(self):
-        self.passed = 0
-        self.failed = 0
-
-    def check(self, label, ok, detail=""):
-        if ok:
-            self.passed += 1
-            print("PASS %s" % label)
-        else:
-            self.failed += 1
-            print("FAIL %s%s" % (label, ": " + str(detail) if detail else ""))
-        sys.stdout.flush()
-        return ok
 
 
 # ---- the model, replayed --------------------------------------------------
@@ -233,9 +221,7 @@ class Programs:
     def __init__(self, bin_dir, work, lsan_supp):
         self.bin_dir = bin_dir
         self.work = work
-        env = dict(os.environ)
-        env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
-        env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+        env = harness.mpi_env()
         if lsan_supp and os.path.exists(lsan_supp):
             # Under LeakSanitizer: Open MPI keeps memory until exit, and its
             # stacks are only recognised with the slow unwinder (lsan.supp).
@@ -251,7 +237,7 @@ class Programs:
     def run(self, args, variant="f32", mpi_ranks=0, timeout=TIMEOUT, stderr_fd=None):
         cmd = [self.path(variant)] + args
         if mpi_ranks:
-            cmd = ["mpirun", "--oversubscribe", "-np", str(mpi_ranks)] + cmd
+            cmd = harness.mpirun(mpi_ranks, cmd)
         start = time.monotonic()
         try:
             p = subprocess.run(cmd, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -674,7 +660,7 @@ def check_dp(rep, progs, x, y, xe, ye, files, work):
             r"^fake_program_dp: error: fake_program_dp was compiled for 2 ranks but runs on 3 \(mpirun -np 3\)")
 
     def mpmd(left, right, env=None):
-        cmd = ["mpirun", "--oversubscribe", "-np", "1"] + left + [":", "-np", "1"] + right
+        cmd = harness.mpirun(1, left) + [":", "-np", "1"] + right
         start = time.monotonic()
         try:
             p = subprocess.run(cmd, env=dict(progs.env, **(env or {})), stdin=subprocess.DEVNULL,
@@ -734,7 +720,7 @@ def main():
     os.makedirs(work)
     progs = Programs(os.path.abspath(args.bin_dir), work, args.lsan_suppressions)
     x, y, xe, ye, files = make_data(work)
-    rep = Report()
+    rep = harness.Report()
     check_help(rep, progs)
     check_training(rep, progs, x, y, xe, ye, files, work)
     check_shuffle(rep, progs, x, y, files, work)
@@ -746,8 +732,7 @@ def main():
     check_mpi(rep, progs, x, y, files, work)
     if shutil.which("mpirun") is not None:
         check_dp(rep, progs, x, y, xe, ye, files, work)
-    print("%d passed, %d failed" % (rep.passed, rep.failed))
-    return 1 if rep.failed else 0
+    return rep.summary()
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@
  * unsupported; CLEAVE_FORWARD_ONLY=<substring> runs the matching folders
  * only (for debugging one op).  The "kernels" cases at the end cover what
  * the ONNX data does not: large and narrow integers, casts, NaN, float16. */
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,106 +41,24 @@
 #include <time.h>
 
 #include "support.h"
-#include "frontend/onnx.h"
 #include "ir/shapes.h"
 #include "ops/ops.h"
 
-#define TESTS_DIR CLEAVE_SHARED_DIR "/onnx-node-tests"
 #define RTOL 1e-4
 #define ATOL 1e-5
 #define MAX_IO 64
 
 typedef enum { FW_PASS, FW_FAIL, FW_UNSUPPORTED, FW_PENDING_NN, FW_NN_FAIL } FwResult;
 
-typedef struct OpGroup {
-    char name[256];
-    int passed, total;
-} OpGroup;
-
-typedef struct FwTally {
-    OpGroup *groups;
-    int n_groups, cap;
-    int passed, failed, unsupported, pending_nn, nn_failed, models;
-} FwTally;
-
 static bool env_flag(const char *name) {
     const char *v = getenv(name);
     return v && *v && strcmp(v, "0") != 0;
 }
 
-static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
-static int by_group(const void *a, const void *b) {
-    return strcmp(((const OpGroup *)a)->name, ((const OpGroup *)b)->name);
-}
-
-/* Sorted test_* folder names; NULL when the folder does not exist. */
-static char **test_folders(const char *dir, int *count) {
-    DIR *dp = opendir(dir);
-    if (!dp) return NULL;
+/* CLEAVE_FORWARD_ONLY=<substring>: the matching folders only. */
+static bool selected(const char *folder) {
     const char *only = getenv("CLEAVE_FORWARD_ONLY");
-    int n = 0, cap = 512;
-    char **names = malloc(sizeof *names * (size_t)cap);
-    ck_assert_ptr_nonnull(names);
-    for (struct dirent *e; (e = readdir(dp)) != NULL;) {
-        if (strncmp(e->d_name, "test_", 5) != 0) continue;
-        if (only && *only && !strstr(e->d_name, only)) continue;
-        if (n == cap) {
-            cap *= 2;
-            names = realloc(names, sizeof *names * (size_t)cap);
-            ck_assert_ptr_nonnull(names);
-        }
-        names[n] = strdup(e->d_name);
-        ck_assert_ptr_nonnull(names[n]);
-        n++;
-    }
-    closedir(dp);
-    qsort(names, (size_t)n, sizeof *names, by_name);
-    *count = n;
-    return names;
-}
-
-/* The op a model is reported under (see the header comment). */
-static void model_group(const Graph *g, const char *folder, char *out, size_t len) {
-    const char *op = NULL;
-    bool one_op = true;
-    GRAPH_FOR_NODES(g, n) {
-        if (!op) op = n->op_type;
-        else if (strcmp(op, n->op_type) != 0) one_op = false;
-    }
-    if (op && one_op) {
-        snprintf(out, len, "%s", op);
-        return;
-    }
-    for (int i = 0; i < g->n_values; i++) {
-        const char *name = g->values[i]->name;
-        const char *fn = strstr(name, "_function_"), *at = strstr(name, "_test_");
-        if (fn && at && at > name && at < fn) {
-            snprintf(out, len, "%.*s_expanded", (int)(at - name), name);
-            return;
-        }
-    }
-    snprintf(out, len, "%s", folder);
-}
-
-static OpGroup *group_for(FwTally *t, const char *name) {
-    for (int i = 0; i < t->n_groups; i++)
-        if (strcmp(t->groups[i].name, name) == 0) return &t->groups[i];
-    if (t->n_groups == t->cap) {
-        t->cap = t->cap ? 2 * t->cap : 64;
-        t->groups = realloc(t->groups, sizeof *t->groups * (size_t)t->cap);
-        ck_assert_ptr_nonnull(t->groups);
-    }
-    OpGroup *gr = &t->groups[t->n_groups++];
-    memset(gr, 0, sizeof *gr);
-    snprintf(gr->name, sizeof gr->name, "%s", name);
-    return gr;
-}
-
-static bool exists(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (f) fclose(f);
-    return f != NULL;
+    return !only || !*only || strstr(folder, only) != NULL;
 }
 
 /* Ops whose kernels belong to ops_nn.c, which is being written separately. */
@@ -173,51 +90,6 @@ static int64_t read_int_elem(const Value *v, const void *buf, int64_t i) {
     uint8_t b = ((const uint8_t *)buf)[i];
     if (v->dtype == DT_INT8) return (int8_t)b;
     return b;
-}
-
-/* Test data of one model, read into `aux` (a .pb names its tensor like the
- * graph value, and names in the model's own graph must stay unique). */
-typedef struct ModelData {
-    Graph *aux;
-    int n_in;
-    Value *in_val[MAX_IO];  /* graph input the file belongs to */
-    Value *in_data[MAX_IO]; /* its tensor (NULL: no file) */
-    bool has_int;           /* an integer input has test data */
-} ModelData;
-
-/* Reads every input_K.pb and, when `constify`, makes integer (not bool)
- * inputs constants of g.  Returns false with d set on a reading error. */
-static bool load_inputs(Graph *g, ModelData *md, const char *dir, bool constify, Diag *d) {
-    if (g->n_inputs > MAX_IO) return diag_error(d, DIAG_UNSUPPORTED, "%d graph inputs", g->n_inputs);
-    md->n_in = g->n_inputs;
-    int kept = 0;
-    for (int i = 0; i < g->n_inputs; i++) {
-        Value *v = g->inputs[i];
-        char path[4096];
-        snprintf(path, sizeof path, "%s/test_data_set_0/input_%d.pb", dir, i);
-        md->in_val[i] = v;
-        md->in_data[i] = NULL;
-        if (exists(path)) {
-            md->in_data[i] = onnx_load_tensor_file(md->aux, path, d);
-            if (!md->in_data[i]) return false;
-        }
-        const Value *t = md->in_data[i];
-        if (t && dtype_is_int(v->dtype) && v->dtype != DT_BOOL) md->has_int = true;
-        if (!constify || !t || !dtype_is_int(v->dtype) || v->dtype == DT_BOOL) {
-            g->inputs[kept++] = v;
-            continue;
-        }
-        Const *k = const_new(g, t->konst->store, t->konst->n);
-        if (!k) return diag_error(d, DIAG_NOMEM, "%s: out of memory", path);
-        memcpy(k->data, t->konst->data, (size_t)t->konst->n * (t->konst->store == DT_FLOAT ? 4 : 8));
-        v->konst = k;
-        v->kind = VAL_CONSTANT;
-        v->dtype = t->dtype;
-        v->file_dtype = t->dtype;
-        value_set_shape(v, t->rank, t->dims);
-    }
-    g->n_inputs = kept;
-    return true;
 }
 
 static bool value_ok(const Graph *g, const Value *v, char *why, size_t len) {
@@ -391,16 +263,15 @@ typedef struct RunInfo {
  * inputs (the variant that reaches the integer paths of the kernels);
  * otherwise they become constants.  `label` names the run in messages. */
 static FwResult run_model(const char *folder, bool runtime_ints, RunInfo *info) {
-    char dir[2048], path[4096], why[512], label[2300];
-    snprintf(dir, sizeof dir, "%s/%s", TESTS_DIR, folder);
-    snprintf(path, sizeof path, "%s/model.onnx", dir);
+    char why[512], label[2300];
     snprintf(label, sizeof label, "%s%s", folder, runtime_ints ? " [integer inputs at run time]" : "");
     snprintf(info->group, sizeof info->group, "%s", folder);
     info->compiled = info->has_int = false;
     bool verbose = env_flag("CLEAVE_FORWARD_VERBOSE");
     Diag d = {0};
-    Graph *g = onnx_load(path, &d);
-    if (!g) {
+    NodeTest nt;
+    if (!node_test_load(&nt, folder, &d)) {
+        node_test_free(&nt);
         if (d.code == DIAG_UNSUPPORTED) {
             if (verbose) printf("unsupported %s: %s\n", label, d.msg);
             return FW_UNSUPPORTED;
@@ -408,19 +279,21 @@ static FwResult run_model(const char *folder, bool runtime_ints, RunInfo *info) 
         printf("FAIL %s: loading: %s\n", label, d.msg);
         return FW_FAIL;
     }
-    model_group(g, folder, info->group, sizeof info->group);
+    Graph *g = nt.g;
+    node_test_group(g, folder, info->group, sizeof info->group);
     GRAPH_FOR_NODES(g, n) {
         if (n->def) continue;
         if (verbose) printf("unsupported %s: unknown op %s\n", label, n->op_type);
-        graph_free(g);
+        node_test_free(&nt);
         return FW_UNSUPPORTED;
     }
-    ModelData md = {.aux = graph_new(path)};
-    ck_assert_ptr_nonnull(md.aux);
     FwResult res = FW_PASS;
     ShapeOptions so = {.batch = 0, .fold = true};
-    bool ok = load_inputs(g, &md, dir, !runtime_ints, &d);
-    info->has_int = md.has_int;
+    /* a model with more than MAX_IO inputs (or outputs) counts as unsupported */
+    bool ok = g->n_inputs > MAX_IO
+                  ? diag_error(&d, DIAG_UNSUPPORTED, "%d graph inputs", g->n_inputs)
+                  : node_test_read_inputs(&nt, runtime_ints ? 0 : NODE_INPUTS_CONSTIFY, &d);
+    info->has_int = nt.has_int;
     ok = ok && ir_verify(g, &d) && ir_infer_shapes(g, &so, &d);
     if (ok) {
         ir_prune(g);
@@ -456,10 +329,8 @@ static FwResult run_model(const char *folder, bool runtime_ints, RunInfo *info) 
     }
     const Value *want[MAX_IO] = {0};
     for (int k = 0; k < g->n_outputs; k++) {
-        snprintf(path, sizeof path, "%s/test_data_set_0/output_%d.pb", dir, k);
-        if (!exists(path)) continue; /* an omitted optional output */
-        want[k] = onnx_load_tensor_file(md.aux, path, &d);
-        if (!want[k]) {
+        /* want[k] stays NULL for an omitted optional output */
+        if (!node_test_expected(&nt, k, &want[k], &d)) {
             if (d.code == DIAG_UNSUPPORTED) {
                 if (verbose) printf("unsupported %s: %s\n", label, d.msg);
                 res = FW_UNSUPPORTED;
@@ -470,8 +341,8 @@ static FwResult run_model(const char *folder, bool runtime_ints, RunInfo *info) 
             goto done;
         }
     }
-    for (int i = 0; i < md.n_in; i++) {
-        const Value *v = md.in_val[i], *t = md.in_data[i];
+    for (int i = 0; i < nt.n_in; i++) {
+        const Value *v = nt.in_val[i], *t = nt.in_data[i];
         if (v->kind != VAL_INPUT || !t) continue;
         if (t->konst->n != value_numel(v)) {
             printf("FAIL %s: input '%s' holds %lld elements, the graph expects %lld\n", label, v->name,
@@ -499,8 +370,8 @@ static FwResult run_model(const char *folder, bool runtime_ints, RunInfo *info) 
         free(tp.arena);
         goto done;
     }
-    for (int i = 0; i < md.n_in; i++)
-        if (md.in_val[i]->kind == VAL_INPUT && md.in_data[i]) write_input(&tp, md.in_val[i], md.in_data[i]);
+    for (int i = 0; i < nt.n_in; i++)
+        if (nt.in_val[i]->kind == VAL_INPUT && nt.in_data[i]) write_input(&tp, nt.in_val[i], nt.in_data[i]);
     tp.eval(tp.arena);
     for (int k = 0; k < g->n_outputs; k++) {
         if (!want[k]) continue;
@@ -517,8 +388,7 @@ static FwResult run_model(const char *folder, bool runtime_ints, RunInfo *info) 
     tp.g = NULL; /* freed below */
     test_prog_free(&tp);
 done:
-    graph_free(md.aux);
-    graph_free(g);
+    node_test_free(&nt);
     return res;
 }
 
@@ -533,14 +403,15 @@ static FwResult combine(FwResult first, FwResult second) {
 
 START_TEST(forward_outputs_match_onnx_node_tests) {
     int count = 0;
-    char **names = test_folders(TESTS_DIR, &count);
+    char **names = node_test_names(selected, &count);
     if (!names) {
         printf("SKIP: ../shared/onnx-node-tests not found (forward conformance not run)\n");
         return;
     }
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    FwTally t = {0};
+    OpGroups groups = {0};
+    int passed = 0, failed = 0, unsupported = 0, pending_nn = 0, nn_failed = 0, models = 0;
     int compiled = 0, folded = 0, v_ran = 0, v_passed = 0, v_failed = 0;
     /* Under the sanitizers every LLVM allocation goes through ASan's
      * allocator and compiling ~650 models takes too long; the sanitizer run
@@ -568,45 +439,36 @@ START_TEST(forward_outputs_match_onnx_node_tests) {
             r = combine(r, rv);
         }
         fflush(stdout);
-        t.models++;
+        models++;
         if (r == FW_UNSUPPORTED) {
-            t.unsupported++;
+            unsupported++;
             continue;
         }
         if (r == FW_PENDING_NN) {
-            t.pending_nn++;
+            pending_nn++;
             continue;
         }
-        OpGroup *gr = group_for(&t, info.group);
-        gr->total++;
-        if (r == FW_PASS) {
-            gr->passed++;
-            t.passed++;
-        } else if (r == FW_NN_FAIL) {
-            t.nn_failed++;
-        } else {
-            t.failed++;
-        }
+        op_groups_count(&groups, info.group, r == FW_PASS);
+        if (r == FW_PASS) passed++;
+        else if (r == FW_NN_FAIL) nn_failed++;
+        else failed++;
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    qsort(t.groups, (size_t)t.n_groups, sizeof *t.groups, by_group);
-    for (int i = 0; i < t.n_groups; i++)
-        printf("forward %s: %d/%d passed\n", t.groups[i].name, t.groups[i].passed, t.groups[i].total);
-    printf("forward: %d passed, %d failed, %d unsupported (of %d models)\n", t.passed, t.failed + t.nn_failed,
-           t.unsupported, t.models);
+    op_groups_print(&groups, "forward");
+    printf("forward: %d passed, %d failed, %d unsupported (of %d models)\n", passed, failed + nn_failed, unsupported,
+           models);
     printf("forward: with integer inputs as constants %d models ran compiled code and %d folded completely; with "
            "integer inputs at run time %d more runs compiled: %d passed, %d failed\n",
            compiled, folded, v_ran, v_passed, v_failed);
     printf("forward pending nn: %d models wait for Conv/Pool/Norm kernels (not in the counts above); %d failures "
            "above use those kernels and do not fail the test yet\n",
-           t.pending_nn, t.nn_failed);
+           pending_nn, nn_failed);
     printf("forward: %.1f s\n", (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9);
     fflush(stdout);
-    for (int i = 0; i < count; i++) free(names[i]);
-    free(names);
-    free(t.groups);
-    ck_assert_msg(t.failed + t.nn_failed == 0, "%d supported ONNX node tests compute wrong forward results",
-                  t.failed + t.nn_failed);
+    node_test_names_free(names, count);
+    op_groups_free(&groups);
+    ck_assert_msg(failed + nn_failed == 0, "%d supported ONNX node tests compute wrong forward results",
+                  failed + nn_failed);
 }
 END_TEST
 
@@ -616,17 +478,7 @@ END_TEST
  * constants, so these hand-built graphs run the integer, bool, 16-bit float
  * and NaN paths of the kernels with run-time inputs. */
 
-static Graph *kg_new(int64_t opset) {
-    Graph *g = graph_new("kernels.onnx");
-    ck_assert_ptr_nonnull(g);
-    g->opsets = ARENA_NEW(&g->arena, Opset);
-    g->opsets[0] = (Opset){"", opset};
-    g->n_opsets = 1;
-    g->inputs = ARENA_ARRAY(&g->arena, Value *, 16);
-    g->outputs = ARENA_ARRAY(&g->arena, Value *, 16);
-    ck_assert(g->inputs && g->outputs);
-    return g;
-}
+static Graph *kg_new(int64_t opset) { return test_graph_new("kernels.onnx", opset, 16, 16); }
 
 /* A run-time input. */
 static Value *kg_in(Graph *g, const char *name, DType t, int rank, const int64_t *dims) {

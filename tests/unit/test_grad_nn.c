@@ -11,168 +11,30 @@
  * ops through a forward-only program and compares each output with the
  * expected tensor (rtol 1e-4, atol 1e-5).  Models refused with
  * DIAG_UNSUPPORTED are counted and listed, not failed. */
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "support.h"
-#include "autodiff/grad.h"
 #include "frontend/onnx.h"
 #include "ir/shapes.h"
 #include "ops/ops.h"
 
 /* ---- building cases ---- */
 
-typedef enum { FILL_UNIFORM, FILL_POSITIVE, FILL_DISTINCT } Fill;
-
-typedef struct NnCase {
-    Graph *g;
-    GradCtx gc;
-    Diag d;
-    uint64_t seed;
-} NnCase;
-
-/* xorshift64*, uniform in [-1, 1) */
-static float nn_rand(NnCase *k) {
-    k->seed ^= k->seed >> 12;
-    k->seed ^= k->seed << 25;
-    k->seed ^= k->seed >> 27;
-    uint64_t r = k->seed * 2685821657736338717ull;
-    return (float)((double)(r >> 40) / (double)(1ull << 23)) - 1.0f;
+/* |fd - g| <= atol + rtol * max(|fd|, |g|), atol 1e-3 */
+static bool agree(double fd, double an, double rtol) {
+    const double atol = 1e-3;
+    return fabs(fd - an) <= atol + rtol * fmax(fabs(fd), fabs(an));
 }
 
-static void nn_case(NnCase *k) {
-    memset(k, 0, sizeof *k);
-    k->g = graph_new("grad_nn_case");
-    ck_assert_ptr_nonnull(k->g);
-    k->g->opsets = ARENA_NEW(&k->g->arena, Opset);
-    k->g->opsets[0] = (Opset){"", 17};
-    k->g->n_opsets = 1;
-    k->g->inputs = ARENA_ARRAY(&k->g->arena, Value *, 4);
-    k->g->outputs = ARENA_ARRAY(&k->g->arena, Value *, 2);
-    k->gc = (GradCtx){k->g, &k->d, PHASE_FORWARD};
-    k->seed = 0x9e3779b97f4a7c15ull;
-}
-
-/* A float tensor.  FILL_DISTINCT gives pairwise distinct values 0.05
- * apart in random order, so finite differences of +-0.01 never change
- * which element of a window is the maximum. */
-static Value *nn_tensor(NnCase *k, const char *name, ValueKind kind, int rank, const int64_t *dims, Fill fill) {
-    Value *v = graph_add_value(k->g, name);
-    v->kind = kind;
-    v->dtype = v->file_dtype = DT_FLOAT;
-    v->rank = rank;
-    int64_t n = 1;
-    for (int j = 0; j < rank; j++) {
-        v->dims[j] = dim_const(dims[j]);
-        n *= dims[j];
-    }
-    v->konst = const_new(k->g, DT_FLOAT, n);
-    ck_assert_ptr_nonnull(v->konst);
-    for (int64_t i = 0; i < n; i++) {
-        float x = nn_rand(k);
-        const_set_f(v->konst, i, fill == FILL_POSITIVE ? 0.5f + fabsf(x) : x);
-    }
-    if (fill == FILL_DISTINCT) {
-        int64_t *perm = malloc(sizeof *perm * (size_t)n);
-        ck_assert_ptr_nonnull(perm);
-        for (int64_t i = 0; i < n; i++) perm[i] = i;
-        for (int64_t i = n - 1; i > 0; i--) {
-            int64_t j = (int64_t)((nn_rand(k) + 1.0f) * 0.5f * (float)(i + 1));
-            if (j > i) j = i;
-            int64_t t = perm[i];
-            perm[i] = perm[j];
-            perm[j] = t;
-        }
-        for (int64_t i = 0; i < n; i++) const_set_f(v->konst, i, 0.05 * (double)(perm[i] - n / 2));
-        free(perm);
-    }
-    return v;
-}
-
-static Value *nn_param(NnCase *k, const char *name, int rank, const int64_t *dims) {
-    return nn_tensor(k, name, VAL_INITIALIZER, rank, dims, FILL_UNIFORM);
-}
-
-static Node *nn_node(NnCase *k, const char *op, int n_in, Value **in) {
-    Node *n = gb_start(&k->gc, "", op, n_in, in, 1);
-    ck_assert_msg(n != NULL, "building %s: %s", op, k->d.msg);
-    return n;
-}
+/* Cases draw from xorshift64* seeded with 0x9e3779b97f4a7c15. */
+static const GradRules rules = {"grad_nn_case", grad_rand_xorshift, 0x9e3779b97f4a7c15ull, agree};
 
 static void nn_attr_s(Node *n, const char *name, const char *s) {
     ck_assert_int_lt(n->n_attr, 8);
     n->attrs[n->n_attr++] = (Attr){.name = name, .kind = ATTR_STRING, .s = s};
-}
-
-static Value *nn_finish(NnCase *k, Node *n) {
-    Value *y = gb_finish(&k->gc, n);
-    ck_assert_msg(y != NULL, "shape rule of %s: %s", n->op_type, k->d.msg);
-    return y;
-}
-
-/* loss = ReduceSum(y * R); compile; every parameter's gradient against
- * central differences: |fd - g| <= atol + rtol * max(|fd|, |g|). */
-static void nn_check(NnCase *k, Value *y, double rtol) {
-    const double atol = 1e-3;
-    ck_assert_msg(y != NULL && value_shape_known(y), "case output: %s", k->d.msg);
-    int64_t ydims[MAX_RANK];
-    for (int j = 0; j < y->rank; j++) ydims[j] = y->dims[j].k;
-    Value *r = nn_tensor(k, "R", VAL_CONSTANT, y->rank, ydims, FILL_UNIFORM);
-    Value *in[1] = {gb_op2(&k->gc, "Mul", y, r)};
-    Node *sum = nn_node(k, "ReduceSum", 1, in);
-    gb_attr_i(&k->gc, sum, "keepdims", 0);
-    Value *loss = nn_finish(k, sum);
-    loss->is_output = true;
-    k->g->outputs[k->g->n_outputs++] = loss;
-
-    TrainOptions o = {.loss = LOSS_MODEL, .optimizer = OPT_SGD, .lr = 0};
-    TestProg tp;
-    char msg[1024];
-    ck_assert_msg(test_prog_train(&tp, k->g, &o, msg, sizeof msg), "compile: %s", msg);
-    const float *lossp = test_buf(&tp, tp.t.loss);
-    tp.train(tp.arena);
-    /* The gradients are transient: take copies before any eval step
-     * reuses their bytes. */
-    int np = tp.t.n_params;
-    float **grads = calloc((size_t)np, sizeof *grads);
-    ck_assert_ptr_nonnull(grads);
-    for (int p = 0; p < np; p++) {
-        ck_assert_msg(tp.t.grads[p] != NULL, "no gradient for %s", tp.t.params[p]->name);
-        size_t bytes = sizeof(float) * (size_t)value_numel(tp.t.params[p]);
-        grads[p] = malloc(bytes);
-        ck_assert_ptr_nonnull(grads[p]);
-        memcpy(grads[p], test_buf(&tp, tp.t.grads[p]), bytes);
-    }
-    int checked = 0;
-    double worst = 0;
-    for (int p = 0; p < np; p++) {
-        const Value *w = tp.t.params[p];
-        float *wb = test_buf(&tp, w);
-        for (int64_t i = 0; i < value_numel(w); i++) {
-            const float eps = 1e-2f;
-            float saved = wb[i];
-            wb[i] = saved + eps;
-            tp.eval(tp.arena);
-            double up = *lossp;
-            wb[i] = saved - eps;
-            tp.eval(tp.arena);
-            double down = *lossp;
-            wb[i] = saved;
-            double fd = (up - down) / (2.0 * (double)eps), an = grads[p][i];
-            double err = fabs(fd - an), scale = fmax(fabs(fd), fabs(an));
-            if (err / (atol + rtol * scale) > worst) worst = err / (atol + rtol * scale);
-            ck_assert_msg(err <= atol + rtol * scale, "%s[%lld]: program %.6g, finite difference %.6g", w->name,
-                          (long long)i, an, fd);
-            checked++;
-        }
-    }
-    ck_assert_int_gt(checked, 0);
-    for (int p = 0; p < np; p++) free(grads[p]);
-    free(grads);
-    test_prog_free(&tp);
 }
 
 #define D(...) ((int64_t[]){__VA_ARGS__})
@@ -190,18 +52,18 @@ typedef struct ConvSpec {
 } ConvSpec;
 
 static void conv_case(const ConvSpec *cs) {
-    NnCase k;
-    nn_case(&k);
+    GradCase k;
+    grad_case_init(&k, &rules);
     int nsp = cs->rank - 2;
-    Value *in[3] = {nn_param(&k, "X", cs->rank, cs->x), nn_param(&k, "W", cs->rank, cs->w), NULL};
-    if (cs->bias) in[2] = nn_param(&k, "B", 1, cs->w);
-    Node *n = nn_node(&k, "Conv", cs->bias ? 3 : 2, in);
+    Value *in[3] = {grad_param(&k, "X", cs->rank, cs->x), grad_param(&k, "W", cs->rank, cs->w), NULL};
+    if (cs->bias) in[2] = grad_param(&k, "B", 1, cs->w);
+    Node *n = grad_node(&k, "Conv", cs->bias ? 3 : 2, in);
     if (cs->group != 1) gb_attr_i(&k.gc, n, "group", cs->group);
     if (cs->pads) gb_attr_ints(&k.gc, n, "pads", cs->pads, 2 * nsp);
     if (cs->strides) gb_attr_ints(&k.gc, n, "strides", cs->strides, nsp);
     if (cs->dil) gb_attr_ints(&k.gc, n, "dilations", cs->dil, nsp);
     if (cs->auto_pad) nn_attr_s(n, "auto_pad", cs->auto_pad);
-    nn_check(&k, nn_finish(&k, n), 2e-2);
+    grad_check(&k, grad_finish(&k, n), 2e-2);
 }
 
 START_TEST(conv_padding_stride) {
@@ -239,19 +101,19 @@ typedef struct PoolSpec {
 } PoolSpec;
 
 static void pool_case(const PoolSpec *ps) {
-    NnCase k;
-    nn_case(&k);
+    GradCase k;
+    grad_case_init(&k, &rules);
     int nsp = ps->rank - 2;
     bool max = strcmp(ps->op, "MaxPool") == 0;
-    Value *in[1] = {nn_tensor(&k, "X", VAL_INITIALIZER, ps->rank, ps->x, max ? FILL_DISTINCT : FILL_UNIFORM)};
-    Node *n = nn_node(&k, ps->op, 1, in);
+    Value *in[1] = {grad_tensor(&k, "X", VAL_INITIALIZER, ps->rank, ps->x, max ? FILL_DISTINCT : FILL_UNIFORM)};
+    Node *n = grad_node(&k, ps->op, 1, in);
     gb_attr_ints(&k.gc, n, "kernel_shape", ps->kernel, nsp);
     if (ps->pads) gb_attr_ints(&k.gc, n, "pads", ps->pads, 2 * nsp);
     if (ps->strides) gb_attr_ints(&k.gc, n, "strides", ps->strides, nsp);
     if (ps->dil) gb_attr_ints(&k.gc, n, "dilations", ps->dil, nsp);
     if (ps->count_include_pad) gb_attr_i(&k.gc, n, "count_include_pad", 1);
     if (ps->ceil_mode) gb_attr_i(&k.gc, n, "ceil_mode", 1);
-    nn_check(&k, nn_finish(&k, n), 2e-2);
+    grad_check(&k, grad_finish(&k, n), 2e-2);
 }
 
 START_TEST(maxpool_padding_stride) {
@@ -270,33 +132,33 @@ START_TEST(averagepool_count_include_pad) {
 END_TEST
 
 START_TEST(global_average_pool) {
-    NnCase k;
-    nn_case(&k);
-    Value *in[1] = {nn_param(&k, "X", 4, D(2, 3, 4, 5))};
-    nn_check(&k, nn_finish(&k, nn_node(&k, "GlobalAveragePool", 1, in)), 2e-2);
+    GradCase k;
+    grad_case_init(&k, &rules);
+    Value *in[1] = {grad_param(&k, "X", 4, D(2, 3, 4, 5))};
+    grad_check(&k, grad_finish(&k, grad_node(&k, "GlobalAveragePool", 1, in)), 2e-2);
 }
 END_TEST
 
 START_TEST(batchnorm_inference) {
-    NnCase k;
-    nn_case(&k);
-    Value *in[5] = {nn_param(&k, "X", 4, D(2, 3, 4, 5)), nn_param(&k, "scale", 1, D(3)), nn_param(&k, "B", 1, D(3)),
-                    nn_tensor(&k, "mean", VAL_INITIALIZER, 1, D(3), FILL_UNIFORM),
-                    nn_tensor(&k, "var", VAL_INITIALIZER, 1, D(3), FILL_POSITIVE)};
-    Node *n = nn_node(&k, "BatchNormalization", 5, in);
+    GradCase k;
+    grad_case_init(&k, &rules);
+    Value *in[5] = {grad_param(&k, "X", 4, D(2, 3, 4, 5)), grad_param(&k, "scale", 1, D(3)), grad_param(&k, "B", 1, D(3)),
+                    grad_tensor(&k, "mean", VAL_INITIALIZER, 1, D(3), FILL_UNIFORM),
+                    grad_tensor(&k, "var", VAL_INITIALIZER, 1, D(3), FILL_POSITIVE)};
+    Node *n = grad_node(&k, "BatchNormalization", 5, in);
     gb_attr_f(&k.gc, n, "epsilon", 1e-3f);
-    nn_check(&k, nn_finish(&k, n), 2e-2);
+    grad_check(&k, grad_finish(&k, n), 2e-2);
 }
 END_TEST
 
 static void layernorm_case(const int64_t *x, int rank, int64_t axis, const int64_t *p, int prank, bool bias) {
-    NnCase k;
-    nn_case(&k);
-    Value *in[3] = {nn_param(&k, "X", rank, x), nn_param(&k, "Scale", prank, p), NULL};
-    if (bias) in[2] = nn_param(&k, "B", prank, p);
-    Node *n = nn_node(&k, "LayerNormalization", bias ? 3 : 2, in);
+    GradCase k;
+    grad_case_init(&k, &rules);
+    Value *in[3] = {grad_param(&k, "X", rank, x), grad_param(&k, "Scale", prank, p), NULL};
+    if (bias) in[2] = grad_param(&k, "B", prank, p);
+    Node *n = grad_node(&k, "LayerNormalization", bias ? 3 : 2, in);
     gb_attr_i(&k.gc, n, "axis", axis);
-    nn_check(&k, nn_finish(&k, n), 2e-2);
+    grad_check(&k, grad_finish(&k, n), 2e-2);
 }
 
 START_TEST(layernorm_last_axis) {
@@ -315,31 +177,31 @@ END_TEST
  * LayerNormalization feeding MatMul, as small networks use them. */
 START_TEST(chains) {
     {
-        NnCase k;
-        nn_case(&k);
-        Value *in[3] = {nn_param(&k, "X", 4, D(2, 2, 6, 6)), nn_param(&k, "W", 4, D(3, 2, 3, 3)),
-                        nn_param(&k, "Bc", 1, D(3))};
-        Node *conv = nn_node(&k, "Conv", 3, in);
+        GradCase k;
+        grad_case_init(&k, &rules);
+        Value *in[3] = {grad_param(&k, "X", 4, D(2, 2, 6, 6)), grad_param(&k, "W", 4, D(3, 2, 3, 3)),
+                        grad_param(&k, "Bc", 1, D(3))};
+        Node *conv = grad_node(&k, "Conv", 3, in);
         gb_attr_ints(&k.gc, conv, "pads", D(1, 1, 1, 1), 4);
-        Value *bn_in[5] = {nn_finish(&k, conv), nn_param(&k, "scale", 1, D(3)), nn_param(&k, "B", 1, D(3)),
-                           nn_tensor(&k, "mean", VAL_INITIALIZER, 1, D(3), FILL_UNIFORM),
-                           nn_tensor(&k, "var", VAL_INITIALIZER, 1, D(3), FILL_POSITIVE)};
-        Value *p_in[1] = {nn_finish(&k, nn_node(&k, "BatchNormalization", 5, bn_in))};
-        Node *pool = nn_node(&k, "AveragePool", 1, p_in);
+        Value *bn_in[5] = {grad_finish(&k, conv), grad_param(&k, "scale", 1, D(3)), grad_param(&k, "B", 1, D(3)),
+                           grad_tensor(&k, "mean", VAL_INITIALIZER, 1, D(3), FILL_UNIFORM),
+                           grad_tensor(&k, "var", VAL_INITIALIZER, 1, D(3), FILL_POSITIVE)};
+        Value *p_in[1] = {grad_finish(&k, grad_node(&k, "BatchNormalization", 5, bn_in))};
+        Node *pool = grad_node(&k, "AveragePool", 1, p_in);
         gb_attr_ints(&k.gc, pool, "kernel_shape", D(2, 2), 2);
         gb_attr_ints(&k.gc, pool, "strides", D(2, 2), 2);
-        Value *g_in[1] = {nn_finish(&k, pool)};
-        nn_check(&k, nn_finish(&k, nn_node(&k, "GlobalAveragePool", 1, g_in)), 2e-2);
+        Value *g_in[1] = {grad_finish(&k, pool)};
+        grad_check(&k, grad_finish(&k, grad_node(&k, "GlobalAveragePool", 1, g_in)), 2e-2);
     }
     {
-        NnCase k;
-        nn_case(&k);
-        Value *x = nn_param(&k, "X", 3, D(2, 3, 4));
-        Value *in[3] = {x, nn_param(&k, "Scale", 1, D(4)), nn_param(&k, "B", 1, D(4))};
-        Value *ln = nn_finish(&k, nn_node(&k, "LayerNormalization", 3, in));
-        Value *mm = gb_op2(&k.gc, "MatMul", ln, nn_param(&k, "W", 2, D(4, 4)));
+        GradCase k;
+        grad_case_init(&k, &rules);
+        Value *x = grad_param(&k, "X", 3, D(2, 3, 4));
+        Value *in[3] = {x, grad_param(&k, "Scale", 1, D(4)), grad_param(&k, "B", 1, D(4))};
+        Value *ln = grad_finish(&k, grad_node(&k, "LayerNormalization", 3, in));
+        Value *mm = gb_op2(&k.gc, "MatMul", ln, grad_param(&k, "W", 2, D(4, 4)));
         /* a residual use of X too, so its gradient accumulates */
-        nn_check(&k, gb_op2(&k.gc, "Add", x, mm), 2e-2);
+        grad_check(&k, gb_op2(&k.gc, "Add", x, mm), 2e-2);
     }
 }
 END_TEST
@@ -347,15 +209,15 @@ END_TEST
 /* training_mode and extra outputs of BatchNormalization are refused by
  * name, as unsupported. */
 START_TEST(batchnorm_training_refused) {
-    NnCase k;
-    nn_case(&k);
-    Value *in[5] = {nn_tensor(&k, "X", VAL_CONSTANT, 4, D(2, 3, 2, 2), FILL_UNIFORM),
-                    nn_param(&k, "scale", 1, D(3)), nn_param(&k, "B", 1, D(3)),
-                    nn_tensor(&k, "mean", VAL_INITIALIZER, 1, D(3), FILL_UNIFORM),
-                    nn_tensor(&k, "var", VAL_INITIALIZER, 1, D(3), FILL_POSITIVE)};
+    GradCase k;
+    grad_case_init(&k, &rules);
+    Value *in[5] = {grad_tensor(&k, "X", VAL_CONSTANT, 4, D(2, 3, 2, 2), FILL_UNIFORM),
+                    grad_param(&k, "scale", 1, D(3)), grad_param(&k, "B", 1, D(3)),
+                    grad_tensor(&k, "mean", VAL_INITIALIZER, 1, D(3), FILL_UNIFORM),
+                    grad_tensor(&k, "var", VAL_INITIALIZER, 1, D(3), FILL_POSITIVE)};
     Node *n = gb_start(&k.gc, "", "BatchNormalization", 5, in, 1);
     gb_attr_i(&k.gc, n, "training_mode", 1);
-    Value *y = nn_finish(&k, n);
+    Value *y = grad_finish(&k, n);
     y->is_output = true;
     k.g->outputs[k.g->n_outputs++] = y;
     TestProg tp;
@@ -367,8 +229,6 @@ START_TEST(batchnorm_training_refused) {
 END_TEST
 
 /* ---- forward numerics against ONNX's operator tests ---- */
-
-#define NODE_TESTS CLEAVE_SHARED_DIR "/onnx-node-tests"
 
 static const char *const fwd_prefixes[] = {"test_conv_",        "test_basic_conv_",      "test_maxpool_",
                                            "test_averagepool_", "test_globalaveragepool", "test_batchnorm_",
@@ -387,12 +247,6 @@ typedef struct FwdTally {
     char op[64];
     int pass, fail, refused;
 } FwdTally;
-
-static bool file_there(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (f) fclose(f);
-    return f != NULL;
-}
 
 /* Writes tensor t into a value's buffer in the program's layout. */
 static void put_tensor(char *dst, const Value *v, const Value *t) {
@@ -452,16 +306,15 @@ static bool same_tensor(const char *buf, const Value *v, const Value *want, doub
 
 /* Loads, compiles (forward only) and runs one node test. */
 static FwdResult run_node_test(const char *folder, char *op, size_t op_len, char *why, size_t why_len) {
-    char dir[2048], path[4096];
-    snprintf(dir, sizeof dir, "%s/%s", NODE_TESTS, folder);
-    snprintf(path, sizeof path, "%s/model.onnx", dir);
     snprintf(op, op_len, "?");
     Diag d = {0};
-    Graph *g = onnx_load(path, &d);
-    if (!g) {
+    NodeTest nt;
+    if (!node_test_load(&nt, folder, &d)) {
+        node_test_free(&nt);
         snprintf(why, why_len, "%s", d.msg);
         return d.code == DIAG_UNSUPPORTED ? FWD_REFUSED : FWD_FAIL;
     }
+    Graph *g = nt.g;
     GRAPH_FOR_NODES(g, n) { snprintf(op, op_len, "%s", n->op_type); }
     ShapeOptions so = {.batch = 0, .fold = true};
     Plan p = {0};
@@ -487,7 +340,6 @@ static FwdResult run_node_test(const char *folder, char *op, size_t op_len, char
         res = d.code == DIAG_UNSUPPORTED ? FWD_REFUSED : FWD_FAIL;
     }
     const RankPlan *rp = ok ? &p.ranks[0] : NULL;
-    Graph *aux = graph_new(path);
     if (ok) {
         size_t bytes = (size_t)((rp->arena_bytes + 63) / 64 * 64 + 64);
         arena = aligned_alloc(64, bytes);
@@ -495,8 +347,10 @@ static FwdResult run_node_test(const char *folder, char *op, size_t op_len, char
         memset(arena, 0, bytes);
         memcpy(arena, init, (size_t)rp->init_bytes);
         for (int i = 0; i < g->n_inputs && res == FWD_PASS; i++) {
-            snprintf(path, sizeof path, "%s/test_data_set_0/input_%d.pb", dir, i);
-            const Value *t = onnx_load_tensor_file(aux, path, &d);
+            /* every input must have data */
+            char path[4096];
+            snprintf(path, sizeof path, "%s/test_data_set_0/input_%d.pb", nt.dir, i);
+            const Value *t = onnx_load_tensor_file(nt.aux, path, &d);
             if (!t || t->konst->n != value_numel(g->inputs[i])) {
                 snprintf(why, why_len, "input %d: %s", i, t ? "element count differs" : d.msg);
                 res = FWD_FAIL;
@@ -511,40 +365,31 @@ static FwdResult run_node_test(const char *folder, char *op, size_t op_len, char
     if (ok && res == FWD_PASS) {
         step(arena);
         for (int k = 0; k < g->n_outputs && res == FWD_PASS; k++) {
-            snprintf(path, sizeof path, "%s/test_data_set_0/output_%d.pb", dir, k);
-            if (!file_there(path)) continue;
-            const Value *want = onnx_load_tensor_file(aux, path, &d);
-            if (!want) {
+            const Value *want;
+            if (!node_test_expected(&nt, k, &want, &d)) {
                 snprintf(why, why_len, "output %d: %s", k, d.msg);
                 res = FWD_FAIL;
+            } else if (!want) {
+                continue; /* an omitted optional output */
             } else if (!same_tensor(arena + rp->offset[g->outputs[k]->id], g->outputs[k], want, atol, why, why_len)) {
                 res = FWD_FAIL;
             }
         }
     }
     free(arena);
-    graph_free(aux);
     cg_jit_free(jit);
     cg_module_free(m);
-    graph_free(g);
+    node_test_free(&nt);
     return res;
 }
 
-static int cmp_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
 START_TEST(forward_matches_onnx_node_tests) {
-    DIR *dp = opendir(NODE_TESTS);
-    if (!dp) {
-        printf("SKIP: %s not found\n", NODE_TESTS);
+    int count = 0;
+    char **names = node_test_names(fwd_selected, &count);
+    if (!names) {
+        printf("SKIP: %s not found\n", NODE_TESTS_DIR);
         return;
     }
-    char *names[1024];
-    int count = 0;
-    struct dirent *e;
-    while ((e = readdir(dp)) != NULL && count < N_OF(names))
-        if (fwd_selected(e->d_name)) names[count++] = strdup(e->d_name);
-    closedir(dp);
-    qsort(names, (size_t)count, sizeof *names, cmp_names);
     FwdTally tally[16];
     int n_tally = 0, failed = 0;
     for (int i = 0; i < count; i++) {
@@ -569,8 +414,8 @@ START_TEST(forward_matches_onnx_node_tests) {
             failed++;
             printf("FAIL %s: %s\n", names[i], why);
         }
-        free(names[i]);
     }
+    node_test_names_free(names, count);
     for (int j = 0; j < n_tally; j++)
         printf("forward %s: %d/%d match, %d refused\n", tally[j].op, tally[j].pass,
                tally[j].pass + tally[j].fail, tally[j].refused);

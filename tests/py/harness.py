@@ -1,0 +1,135 @@
+"""What the Python test scripts share: PASS/FAIL reporting, running commands,
+comparing arrays, MPI's environment and the work folder.
+
+A script makes one Report, calls rep.check(label, ok, detail) per check (a
+line "PASS label" or "FAIL label: detail"), and ends with rep.summary(),
+which prints "N passed, M failed" and returns the exit status.
+
+Scripts in tests/py import it directly; others put this folder on sys.path
+first.
+"""
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+TIMEOUT = 300  # seconds per command unless the caller says otherwise
+
+
+class Report:
+    def __init__(self):
+        self.passed = 0
+        self.failed = 0
+
+    def check(self, label, ok, detail=""):
+        """One PASS/FAIL line; the detail is printed on failure only."""
+        if ok:
+            self.passed += 1
+            print("PASS %s" % label)
+        else:
+            self.failed += 1
+            print("FAIL %s%s" % (label, ": " + str(detail) if detail else ""))
+        sys.stdout.flush()
+        return ok
+
+    def equal(self, label, got, want):
+        return self.check("%s == %r" % (label, want), got == want,
+                          "got %r, expected %r" % (got, want))
+
+    def guarded(self, label, fn):
+        """Run fn() and return its result; a Python error inside it counts
+        as a failed check (and gives None)."""
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001 - any error is a test failure
+            self.check(label, False, "%s: %s" % (type(e).__name__, e))
+            return None
+
+    def executable(self, path):
+        """Checks that the binary under test can be run."""
+        return self.check("cleave binary %s is executable" % path,
+                          os.path.isfile(path) and os.access(path, os.X_OK))
+
+    def summary(self):
+        """Prints "N passed, M failed"; returns the exit status (1 on failure)."""
+        print("%d passed, %d failed" % (self.passed, self.failed))
+        return 1 if self.failed else 0
+
+
+def run(cmd, cwd=None, env=None, timeout=TIMEOUT):
+    """Runs cmd with stdout and stderr captured as text; returns the
+    CompletedProcess and the seconds it took."""
+    t0 = time.time()
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
+                       timeout=timeout, cwd=cwd, env=env)
+    return p, time.time() - t0
+
+
+def failure(cmd, p):
+    """A failed command in one line: the command, its status and the end of
+    what it printed."""
+    return "%s exited %d: %s" % (" ".join(cmd), p.returncode,
+                                 (p.stderr.strip() or p.stdout.strip())[-1500:])
+
+
+def compile_available(cleave):
+    """False while the binary has no `compile` command."""
+    p, _ = run([cleave, "compile", "--help"], timeout=60)
+    return "unknown command" not in p.stdout + p.stderr
+
+
+def compare(got, want, rtol, atol):
+    """(ok, detail) for two arrays of the same shape: |got - want| <= atol +
+    rtol |want| everywhere, and got finite."""
+    import numpy as np  # not at the top: scripts import this module before they know numpy is there
+
+    got = np.asarray(got)
+    want = np.asarray(want)
+    if got.shape != want.shape:
+        return False, "shape %s, expected %s" % (list(got.shape), list(want.shape))
+    if not np.all(np.isfinite(got)):
+        return False, "non-finite values in result"
+    bad = np.abs(got - want) > atol + rtol * np.abs(want)
+    if not bad.any():
+        return True, ""
+    err = np.abs(got - want)
+    i = np.unravel_index(int(np.argmax(err)), err.shape)
+    first = tuple(int(v) for v in np.argwhere(bad)[0])
+    return False, ("%d of %d elements differ; worst at %s: got %.9g, expected %.9g "
+                   "(abs err %.3g); first at %s: got %.9g, expected %.9g" % (
+                       int(bad.sum()), bad.size, tuple(int(v) for v in i), got[i], want[i],
+                       err[i], first, got[first], want[first]))
+
+
+def mpi_env(**extra):
+    """This environment for mpirun, which refuses root unless told, plus
+    `extra` (MCA settings)."""
+    env = dict(os.environ)
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env.update(extra)
+    return env
+
+
+def mpirun(ranks, argv):
+    """The command line that starts argv on `ranks` processes."""
+    return ["mpirun", "--oversubscribe", "-np", str(ranks)] + list(argv)
+
+
+@contextlib.contextmanager
+def workdir(path, prefix):
+    """The folder a script writes into: `path` (created when missing and
+    kept), or without it a temporary folder removed at the end."""
+    if path:
+        path = os.path.abspath(path)
+        os.makedirs(path, exist_ok=True)
+        yield path
+        return
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
