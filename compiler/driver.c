@@ -129,10 +129,6 @@ bool driver_compile(const CompileOptions *o, Diag *d) {
         meta = program_meta(&p, o);
         ok = meta != NULL || diag_error(d, DIAG_NOMEM, "out of memory");
     }
-    if (ok)
-        fprintf(stderr, "cleave: %s -> %s: %s on %d rank%s, batch %lld; arena %.1f MiB per rank\n", o->model, o->output,
-                p.strategy, p.n_ranks, p.n_ranks > 1 ? "s" : "", (long long)o->batch,
-                (double)p.ranks[0].arena_bytes / (1 << 20));
     if (ok && o->verbose)
         fprintf(stderr,
                 "cleave: %s: %d train steps, %d eval steps; arena %lld bytes: %lld persistent, %lld transient "
@@ -145,6 +141,10 @@ bool driver_compile(const CompileOptions *o, Diag *d) {
                         .meta_json = meta, .verbose = o->verbose};
         ok = cg_compile_plan(&p, &co, d);
     }
+    if (ok)
+        fprintf(stderr, "cleave: %s -> %s: %s on %d rank%s, batch %lld; arena %.1f MiB per rank\n", o->model, o->output,
+                p.strategy, p.n_ranks, p.n_ranks > 1 ? "s" : "", (long long)o->batch,
+                (double)p.ranks[0].arena_bytes / (1 << 20));
     free(meta);
     graph_free(g);
     return ok;

@@ -10,6 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cg.h"
@@ -113,6 +116,35 @@ static void build_step_fn(Cg *c, const char *name, const PlanStep *steps, int n)
     LLVMBuildRetVoid(c->b);
 }
 
+/* LLVM only warns about an unknown CPU name and then aborts the process
+ * when it generates code, and its C API cannot ask whether a name is valid:
+ * try it in a child process with an empty module. */
+static bool cpu_name_works(LLVMTargetRef target, const char *triple, const char *cpu) {
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) return true; /* cannot tell; let code generation report */
+    if (pid == 0) {
+        int devnull = open("/dev/null", O_WRONLY);
+        if (devnull >= 0) dup2(devnull, STDERR_FILENO);
+        LLVMTargetMachineRef tm = LLVMCreateTargetMachine(target, triple, cpu, "", LLVMCodeGenLevelNone,
+                                                          LLVMRelocPIC, LLVMCodeModelDefault);
+        LLVMModuleRef m = LLVMModuleCreateWithName("probe");
+        LLVMSetTarget(m, triple);
+        /* a function, so that the subtarget is really instantiated */
+        LLVMValueRef f = LLVMAddFunction(m, "probe", LLVMFunctionType(LLVMVoidType(), NULL, 0, 0));
+        LLVMBuilderRef b = LLVMCreateBuilder();
+        LLVMPositionBuilderAtEnd(b, LLVMAppendBasicBlock(f, "entry"));
+        LLVMBuildRetVoid(b);
+        char *err = NULL;
+        LLVMMemoryBufferRef buf = NULL;
+        bool ok = tm && !LLVMTargetMachineEmitToMemoryBuffer(tm, m, LLVMObjectFile, &err, &buf);
+        _exit(ok ? 0 : 1);
+    }
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
 static LLVMTargetMachineRef make_target(const CgOptions *o, Diag *d) {
     LLVMInitializeNativeTarget();
     LLVMInitializeNativeAsmPrinter();
@@ -121,6 +153,12 @@ static LLVMTargetMachineRef make_target(const CgOptions *o, Diag *d) {
     if (LLVMGetTargetFromTriple(triple, &target, &err)) {
         diag_error(d, DIAG_INTERNAL, "LLVM target for %s: %s", triple, err);
         LLVMDisposeMessage(err);
+        LLVMDisposeMessage(triple);
+        return NULL;
+    }
+    if (o->target_cpu && !cpu_name_works(target, triple, o->target_cpu)) {
+        diag_error(d, DIAG_USAGE, "--target-cpu '%s' is not a processor LLVM knows for %s (for example x86-64-v3, skylake, znver3)",
+                   o->target_cpu, triple);
         LLVMDisposeMessage(triple);
         return NULL;
     }

@@ -89,6 +89,23 @@ expect 2 "--format needs text or json" -- "$CLEAVE" inspect x.onnx --format
 expect 2 "unknown flag '--frob'" -- "$CLEAVE" inspect x.onnx --frob
 expect 2 "one model at a time" -- "$CLEAVE" inspect a.onnx b.onnx
 
+# compile: usage errors name the flag; the model is the sample MLP
+MLP=$(cd "$HERE/../.." && pwd)/samples/mlp.onnx
+OUTP=$WORK/never_written
+expect 2 "no output given" -- "$CLEAVE" compile "$MLP" --batch 8
+expect 2 "--batch is required" -- "$CLEAVE" compile "$MLP" -o "$OUTP"
+expect 2 "--loss must be ce, mse or model, got 'l1'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --loss l1
+expect 2 "--optimizer must be sgd, momentum or adam, got 'rmsprop'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --optimizer rmsprop
+expect 2 "--lr needs a non-negative number, got 'fast'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --lr fast
+expect 2 "--nesterov needs --optimizer momentum" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --nesterov
+expect 2 "--emit must be exe, obj or llvm" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --emit asm
+expect 2 "--ranks 2 needs --strategy dp" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --ranks 2
+expect 2 "--batch 9 does not divide among --ranks 2" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 9 --ranks 2 --strategy dp
+expect 2 "--strategy must be dp or single" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --strategy zigzag
+expect 2 "--target-cpu 'frobcpu' is not a processor LLVM knows" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --target-cpu frobcpu
+expect 2 "--freeze: 'nope' is not a float initializer" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --freeze nope
+expect 1 "--loss ce needs logits \\[B,C\\]" -- "$CLEAVE" compile "$(cd "$HERE/../.." && pwd)/samples/transformer.onnx" -o "$OUTP" --batch 2
+
 # No arguments at all: the overall usage text, on stderr, with status 2.
 run "$CLEAVE"
 if [ "$status" -eq 2 ] && grep -q "^usage: cleave" "$WORK/stderr"; then
