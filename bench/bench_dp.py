@@ -25,11 +25,13 @@ the last step must agree across all of them; the script checks that.
     /usr/bin/python3 bench/bench_dp.py [--cleave PATH] [--runs 5] [--out results.json]
 
 Needs Debian's /usr/bin/python3 (torch 1.13 with gloo, numpy), Open MPI's
-mpirun and the default --cleave build-dev/cleave next to this folder.
-Progress goes to stderr, the report to stdout.
+mpirun and a built cleave (by default build-dev/cleave next to this folder).
+Progress goes to stderr, the report to stdout; the exit status is 1 when the
+losses differ.
 """
 
 import argparse
+import datetime
 import json
 import os
 import shlex
@@ -55,12 +57,13 @@ LOOPBACK = "127.0.0.1"
 # model (a name of bench_train.MODELS), global batch, default steps.  Each of
 # the two ranks gets half of the batch (64, 32 and 32 rows).  The steps keep a
 # default run (5 runs of five measurements per model, plus 3 compiles per
-# model) at about five minutes on the busy 2-core development machine; about a
-# third of that is process start-up (Python with torch, mpirun, gloo).
+# model) at four to six minutes on the 2-core development machine, depending
+# on what else runs on it; starting the processes (Python with torch, mpirun,
+# gloo's rendezvous) takes a good part of that.
 DP_MODELS = [
-    ("mlp_784_1024_1024_10", 128, 24),
-    ("mlp_784_256_256_10", 64, 200),
-    ("deep_mlp_16x512", 64, 24),
+    ("mlp_784_1024_1024_10", 128, 20),
+    ("mlp_784_256_256_10", 64, 160),
+    ("deep_mlp_16x512", 64, 20),
 ]
 
 np = None
@@ -116,7 +119,8 @@ def ddp_worker(job):
 
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
     model = bt.build_model(job["in_dim"], job["hidden"])
     model.load_state_dict(torch.load(job["weights"]))
     model.train()
@@ -156,6 +160,15 @@ def ddp_worker(job):
     slowest = torch.tensor([t1 - t0], dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     if rank == 0:
+        # DDP puts every gradient in one bucket for the first step, then
+        # rebuilds the buckets in the order the gradients came (the first
+        # one capped at 1 MB, the others at bucket_cap_mb)
+        try:
+            info = ddp._get_ddp_logging_data()
+            sizes = str(info.get("rebuilt_bucket_sizes") or info.get("bucket_sizes") or "")
+            bucket_bytes = [int(v) for v in sizes.replace(",", " ").split()]
+        except (AttributeError, RuntimeError, ValueError):
+            bucket_bytes = None
         timed = steps - warm
         json.dump({
             "samples_per_s": timed * batch / (t1 - t0),
@@ -166,10 +179,16 @@ def ddp_worker(job):
             "loss_last": losses[1].item(),
             "threads": torch.get_num_threads(),
             "bucket_cap_mb": job["bucket_mb"],
+            "bucket_bytes": bucket_bytes,
         }, sys.stdout)
         sys.stdout.write("\n")
-        sys.stdout.flush()
-    dist.destroy_process_group()
+    # End without tearing down: in torch 1.13 the destructor of DDP's
+    # process group joins a gloo worker thread while holding the GIL, and
+    # that thread can be waiting for the GIL to free a tensor, which hangs
+    # the process now and then.  Everything is done and written by now.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def ddp_env(rank, port):
@@ -184,32 +203,40 @@ def ddp_cmd(job_path):
 
 
 def run_ddp(job_path):
+    """Starts the ranks of one DDP run and returns rank 0's result.  Their
+    output goes to files, so neither can block on a full pipe; if a rank
+    fails the other is stopped (it would wait for it in a collective)."""
     port = free_port()
-    procs = []
+    folder = os.path.dirname(job_path)
+    procs, files = [], []
     for rank in range(RANKS):
+        out = open(os.path.join(folder, "ddp_rank%d.out" % rank), "w+")
+        err = open(os.path.join(folder, "ddp_rank%d.err" % rank), "w+")
+        files.append((out, err))
         procs.append(subprocess.Popen(ddp_cmd(job_path), env=ddp_env(rank, port),
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                                      stdout=out, stderr=err, text=True))
     deadline = time.monotonic() + bt.TIMEOUT
-    outs = []
-    failed = False
-    for p in procs:
-        try:
-            out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, err = p.communicate()
-            err += "\n(timed out)"
-        outs.append((p.returncode, out, err))
-        if p.returncode != 0 and not failed:
-            failed = True
-            # the other rank would wait for this one in a collective
-            for q in procs:
-                if q.poll() is None:
-                    q.kill()
-    for rank, (rc, out, err) in enumerate(outs):
-        if rc != 0:
-            sys.exit("torch DDP rank %d failed (exit %s):\n%s" % (rank, rc, err))
-    return json.loads(outs[0][1].strip().splitlines()[-1])
+    while any(p.poll() is None for p in procs):
+        failed = any(p.returncode not in (None, 0) for p in procs)
+        if failed or time.monotonic() > deadline:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            break
+        time.sleep(0.05)
+    texts = []
+    for out, err in files:
+        out.seek(0)
+        err.seek(0)
+        texts.append((out.read(), err.read()))
+        out.close()
+        err.close()
+    if any(p.returncode != 0 for p in procs):
+        sys.exit("torch DDP run failed (port %d):\n%s" % (port, "\n".join(
+            "rank %d: exit %s\n%s" % (r, p.returncode, texts[r][1].strip())
+            for r, p in enumerate(procs))))
+    return json.loads(texts[0][0].strip().splitlines()[-1])
 
 
 # -------------------------------------------------------------- cleave side
@@ -400,6 +427,7 @@ def bench_model(args, workdir, name, in_dim, hidden, batch, steps):
         "cleave_over_torch_1": c1 / t1,
         "cleave_dp2_over_ddp2": {k: v["samples_per_s"] / med["torch_ddp2"] for k, v in dp.items()},
         "ddp_bucket_cap_mb": DDP_BUCKET_MB,
+        "ddp_bucket_bytes": runs["torch_ddp2"][0].get("bucket_bytes"),
         "compile_s": {n: compiled[b]["compile_s"] for b, n in zip(settings, names)},
         "loss_check": {"ok": loss_ok, "rtol": bt.LOSS_RTOL,
                        "first": {n: runs[n][0]["loss_first"] for n in names},
@@ -468,6 +496,20 @@ def print_report(report):
     for line in fmt_table(head, rows):
         print(line)
     print("hidden = 1 - sum(comm_wait_s) / sum(allreduce_s) over the measured steps of a run")
+    def mb(sizes):
+        if len(sizes) <= 4:
+            return "MB " + " + ".join("%.2f" % (x / 2**20) for x in sizes)
+        return "%.2f MB in all, the largest %.2f MB" % (sum(sizes) / 2**20, max(sizes) / 2**20)
+
+    for r in report["results"]:
+        for b in bks:
+            d = r["cleave_dp2"]["%g" % b]
+            print("%s cleave --bucket-mb %g: %d bucket(s), %s"
+                  % (r["model"], b, d["buckets"], mb(d["bucket_bytes"])))
+        ddp = r["ddp_bucket_bytes"]
+        print("%s torch DDP bucket_cap_mb %g: %s"
+              % (r["model"], DDP_BUCKET_MB, "%d bucket(s) after step 1, %s" % (len(ddp), mb(ddp))
+                 if ddp else "bucket sizes unknown"))
     print()
 
     for r in report["results"]:
