@@ -23,9 +23,10 @@ echo "== tests under ASan+UBSan"
 # CLEAVE_TEST_STRIDE: the forward conformance test compiles every 6th ONNX
 # node test here (all of them in the plain run above), since ASan's
 # allocator makes LLVM several times slower.
-# Open MPI keeps memory from MPI_Init to exit; the suppressions name its
-# libraries, and full unwinding lets LeakSanitizer see them on the stacks.
-(cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:fast_unwind_on_malloc=0 \
+# Open MPI keeps memory from MPI_Init to exit: programs carry suppressions
+# for its libraries (runtime/rt_main.c); the file here serves the same for
+# the runtime's own tests.
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
   LSAN_OPTIONS=suppressions="$root/tests/runtime/lsan.supp" \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 CLEAVE_TEST_STRIDE=6 CK_TIMEOUT_MULTIPLIER=4 \
   ctest --output-on-failure --timeout 3000)
