@@ -409,7 +409,6 @@ static bool build_ranks(Ctx *c) {
             rp->rank = rank_of(c, r, s);
             rp->stage = s;
             rp->replica = r;
-            rp->offset = NULL; /* TODO: per-rank memory plan over the micro-batch instances */
             int n_units = schedule_units(c->sched, P, s, M, units);
             if (!schedule_check(c->sched, P, s, M, units, n_units, &rp->max_inflight, c->d)) {
                 ok = false;
@@ -440,6 +439,7 @@ static bool build_ranks(Ctx *c) {
                  check_dataflow(c, rp, rp->eval, rp->n_eval, rp->holds, avail, "eval");
             rp->n_held = 0;
             for (int v = 0; v < nv; v++) rp->n_held += rp->holds[v] != 0;
+            ok = ok && pipeline_memplan(p, rp, c->d);
         }
     free(units);
     free(got);
@@ -623,6 +623,23 @@ char *pipeline_plan_to_json(const Plan *p) {
         if (rp->offset) {
             json_object_set_new(o, "arena_bytes", json_integer(rp->arena_bytes));
             json_object_set_new(o, "persistent_bytes", json_integer(rp->init_bytes));
+        }
+        if (rp->inst) {
+            int S = p->microbatches + 1;
+            json_t *bufs = json_array();
+            for (int v = 0; v < g->n_values; v++)
+                for (int k = 0; k < S; k++) {
+                    int64_t off = rp->inst[(size_t)v * (size_t)S + (size_t)k];
+                    if (off < 0) continue;
+                    json_array_append_new(bufs, json_pack("{s:s, s:i, s:I, s:I}", "name", g->values[v]->name, "micro",
+                                                          k - 1, "offset", (json_int_t)off, "bytes",
+                                                          (json_int_t)plan_value_bytes(g->values[v])));
+                }
+            json_object_set_new(o, "transient_bytes_without_reuse", json_integer(rp->transient_naive));
+            json_object_set_new(o, "peak_activation_bytes", json_integer(rp->peak_act_bytes));
+            json_object_set_new(o, "peak_activation_step", json_integer(rp->peak_act_step));
+            json_object_set_new(o, "send_pinned_bytes", json_integer(rp->send_pinned_bytes));
+            json_object_set_new(o, "buffers", bufs);
         }
         json_array_append_new(ranks, o);
     }

@@ -49,9 +49,9 @@
  *     graph inputs a rank holds (RankPlan.holds) are the ones the runtime
  *     feeds it: rows [replica * B/dp + m * B/(dp*M), +B/(dp*M)) for
  *     micro-batch m;
- *   - an instance of every intermediate per micro-batch in flight (at most
- *     RankPlan.max_inflight at once); parameters, state and gradient
- *     accumulators once;
+ *   - an instance of every intermediate per micro-batch (at most
+ *     RankPlan.max_inflight micro-batches hold activations at once);
+ *     parameters, state and gradient accumulators once;
  *   - SEND: MPI_Isend of the value's micro-batch instance; the buffer must
  *     not be reused before the request completes (all requests complete by
  *     the end of the step at the latest).  RECV: MPI_Irecv may be posted
@@ -63,9 +63,18 @@
  *     received at micro -1, or of micro-batch 0 when M = 1);
  *   - the loss is on the last stage's ranks, one per micro-batch (the
  *     step's loss is their mean); RankPlan.holds says where the output is.
- * Memory planning per rank is not done yet (RankPlan.offset is NULL); it
- * needs lifetimes over the unrolled sequence, one per (value, micro-batch),
- * a SEND's buffer living until its request completes. */
+ *
+ * Memory.  Every rank has its own arena (RankPlan.inst, see plan.h, and
+ * pipeline_memplan below): a persistent region of the inputs,
+ * parameters, constants, state and gradient accumulators it holds and
+ * the loss and outputs it computes (inputs, loss and outputs with one
+ * instance per micro-batch, back to back), then a transient region where
+ * the instances of every (value, micro-batch) it computes or receives
+ * share bytes when their lifetimes over the unrolled train sequence do
+ * not overlap.  A SEND's buffer stays untouched to the end of the step, where
+ * the runtime completes every request; a RECV's buffer is free only from
+ * the RECV step on, so MPI_Irecv cannot be posted earlier than that step.
+ * The eval step uses the same placement. */
 #ifndef CLEAVE_PIPELINE_H
 #define CLEAVE_PIPELINE_H
 
@@ -161,11 +170,27 @@ bool plan_pipeline(Graph *g, const TrainGraph *t, int64_t batch, int n_stages, i
  * dp * n_stages ranks; Plan.groups[s] holds the ranks running stage s. */
 bool plan_hybrid(Graph *g, const TrainGraph *t, int64_t batch, int dp, int n_stages, int microbatches,
                  const char *schedule, const char *const *cuts, int n_cuts, Plan *p, Diag *d);
+
+/* ---- memory (memplan_pipeline.c) ---- */
+
+/* Plans the memory of rank rp of pipeline plan p from its train and eval
+ * steps and RankPlan.holds: sets inst, offset, init_bytes, arena_bytes,
+ * transient_naive, inplace, peak_act_bytes, peak_act_step and
+ * send_pinned_bytes.  plan_pipeline and plan_hybrid call it for every
+ * rank.  Fails when a value the rank holds has no static shape. */
+bool pipeline_memplan(const Plan *p, RankPlan *rp, Diag *d);
+/* Byte offset in rp's arena of the buffer through which a step of
+ * micro-batch `micro` (-1: once per step) reads or writes v, or -1 when
+ * the rank has none.  STEP_ACCUMULATE reads (v, micro) and adds into
+ * (v, -1). */
+int64_t pipeline_buffer(const Plan *p, const RankPlan *rp, const Value *v, int micro);
+
 /* JSON text of any plan (malloc'd; NULL when out of memory): the fields
  * of docs/plan.md that do not depend on memory planning or training
  * options, the stages, transfers and groups, and per rank its stage,
- * steps (compute, send, recv, accumulate, allreduce), eval steps and the
- * values it holds. */
+ * steps (compute, send, recv, accumulate, allreduce), eval steps, the
+ * values it holds and, with a memory plan, its sizes, peak activation
+ * bytes and buffers (one per instance: name, micro, offset, bytes). */
 char *pipeline_plan_to_json(const Plan *p);
 
 #endif

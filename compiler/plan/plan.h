@@ -103,6 +103,28 @@ typedef struct RankPlan {
     int stage, replica, max_inflight;
     unsigned char *holds;
     int n_held;
+    /* Pipeline plans' memory (memplan_pipeline.c; NULL and 0 in other
+     * plans).  A value has an instance per micro-batch it is computed,
+     * received or fed in, and one for micro -1 when it exists once per step
+     * (parameter, constant, state, gradient accumulator, or computed or
+     * received at micro -1).  inst[v * (Plan.microbatches + 1) + micro + 1]
+     * is the byte offset of value id v's instance for `micro` (-1: none).
+     * A step of micro-batch m uses v's instance for m; when there is none,
+     * a step with m >= 0 uses the micro -1 instance, and a step with
+     * m == -1 the micro-batch 0 instance (pipeline_buffer does this).
+     * The instances of an input, and of the loss and outputs on the rank
+     * computing them, are back to back in micro-batch order in the
+     * persistent region [0, init_bytes); `offset` above then holds each
+     * value's micro -1 instance, or its micro-batch 0 instance when it has
+     * none.  peak_act_bytes: the most bytes of activations (instances of
+     * forward and loss values) alive at once, each from the step defining
+     * it to the last step reading it, reached first at train step
+     * peak_act_step (-1: none).  send_pinned_bytes: bytes of the
+     * instances the rank sends, each kept until the end of the step. */
+    int64_t *inst;
+    int64_t peak_act_bytes;
+    int peak_act_step;
+    int64_t send_pinned_bytes;
 } RankPlan;
 
 typedef struct Plan {

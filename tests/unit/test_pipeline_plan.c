@@ -906,11 +906,19 @@ static void check_memory(const Plan *p) {
         ck_assert_int_le(rp->arena_bytes - rp->init_bytes, rp->transient_naive);
         check_memory_seq(p, rp, rp->train, rp->n_train, "train");
         check_memory_seq(p, rp, rp->eval, rp->n_eval, "eval");
-        for (int i = 0; i < p->g->n_inputs; i++) {
-            const Value *x = p->g->inputs[i];
+        /* inputs, and the loss and output where computed: M instances
+         * back to back in the persistent region */
+        const Value *fed[16];
+        int n_fed = 0;
+        for (int i = 0; i < p->g->n_inputs && n_fed < 14; i++) fed[n_fed++] = p->g->inputs[i];
+        if (rp->holds[p->t->loss->id] & HOLD_COMPUTED) fed[n_fed++] = p->t->loss;
+        if (rp->holds[p->t->output->id] & HOLD_COMPUTED) fed[n_fed++] = p->t->output;
+        for (int i = 0; i < n_fed; i++) {
+            const Value *x = fed[i];
             const int64_t *row = &rp->inst[(size_t)x->id * (size_t)S];
             ck_assert_int_eq(row[0], -1);
             ck_assert_int_eq(row[1] >= 0, rp->holds[x->id] != 0);
+            if (row[1] >= 0) ck_assert_int_le(row[1] + p->microbatches * plan_value_bytes(x), rp->init_bytes);
             for (int m = 1; m < p->microbatches && row[1] >= 0; m++)
                 ck_assert_int_eq(row[m + 1], row[1] + m * plan_value_bytes(x));
         }
