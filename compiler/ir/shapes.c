@@ -92,8 +92,27 @@ static bool infer_node(Graph *g, Node *n, const ShapeOptions *opt, Diag *d) {
     return true;
 }
 
+/* Declared input shapes obey the same byte-size bound as inferred ones, so
+ * shape rules never see dimensions whose arithmetic could overflow. */
+static bool check_inputs(Graph *g, Diag *d) {
+    for (int i = 0; i < g->n_inputs; i++) {
+        const Value *v = g->inputs[i];
+        int64_t bytes = (int64_t)(dtype_size(v->dtype) ? dtype_size(v->dtype) : 1);
+        for (int j = 0; j < v->rank; j++) {
+            Dim x = v->dims[j];
+            if (x.sym == DIM_UNKNOWN) continue;
+            if (x.k && bytes > INT64_MAX / 4 / x.k)
+                return diag_error(d, DIAG_LIMIT, "%s: input '%s' is too large (its byte size overflows)", g->path,
+                                  v->name);
+            bytes *= x.k ? x.k : 1;
+        }
+    }
+    return true;
+}
+
 bool ir_infer_shapes(Graph *g, const ShapeOptions *opt, Diag *d) {
     if (opt->batch > 0 && !bind_batch(g, opt->batch, d)) return false;
+    if (!check_inputs(g, d)) return false;
     int count;
     Node **order = ir_topo_order(g, &count, d);
     if (!order) return false;

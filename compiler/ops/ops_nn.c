@@ -33,7 +33,11 @@ static bool window_out(OpCtx *c, const Node *n, const Value *x, const int64_t *k
         if (s > big || d > big || kernel[i] > big || (kp >= 0 && (pads[i] > big || pads[i + nsp] > big)))
             return op_error(c, n, "strides, dilations, kernel sizes or pads beyond 2^40 on spatial axis %d", i);
         if (!dim_is_const(in)) { out[i] = dim_unknown(); continue; }
-        int64_t ek = (kernel[i] - 1) * d + 1; /* effective kernel extent */
+        if (in.k > big) return op_error(c, n, "spatial dimension %lld is beyond 2^40", (long long)in.k);
+        int64_t ek; /* effective kernel extent (kernel - 1) * d + 1 */
+        if (__builtin_mul_overflow(kernel[i] - 1, d, &ek) || ek > big)
+            return op_error(c, n, "kernel extent on spatial axis %d is beyond 2^40", i);
+        ek += 1;
         int64_t o;
         if (strcmp(auto_pad, "SAME_UPPER") == 0 || strcmp(auto_pad, "SAME_LOWER") == 0) {
             o = (in.k + s - 1) / s;
