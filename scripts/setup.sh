@@ -14,7 +14,7 @@ PACKAGES=(
   zlib1g-dev
   libjansson-dev
   python3 python3-numpy python3-torch python3-onnx
-  libopenblas-dev
+  libopenblas-dev python3-jsonschema
   dataset-fashion-mnist
 )
 
