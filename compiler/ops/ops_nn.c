@@ -30,6 +30,7 @@ static bool window_out(OpCtx *c, const Node *n, const Value *x, const int64_t *k
             return op_error(c, n, "strides, dilations and kernel sizes must be positive");
         /* Bounds that keep every sum below in 64-bit range. */
         const int64_t big = (int64_t)1 << 40;
+        if (kp >= 0 && (pads[i] < 0 || pads[i + nsp] < 0)) return op_error(c, n, "negative padding");
         if (s > big || d > big || kernel[i] > big || (kp >= 0 && (pads[i] > big || pads[i + nsp] > big)))
             return op_error(c, n, "strides, dilations, kernel sizes or pads beyond 2^40 on spatial axis %d", i);
         if (!dim_is_const(in)) { out[i] = dim_unknown(); continue; }
