@@ -2,9 +2,10 @@
  *
  * Each supported operator is ONE OpDef: its name, domain, opset range,
  * arity, attribute defaults, and the rules passes call (shape inference,
- * constant evaluation, FLOP count; later gradient and codegen).  The entries
- * live in the ops_*.c files by family and are listed once in ops.c.  Adding
- * an op means writing its entry and adding it to that list. */
+ * constant evaluation, FLOP count, gradient, code generation, in-place
+ * legality).  The entries live in the ops_*.c files by family and are
+ * listed once in ops_list.h.  Adding an op means writing its entry and
+ * adding it to that list. */
 #ifndef CLEAVE_OPS_H
 #define CLEAVE_OPS_H
 
