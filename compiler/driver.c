@@ -9,7 +9,7 @@
 #include "ir/shapes.h"
 #include "codegen/cg.h"
 #include "ops/ops.h"
-#include "plan/plan.h"
+#include "plan/pipeline.h"
 
 bool driver_check_supported(Graph *g, Diag *d) {
     GRAPH_FOR_NODES(g, n) {
@@ -40,58 +40,6 @@ Graph *driver_front_end(const DriverOptions *opt, Diag *d) {
     return g;
 }
 
-/* Program description embedded for the runtime (runtime/rt_abi.h). */
-static char *program_meta(const Plan *p, const CompileOptions *o) {
-    const Graph *g = p->g;
-    const TrainGraph *t = p->t;
-    const RankPlan *rp = &p->ranks[0];
-    json_t *inputs = json_array(), *params = json_array();
-    for (int i = 0; i < g->n_inputs; i++) {
-        const Value *v = g->inputs[i];
-        json_t *shape = json_array();
-        for (int j = 0; j < v->rank; j++) json_array_append_new(shape, json_integer(v->dims[j].k));
-        json_array_append_new(inputs, json_pack("{s:s, s:s, s:o, s:I}", "name", v->name, "dtype",
-                                                dtype_is_float(v->dtype) ? "float32" : "int64", "shape", shape,
-                                                "offset", (json_int_t)rp->offset[v->id]));
-    }
-    for (int i = 0; i < t->n_params; i++) {
-        const Value *v = t->params[i];
-        json_t *shape = json_array();
-        for (int j = 0; j < v->rank; j++) json_array_append_new(shape, json_integer(v->dims[j].k));
-        json_array_append_new(params, json_pack("{s:s, s:s, s:o, s:I, s:b}", "name", v->name, "dtype", "float32",
-                                                "shape", shape, "offset", (json_int_t)rp->offset[v->id], "trainable",
-                                                t->grads[i] != NULL));
-    }
-    json_t *oshape = json_array();
-    for (int j = 0; j < t->output->rank; j++) json_array_append_new(oshape, json_integer(t->output->dims[j].k));
-    static const char *opt_names[] = {"sgd", "momentum", "adam"};
-    char *plan_text = plan_to_json(p, &o->train);
-    uint64_t h = 1469598103934665603ull; /* FNV-1a of the plan */
-    for (const char *c = plan_text; c && *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
-    free(plan_text);
-    char hash[32];
-    snprintf(hash, sizeof hash, "%016llx", (unsigned long long)h);
-    json_t *buckets = json_array();
-    for (int b = 0; b < rp->n_buckets; b++)
-        json_array_append_new(buckets, json_pack("{s:I, s:I}", "offset", (json_int_t)rp->buckets[b].offset, "count",
-                                                 (json_int_t)(rp->buckets[b].bytes / 4)));
-    json_t *root = json_pack(
-        "{s:i, s:s, s:i, s:i, s:I, s:I, s:I, s:{s:I}, s:{s:I, s:f}, s:{s:I}, s:o, s:{s:s, s:I, s:o}, s:o, s:s, "
-        "s:{s:s}}",
-        "abi", 1, "plan_hash", hash, "ranks", p->n_ranks, "rank_programs", 1, "batch", (json_int_t)o->batch, "arena_bytes",
-        (json_int_t)rp->arena_bytes, "init_bytes", (json_int_t)rp->init_bytes, "loss", "offset",
-        (json_int_t)rp->offset[t->loss->id], "lr", "offset", (json_int_t)rp->offset[t->lr->id], "value",
-        (double)o->train.lr, "step", "offset", (json_int_t)rp->offset[t->step->id], "inputs", inputs, "output",
-        "name", t->output->name, "offset", (json_int_t)rp->offset[t->output->id], "shape", oshape, "params", params,
-        "loss_kind", loss_kind_name(o->train.loss), "optimizer", "name", opt_names[o->train.optimizer]);
-    json_object_set_new(root, "strategy", json_string(p->strategy));
-    json_object_set_new(root, "local_batch", json_integer(p->local_batch));
-    json_object_set_new(root, "buckets", buckets);
-    char *s = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    json_decref(root);
-    return s;
-}
-
 static bool write_text(const char *path, const char *text, Diag *d) {
     FILE *f = fopen(path, "w");
     if (!f) return diag_error(d, DIAG_IO, "%s: cannot write", path);
@@ -100,28 +48,136 @@ static bool write_text(const char *path, const char *text, Diag *d) {
     return ok ? true : diag_error(d, DIAG_IO, "%s: write failed", path);
 }
 
-bool driver_compile(const CompileOptions *o, Diag *d) {
+/* How the ranks split the work, from the flags. */
+typedef struct Layout {
+    bool dp, staged;
+    int ranks, replicas, stages, microbatches;
+    const char *schedule;
+} Layout;
+
+static bool is_strategy(const CompileOptions *o, const char *name) {
+    return o->strategy && strcmp(o->strategy, name) == 0;
+}
+
+/* Default micro-batches for --strategy pipeline: 4 per stage (enough to
+ * bring GPipe's bubble (P-1)/(M+P-1) under 20%), or the most below that
+ * which divide each replica's rows. */
+static int default_microbatches(int64_t rows, int stages) {
+    int m = 4 * stages;
+    while (m > 1 && rows % m) m--;
+    return m;
+}
+
+static bool layout(const CompileOptions *o, Layout *l, Diag *d) {
     int64_t ranks = o->ranks > 0 ? o->ranks : 1;
-    bool dp = o->strategy && strcmp(o->strategy, "dp") == 0;
-    if (ranks > 1 && !dp)
-        return diag_error(d, DIAG_USAGE, "--ranks %lld needs --strategy dp (the other strategies are not built yet)",
-                          (long long)ranks);
-    if (dp && o->batch % ranks)
-        return diag_error(d, DIAG_USAGE, "--batch %lld does not divide among --ranks %lld", (long long)o->batch,
-                          (long long)ranks);
-    /* Each data-parallel rank computes batch/ranks rows. */
-    DriverOptions fo = {.model = o->model, .batch = dp ? o->batch / ranks : o->batch, .require_supported = true};
+    *l = (Layout){.ranks = (int)ranks, .replicas = 1, .stages = 1, .microbatches = 1};
+    bool layer = is_strategy(o, "layer"), pipe = is_strategy(o, "pipeline"), hybrid = is_strategy(o, "hybrid");
+    l->dp = is_strategy(o, "dp");
+    l->staged = layer || pipe || hybrid;
+    if (!l->staged) {
+        if (o->microbatches || o->schedule || o->n_cuts || o->dp || o->pp)
+            return diag_error(d, DIAG_USAGE, "--microbatches, --schedule, --stages, --dp and --pp need --strategy "
+                              "layer, pipeline or hybrid");
+        if (ranks > 1 && !l->dp)
+            return diag_error(d, DIAG_USAGE, "--ranks %lld needs a --strategy (dp, layer, pipeline or hybrid)",
+                              (long long)ranks);
+        if (l->dp && o->batch % ranks)
+            return diag_error(d, DIAG_USAGE, "--batch %lld does not divide among --ranks %lld", (long long)o->batch,
+                              (long long)ranks);
+        if (l->dp) l->replicas = (int)ranks;
+        return true;
+    }
+    if (hybrid) {
+        if (!o->dp && !o->pp)
+            return diag_error(d, DIAG_USAGE, "--strategy hybrid needs --dp D and --pp P (ranks = D x P)");
+        int64_t D = o->dp, P = o->pp;
+        if (!D) D = ranks % P ? 0 : ranks / P;
+        if (!P) P = ranks % D ? 0 : ranks / D;
+        if (!D || !P || (o->ranks > 1 && D * P != o->ranks))
+            return diag_error(d, DIAG_USAGE, "--dp %lld x --pp %lld does not make --ranks %lld", (long long)o->dp,
+                              (long long)o->pp, (long long)ranks);
+        l->replicas = (int)D;
+        l->stages = (int)P;
+        l->ranks = (int)(D * P);
+    } else {
+        if (o->dp && o->dp != 1)
+            return diag_error(d, DIAG_USAGE, "--dp needs --strategy hybrid");
+        if (o->pp && o->pp != ranks)
+            return diag_error(d, DIAG_USAGE, "--pp %lld differs from --ranks %lld (use --strategy hybrid to combine "
+                              "them with data parallelism)", (long long)o->pp, (long long)ranks);
+        l->stages = (int)ranks;
+    }
+    if (layer && o->microbatches > 1)
+        return diag_error(d, DIAG_USAGE, "--strategy layer runs the whole batch through the stages at once; use "
+                          "--strategy pipeline for %lld micro-batches", (long long)o->microbatches);
+    if (layer && o->schedule && strcmp(o->schedule, "layer"))
+        return diag_error(d, DIAG_USAGE, "--schedule %s needs --strategy pipeline or hybrid", o->schedule);
+    if (o->batch % l->replicas)
+        return diag_error(d, DIAG_USAGE, "--batch %lld does not divide among %d replicas", (long long)o->batch,
+                          l->replicas);
+    l->microbatches = layer ? 1 : o->microbatches ? (int)o->microbatches
+                                                  : default_microbatches(o->batch / l->replicas, l->stages);
+    if ((o->batch / l->replicas) % l->microbatches)
+        return diag_error(d, DIAG_USAGE, "--microbatches %d does not divide the %lld rows of %s", l->microbatches,
+                          (long long)(o->batch / l->replicas), l->replicas > 1 ? "each replica's batch" : "--batch");
+    l->schedule = layer ? "layer" : o->schedule ? o->schedule : "gpipe";
+    if (o->n_cuts && o->n_cuts != l->stages - 1)
+        return diag_error(d, DIAG_USAGE, "--stages names %d node%s; %d stages need %d (the first node of every "
+                          "stage after the first)", o->n_cuts, o->n_cuts == 1 ? "" : "s", l->stages, l->stages - 1);
+    return true;
+}
+
+static void report_plan(const Plan *p, const CompileOptions *o) {
+    int64_t arena = 0;
+    for (int r = 0; r < p->n_ranks; r++)
+        if (p->ranks[r].arena_bytes > arena) arena = p->ranks[r].arena_bytes;
+    if (o->verbose)
+        for (int r = 0; r < (p->n_stages ? p->n_stages : 1); r++) {
+            const RankPlan *rp = &p->ranks[r];
+            fprintf(stderr,
+                    "cleave: %s: program %d: %d train steps, %d eval steps; arena %lld bytes: %lld persistent, "
+                    "%lld transient (%lld without reuse; %d outputs computed in place)\n",
+                    o->model, r, rp->n_train, rp->n_eval, (long long)rp->arena_bytes, (long long)rp->init_bytes,
+                    (long long)(rp->arena_bytes - rp->init_bytes), (long long)rp->transient_naive, rp->inplace);
+        }
+    char detail[128] = "";
+    if (p->n_stages)
+        snprintf(detail, sizeof detail, " (%d stage%s x %d replica%s, %d micro-batch%s, %s)", p->n_stages,
+                 p->n_stages > 1 ? "s" : "", p->replicas, p->replicas > 1 ? "s" : "", p->microbatches,
+                 p->microbatches > 1 ? "es" : "", p->schedule);
+    fprintf(stderr, "cleave: %s -> %s: %s%s on %d rank%s, batch %lld; arena %.1f MiB per rank (largest)\n", o->model,
+            o->output, p->strategy, detail, p->n_ranks, p->n_ranks > 1 ? "s" : "", (long long)o->batch,
+            (double)arena / (1 << 20));
+}
+
+bool driver_compile(const CompileOptions *o, Diag *d) {
+    Layout l;
+    if (!layout(o, &l, d)) return false;
+    /* The graph is built for the rows one step of one rank computes at
+     * once: a replica's share, or its share of one micro-batch; summing the
+     * gradients over replicas and micro-batches, each seeded with
+     * 1 / (replicas x micro-batches), gives the global batch's. */
+    int64_t rows = o->batch / l.replicas / l.microbatches;
+    DriverOptions fo = {.model = o->model, .batch = rows, .require_supported = true};
     Graph *g = driver_front_end(&fo, d);
     if (!g) return false;
     TrainGraph t;
     Plan p;
     TrainOptions to = o->train;
-    to.replicas = dp ? (int)ranks : 1;
-    bool ok = train_build(g, &to, &t, d) && ir_verify(g, d) &&
-              (dp ? plan_dp(g, &t, o->batch, (int)ranks, o->bucket_mb, &p, d) : plan_single(g, &t, o->batch, &p, d));
+    to.replicas = l.replicas * l.microbatches;
+    bool ok = train_build(g, &to, &t, d) && ir_verify(g, d);
+    if (ok) {
+        if (l.staged)
+            ok = plan_hybrid(g, &t, o->batch, l.replicas, l.stages, l.microbatches, l.schedule, o->cuts, o->n_cuts,
+                             &p, d);
+        else if (l.dp)
+            ok = plan_dp(g, &t, o->batch, l.ranks, o->bucket_mb, &p, d);
+        else
+            ok = plan_single(g, &t, o->batch, &p, d);
+    }
     char *meta = NULL;
     if (ok && o->plan_out) {
-        char *text = plan_to_json(&p, &o->train);
+        char *text = l.staged ? pipeline_plan_to_json(&p) : plan_to_json(&p, &o->train);
         ok = text ? write_text(o->plan_out, text, d) : diag_error(d, DIAG_NOMEM, "out of memory");
         free(text);
     }
@@ -129,22 +185,12 @@ bool driver_compile(const CompileOptions *o, Diag *d) {
         meta = program_meta(&p, o);
         ok = meta != NULL || diag_error(d, DIAG_NOMEM, "out of memory");
     }
-    if (ok && o->verbose)
-        fprintf(stderr,
-                "cleave: %s: %d train steps, %d eval steps; arena %lld bytes: %lld persistent, %lld transient "
-                "(%lld without reuse; %d outputs computed in place)\n",
-                o->model, p.ranks[0].n_train, p.ranks[0].n_eval, (long long)p.ranks[0].arena_bytes,
-                (long long)p.ranks[0].init_bytes, (long long)(p.ranks[0].arena_bytes - p.ranks[0].init_bytes),
-                (long long)p.ranks[0].transient_naive, p.ranks[0].inplace);
     if (ok) {
         CgOptions co = {.target_cpu = o->target_cpu, .emit = o->emit, .output = o->output, .model_path = o->model,
                         .meta_json = meta, .verbose = o->verbose};
         ok = cg_compile_plan(&p, &co, d);
     }
-    if (ok)
-        fprintf(stderr, "cleave: %s -> %s: %s on %d rank%s, batch %lld; arena %.1f MiB per rank\n", o->model, o->output,
-                p.strategy, p.n_ranks, p.n_ranks > 1 ? "s" : "", (long long)o->batch,
-                (double)p.ranks[0].arena_bytes / (1 << 20));
+    if (ok) report_plan(&p, o);
     free(meta);
     graph_free(g);
     return ok;

@@ -13,6 +13,7 @@ static const char main_help[] =
     "  inspect MODEL.onnx   shapes, parameters, FLOPs and unsupported ops of a model\n"
     "  compile MODEL.onnx   a training program for the model\n"
     "  ops                  the operators cleave supports\n"
+    "  trace-stats FILE     busy, idle and bubble per rank from a program's --trace\n"
     "\n"
     "  cleave <command> --help   options of a command\n"
     "  cleave --version          version\n";
@@ -34,6 +35,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "inspect") == 0) return cmd_inspect(argc - 2, argv + 2);
     if (strcmp(cmd, "compile") == 0) return cmd_compile(argc - 2, argv + 2);
     if (strcmp(cmd, "ops") == 0) return cmd_ops(argc - 2, argv + 2);
+    if (strcmp(cmd, "trace-stats") == 0) return cmd_trace_stats(argc - 2, argv + 2);
     fprintf(stderr, "cleave: unknown command '%s' (see 'cleave --help')\n", cmd);
     return 2;
 }

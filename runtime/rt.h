@@ -73,6 +73,8 @@ typedef struct RtTensor {
                            whose shape[0] is the local batch); 0 for an
                            output without rows (loss_kind model) */
     uint64_t bytes;
+    bool absent;        /* staged programs: an input or parameter another
+                           stage's rank holds (no offset here) */
 } RtTensor;
 
 typedef enum { RT_LOSS_CE, RT_LOSS_MSE, RT_LOSS_MODEL } RtLossKind;
@@ -85,6 +87,26 @@ typedef struct RtBucket {
 } RtBucket;
 
 #define RT_HASH_MAX 64 /* longest "plan_hash" accepted */
+
+/* A staged program (strategy layer, pipeline or hybrid, rt_abi.h): the
+ * ranks run D replicas of a P-stage pipeline; rank replica * P + stage
+ * runs program `stage`. */
+typedef struct RtStaged {
+    bool on;
+    int stages, dp, microbatches;
+    int stage, replica;      /* this rank's */
+    int64_t micro_batch;
+    int64_t tag_bound;       /* every tag the program uses is below it */
+    char schedule[16];
+    uint64_t init_offset;    /* this program's image in cleave_init */
+    int64_t peak_act_bytes;  /* planned peak of this rank's activations */
+    int loss_count;          /* micro-batch losses at loss_offset (M on the
+                                last stage, 0 elsewhere) */
+    bool has_output, has_lr, has_step;
+    RtTensor *all_params;    /* every parameter; offsets into the program of */
+    int *param_stage;        /* ... the stage whose replica-0 rank --save reads */
+    int n_all_params;
+} RtStaged;
 
 typedef struct RtMeta {
     int64_t batch;       /* global: the rows of one optimizer step */
@@ -107,11 +129,14 @@ typedef struct RtMeta {
     RtLossKind loss_kind;
     int labels;       /* index of the input named "labels", -1 if none */
     int64_t classes;  /* ce: the output's last dimension */
+    RtStaged staged;
 } RtMeta;
 
 const char *rt_dtype_name(RtDType t);
 size_t rt_dtype_size(RtDType t);
 bool rt_meta_parse(const char *json, size_t len, RtMeta *m, RtErr *e);
+/* The same for the program that MPI rank `rank` runs (staged programs). */
+bool rt_meta_parse_rank(const char *json, size_t len, int rank, RtMeta *m, RtErr *e);
 void rt_meta_free(RtMeta *m);
 /* Index of the input called name, or -1. */
 int rt_meta_input(const RtMeta *m, const char *name);
@@ -184,6 +209,53 @@ bool rt_comm_check_replicas(const RtMeta *m, const char *arena, RtErr *e);
 uint64_t rt_fnv1a64(uint64_t h, const void *data, size_t len);
 #define RT_FNV1A64_INIT 14695981039346656037ull
 
+/* ---- staged programs: rt_stage.c -----------------------------------------
+ *
+ * Layer, pipeline and hybrid programs (RtStaged): the point-to-point and
+ * stage-group functions of rt_abi.h, and the rest of a run that differs
+ * from a single program's. */
+
+bool rt_staged_init(const RtMeta *m, RtErr *e);
+/* Collective over every rank: the communicator of each stage's replicas. */
+void rt_staged_groups(void);
+void rt_staged_free(void);
+/* Tests the outstanding sends (called between kernels). */
+void rt_staged_progress(void);
+void rt_staged_step_begin(void);
+/* Completes every send of the step; c (may be NULL) gets the step's time
+ * blocked in transfers and collectives. */
+void rt_staged_step_end(RtStepComm *c);
+/* --check-replicas: collective; the replicas of each stage compare their
+ * parameters. */
+bool rt_staged_check_replicas(const RtMeta *m, const char *arena, RtErr *e);
+/* Collective: every parameter reaches rank 0, packed into *buf; rank 0's
+ * *view is m with those parameters (offsets into *buf), for --save. */
+bool rt_staged_gather_params(const RtMeta *m, const char *arena, RtMeta *view, char **buf, RtErr *e);
+/* Collective: rank 0 adds a line to the metrics with every rank's stage,
+ * replica and planned peak activation bytes. */
+struct RtLog;
+void rt_staged_report(struct RtLog *l, const RtMeta *m);
+/* m with every parameter of every stage (offsets unset), for checks. */
+void rt_staged_save_view(const RtMeta *m, RtMeta *view);
+
+/* ---- traces: rt_trace.c ---------------------------------------------------- */
+
+/* Event kinds; the first three are the units of cleave_rt_unit. */
+enum { RT_EV_FORWARD, RT_EV_BACKWARD, RT_EV_UPDATE, RT_EV_COMPUTE, RT_EV_RECV, RT_EV_SEND, RT_EV_ALLREDUCE,
+       RT_EV_STEP };
+
+/* Collective when on (a barrier sets the common time origin). */
+void rt_trace_start(bool on);
+void rt_trace_step_begin(int64_t step);
+void rt_trace_unit(int kind, int32_t micro);
+/* Around a blocking wait: returns now; the end records the wait as an
+ * event of `kind` and returns its length in seconds.  Cheap when off. */
+double rt_trace_wait_begin(void);
+double rt_trace_wait_end(int kind, double t0);
+void rt_trace_step_end(void);
+/* Collective: rank 0 writes every rank's events to path. */
+bool rt_trace_write(const char *path, const RtMeta *m, int64_t steps, RtErr *e);
+
 /* ---- command line: rt_args.c --------------------------------------------- */
 
 typedef struct RtNamedFile {
@@ -202,7 +274,7 @@ typedef struct RtArgs {
     float lr;
     bool shuffle;
     uint64_t seed;
-    const char *metrics, *save, *predict;
+    const char *metrics, *save, *predict, *trace;
     int64_t log_every; /* 0: only the final line */
     bool check_replicas;
     bool help;
@@ -339,6 +411,7 @@ typedef struct RtProgram {
     size_t model_len;
     void (*train_step)(char *arena);
     void (*eval_step)(char *arena);
+    int32_t *program; /* which program of a staged module runs (cleave_program) */
 } RtProgram;
 
 typedef struct RtRun {
@@ -358,8 +431,10 @@ typedef struct RtRun {
     int64_t total_steps;
     bool predict_on; /* --predict given (on every rank) */
     float *predict;  /* rank 0 with --predict: [eval_rows, output row] */
-    float *gathered; /* rank 0 of a sharded run with --predict: the
-                        outputs of one global batch, [batch, output row] */
+    float *gathered; /* rank 0 of a run on several ranks with --predict:
+                        every rank's output rows of one batch,
+                        [ranks * local_batch, output row] */
+    float *zeros;    /* staged: what ranks without outputs send instead */
     RtLog log;
 } RtRun;
 

@@ -102,4 +102,48 @@ void cleave_rt_allreduce_wait(int32_t bucket);
  * Cheap when nothing is outstanding. */
 void cleave_rt_progress(void);
 
+/* Staged programs (strategy "layer", "pipeline", "hybrid"): one module
+ * holds a program per stage; the runtime stores the stage of its rank in
+ * cleave_program before the first step, and cleave_train_step and
+ * cleave_eval_step run that program.  Their metadata adds, at the top
+ * level, "stages" P, "dp" D (ranks = D x P), "microbatches" M,
+ * "micro_batch" (rows of one), "schedule", "tag_bound" (every message tag
+ * is below it); "inputs", "output" and "params" there give names, dtypes
+ * and shapes ([local_batch, ...] for inputs; params add "stage", the
+ * stage whose copy --save writes) without offsets; "lr" only its "value";
+ * and "programs", one per stage:
+ *   {"stage": s, "arena_bytes": N, "init_bytes": N,
+ *    "init_offset": o,               this program's image in cleave_init
+ *    "peak_activation_bytes": N,     planned peak of live activations
+ *    "inputs": [{"name", "offset"}], the inputs this stage reads; the M
+ *                                    micro-batches' rows back to back
+ *                                    from offset, as one [local_batch,
+ *                                    ...] tensor
+ *    "params": [{"name", "offset"}], the parameters it holds
+ *    "loss": {"offset", "count": M}, last stage: each micro-batch's mean
+ *                                    loss (the step's is their mean)
+ *    "output": {"offset"},           last stage: the M micro-batches'
+ *                                    output rows, back to back
+ *    "lr": {"offset"}, "step": {"offset"}}  when it runs optimizer updates
+ * Rank replica * P + stage runs program `stage` of data-parallel
+ * `replica`, on rows [replica * local_batch, +local_batch) of each batch.
+ * The generated step names peers by stage; the runtime adds
+ * replica * P.  Sends may complete after the step function returns; the
+ * runtime completes them before the next step writes any input. */
+extern int32_t cleave_program;
+
+/* Non-blocking send of `bytes` bytes at buf to stage `peer` of this
+ * rank's replica (MPI_Isend); the buffer stays untouched until the end of
+ * the step. */
+void cleave_rt_send(int32_t peer, int32_t tag, void *buf, int64_t bytes);
+/* Blocking receive of exactly `bytes` bytes from stage `peer`. */
+void cleave_rt_recv(int32_t peer, int32_t tag, void *buf, int64_t bytes);
+/* In-place sum of `count` floats over the replicas of stage `group` (the
+ * caller's own stage). */
+void cleave_rt_group_allreduce(int32_t group, void *buf, int64_t count);
+/* The step starts a unit of work, for traces: kind 0 the forward of
+ * micro-batch `micro`, 1 its backward, 2 the once-per-step update
+ * (micro -1). */
+void cleave_rt_unit(int32_t kind, int32_t micro);
+
 #endif

@@ -94,7 +94,7 @@ bool rt_args_parse(int argc, char **argv, RtArgs *a, RtErr *e) {
         flag[flen] = 0;
         static const char *const known[] = {"--data", "--eval-data", "--steps", "--epochs", "--lr",
                                             "--shuffle", "--metrics", "--save", "--predict",
-                                            "--log-every"};
+                                            "--log-every", "--trace"};
         bool is_known = false;
         for (size_t k = 0; k < sizeof known / sizeof *known; k++) is_known |= strcmp(flag, known[k]) == 0;
         if (!is_known) return rt_usage_error(e, "unknown option '%s' (see --help)", flag);
@@ -131,6 +131,8 @@ bool rt_args_parse(int argc, char **argv, RtArgs *a, RtErr *e) {
             ok = set_once(&a->metrics, flag, value, e);
         } else if (strcmp(flag, "--save") == 0) {
             ok = set_once(&a->save, flag, value, e);
+        } else if (strcmp(flag, "--trace") == 0) {
+            ok = set_once(&a->trace, flag, value, e);
         } else {
             ok = set_once(&a->predict, flag, value, e);
         }
@@ -148,7 +150,7 @@ uint64_t rt_args_fingerprint(const RtArgs *a) {
     /* Fixed-width fields hashed one by one: no padding bytes get in. */
     uint64_t h = RT_FNV1A64_INIT;
     int64_t ints[] = {a->steps, a->epochs, a->shuffle, a->has_lr, a->n_eval > 0, a->predict != NULL,
-                      a->check_replicas};
+                      a->check_replicas, a->trace != NULL};
     h = rt_fnv1a64(h, ints, sizeof ints);
     h = rt_fnv1a64(h, &a->seed, sizeof a->seed);
     uint32_t lr_bits = 0;
@@ -230,8 +232,10 @@ void rt_args_usage(FILE *out, const RtMeta *m) {
             "  --save OUT.onnx        the model with its trained parameters\n"
             "  --log-every N          log line every N steps when stderr is not a terminal\n"
             "                         (default 100; 0: only the final line)\n"
-            "  --check-replicas       at the end, check that every MPI rank holds the same\n"
-            "                         parameters (a hash of their bytes)\n"
+            "  --check-replicas       at the end, check that every data-parallel replica holds\n"
+            "                         the same parameters (a hash of their bytes)\n"
+            "  --trace FILE           Chrome/Perfetto trace of the training steps, one track per\n"
+            "                         rank (cleave trace-stats FILE sums it up)\n"
             "  -h, --help             this text\n",
             p);
     if (!m) return;
@@ -240,8 +244,15 @@ void rt_args_usage(FILE *out, const RtMeta *m) {
                 "\nThis program is data-parallel over %d ranks: run it as mpirun -np %d %s ...\n"
                 "Every rank reads the files and computes %" PRId64 " of the %" PRId64 " rows of each batch.\n",
                 m->ranks, m->ranks, p, m->local_batch, m->batch);
+    if (m->staged.on)
+        fprintf(out,
+                "\nThis program runs %d pipeline stage%s x %d data-parallel replica%s (%s, %d micro-batch%s of %"
+                PRId64 " rows): run it as mpirun -np %d %s ...\n",
+                m->staged.stages, m->staged.stages > 1 ? "s" : "", m->staged.dp, m->staged.dp > 1 ? "s" : "",
+                m->staged.schedule, m->staged.microbatches, m->staged.microbatches > 1 ? "es" : "",
+                m->staged.micro_batch, m->ranks, p);
     fprintf(out, "\nInputs of this program (batch %" PRId64 ", learning rate %g%s):\n", m->batch, (double)m->lr,
-            m->dp ? "; shapes per rank" : "");
+            m->dp || m->staged.dp > 1 ? "; shapes per replica" : "");
     for (int k = 0; k < m->n_inputs; k++) {
         char shape[256];
         fprintf(out, "  %-20s %s %s\n", m->inputs[k].name, rt_dtype_name(m->inputs[k].dtype),

@@ -67,6 +67,7 @@ void rt_batch_fill(const RtOrder *o, const RtTensor *slots, const RtArray *data,
                    int64_t batch, int64_t step, int64_t r0, int64_t r1, char *arena) {
     for (int k = 0; k < n; k++) {
         const RtArray *a = &data[k];
+        if (slots[k].absent) continue; /* another stage reads this input */
         char *dst = arena + slots[k].offset;
         for (int64_t r = r0; r < r1; r++) {
             int64_t row = rt_batch_row(o, batch, step, r);

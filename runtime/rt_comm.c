@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "rt.h"
+#include "rt_mpi.h"
 
 static int g_rank = 0;
 static int g_ranks = 1;
@@ -46,6 +47,7 @@ void rt_comm_init(int *argc, char ***argv) {
     MPI_Comm_size(g_comm, &g_ranks);
 }
 
+MPI_Comm rt_comm_world(void) { return g_comm; }
 int rt_rank(void) { return g_rank; }
 int rt_ranks(void) { return g_ranks; }
 const char *rt_prog_name(void) { return g_prog; }
@@ -194,11 +196,11 @@ bool rt_comm_startup(const RtHello *h, bool *any_help, RtErr *e) {
                               "program on every rank", all[0].hash, all[r].hash, r);
         else if (all[r].options != all[0].options)
             ok = rt_error_all(e, "rank %d was started with other options than rank 0 (--steps, --epochs, --shuffle, "
-                              "--lr, --eval-data, --predict and --check-replicas must be the same on every rank)", r);
+                              "--lr, --eval-data, --predict, --check-replicas and --trace must be the same on every rank)", r);
     }
     free(all);
     if (!ok) return false;
-    if (m->dp && m->ranks != g_ranks) {
+    if ((m->dp || m->staged.on) && m->ranks != g_ranks) {
         if (g_ranks == 1)
             return rt_error_all(e, "%s was compiled for %d ranks but runs alone; start it with mpirun -np %d %s ...",
                                 g_prog, m->ranks, m->ranks, g_prog);
@@ -338,6 +340,7 @@ void cleave_rt_allreduce_wait(int32_t bucket) {
 }
 
 void cleave_rt_progress(void) {
+    rt_staged_progress();
     if (g_dp.running <= 0) return;
     int count = 0;
     MPI_Testsome(g_dp.n, g_dp.req, &count, g_dp.done, MPI_STATUSES_IGNORE);

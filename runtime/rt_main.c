@@ -17,20 +17,29 @@
 
 /* Loads the file of every input (paths[k] feeds inputs[k]): all with the
  * same number of rows, at least one batch of them, labels in range. */
+/* A rank of a staged program loads the inputs its stage reads, and a
+ * stage reading none the first one, to count the rows. */
 static bool load_inputs(const RtMeta *m, const char **paths, const char *flag, RtArray *arrays,
                         int64_t *rows, RtErr *e) {
+    bool any_held = false;
+    for (int k = 0; k < m->n_inputs; k++) any_held |= !m->inputs[k].absent;
+    int first = -1;
     for (int k = 0; k < m->n_inputs; k++) {
+        if (m->inputs[k].absent && (any_held || k > 0)) continue;
         if (!rt_data_load(paths[k], &m->inputs[k], &arrays[k], e)) return false;
-        if (arrays[k].rows != arrays[0].rows)
+        if (first < 0) first = k;
+        if (arrays[k].rows != arrays[first].rows)
             return rt_error(e, "%s: %" PRId64 " rows, but %s (%s %s) has %" PRId64 "; every input needs one row "
-                            "per sample", paths[k], arrays[k].rows, paths[0], flag, m->inputs[0].name,
-                            arrays[0].rows);
+                            "per sample", paths[k], arrays[k].rows, paths[first], flag, m->inputs[first].name,
+                            arrays[first].rows);
     }
-    *rows = arrays[0].rows;
+    *rows = arrays[first].rows;
     if (*rows < m->batch)
         return rt_error(e, "%s: %" PRId64 " rows, fewer than the batch size %" PRId64 " (%s %s)", paths[0], *rows,
                         m->batch, flag, m->inputs[0].name);
-    if (m->loss_kind == RT_LOSS_CE && !rt_labels_check(&arrays[m->labels], m->classes, e)) return false;
+    if (m->loss_kind == RT_LOSS_CE && !m->inputs[m->labels].absent &&
+        !rt_labels_check(&arrays[m->labels], m->classes, e))
+        return false;
     return true;
 }
 
@@ -60,9 +69,12 @@ static bool prepare(const RtProgram *prog, const RtArgs *args, const RtMeta *met
     if (!rt_args_bind(meta, args->data, args->n_data, "--data", train_paths, e)) return false;
     if (args->n_eval && !rt_args_bind(meta, args->eval, args->n_eval, "--eval-data", eval_paths, e)) return false;
     if (rank0) {
-        if (args->save && (!rt_args_check_writable("--save", args->save, e) || !rt_save_check(prog, meta, e)))
+        RtMeta all = *meta;
+        if (meta->staged.on) rt_staged_save_view(meta, &all);
+        if (args->save && (!rt_args_check_writable("--save", args->save, e) || !rt_save_check(prog, &all, e)))
             return false;
         if (args->predict && !rt_args_check_writable("--predict", args->predict, e)) return false;
+        if (args->trace && !rt_args_check_writable("--trace", args->trace, e)) return false;
     }
 
     if (!load_inputs(meta, train_paths, "--data", r->train, &r->train_rows, e)) return false;
@@ -77,7 +89,7 @@ static bool prepare(const RtProgram *prog, const RtArgs *args, const RtMeta *met
     r->predict_on = args->predict != NULL;
     if (r->predict_on) {
         size_t row = (size_t)meta->output.row_elems, bytes;
-        if (r->shards > 1 && (uint64_t)meta->local_batch * row > INT32_MAX)
+        if (rt_ranks() > 1 && (uint64_t)meta->local_batch * row * (uint64_t)rt_ranks() > INT32_MAX)
             return rt_error(e, "--predict: %" PRId64 " output values per rank and batch, more than one MPI call "
                             "can gather", meta->local_batch * (int64_t)row);
         if (rank0) {
@@ -85,8 +97,8 @@ static bool prepare(const RtProgram *prog, const RtArgs *args, const RtMeta *met
                             __builtin_mul_overflow(bytes, sizeof(float), &bytes);
             r->predict = overflow ? NULL : malloc(bytes ? bytes : 1);
             if (!r->predict) return rt_error(e, "--predict: out of memory for %" PRId64 " rows", r->eval_rows);
-            if (r->shards > 1) {
-                r->gathered = malloc((size_t)meta->batch * row * sizeof(float) + 1);
+            if (rt_ranks() > 1) {
+                r->gathered = malloc((size_t)meta->local_batch * (size_t)rt_ranks() * row * sizeof(float) + 1);
                 if (!r->gathered) return rt_error(e, "--predict: out of memory for a batch of outputs");
             }
         }
@@ -94,8 +106,18 @@ static bool prepare(const RtProgram *prog, const RtArgs *args, const RtMeta *met
     r->arena = aligned_alloc(64, (size_t)meta->arena_bytes);
     if (!r->arena) return rt_error(e, "out of memory for the arena of %" PRIu64 " bytes", meta->arena_bytes);
     memset(r->arena, 0, (size_t)meta->arena_bytes);
-    memcpy(r->arena, prog->init, (size_t)meta->init_bytes);
+    memcpy(r->arena, prog->init + meta->staged.init_offset, (size_t)meta->init_bytes);
     if (meta->dp && !rt_dp_init(r->arena, meta, e)) return false;
+    if (meta->staged.on) {
+        *prog->program = meta->staged.stage;
+        if (!rt_staged_init(meta, e)) return false;
+        /* Ranks other than a stage's output holders still take part in
+         * gathering --predict rows: they send zeros. */
+        if (r->predict_on && !meta->staged.has_output) {
+            r->zeros = calloc((size_t)meta->local_batch * (size_t)meta->output.row_elems + 1, sizeof(float));
+            if (!r->zeros) return rt_error(e, "out of memory");
+        }
+    }
 
     return rt_log_open(&r->log, args->metrics, !rank0, isatty(STDERR_FILENO) == 1, r->total_steps, meta->batch,
                        args->log_every, e);
@@ -104,22 +126,28 @@ static bool prepare(const RtProgram *prog, const RtArgs *args, const RtMeta *met
 static bool run(const RtProgram *prog, const RtArgs *args, const RtMeta *meta, RtErr *e) {
     bool rank0 = rt_rank() == 0, ok = false;
     int n = meta->n_inputs, ranks = rt_ranks();
-    if (!meta->dp && ranks > 1)
+    if (!meta->dp && !meta->staged.on && ranks > 1)
         rt_warn("%s was compiled for one rank but runs on %d: each rank trains on the whole of every batch, all "
                 "the same (compile with --ranks %d --strategy dp to share the batch among them)",
                 rt_prog_name(), ranks, ranks);
     const char **train_paths = calloc((size_t)n, sizeof *train_paths);
     const char **eval_paths = calloc((size_t)n, sizeof *eval_paths);
-    RtRun r = {.prog = prog, .meta = meta, .shard = meta->dp ? rt_rank() : 0, .shards = meta->dp ? ranks : 1};
+    RtRun r = {.prog = prog, .meta = meta, .shard = meta->dp ? rt_rank() : meta->staged.replica,
+               .shards = meta->dp ? ranks : meta->staged.on ? meta->staged.dp : 1};
     if (!train_paths || !eval_paths) rt_error(e, "out of memory");
     else prepare(prog, args, meta, &r, train_paths, eval_paths, e);
     /* The first collective after start-up: a rank that failed above (a file
      * only it cannot read) stops every rank here, with its message. */
     if (!rt_comm_agree_rows(r.train_rows, r.eval_rows, e)) goto out;
+    rt_staged_groups();
+    if (meta->staged.on) rt_staged_report(&r.log, meta);
+    rt_trace_start(args->trace != NULL);
 
     if (!rt_train_run(&r, e)) goto out;
+    if (args->trace && !rt_trace_write(args->trace, meta, r.total_steps, e)) goto out;
     if (args->check_replicas) {
-        if (!rt_comm_check_replicas(meta, r.arena, e)) goto out;
+        if (!(meta->staged.on ? rt_staged_check_replicas(meta, r.arena, e) : rt_comm_check_replicas(meta, r.arena, e)))
+            goto out;
         if (rank0) {
             rt_log_break_line();
             fprintf(stderr, "%s: replicas identical (%d rank%s)\n", rt_prog_name(), ranks, ranks > 1 ? "s" : "");
@@ -128,7 +156,16 @@ static bool run(const RtProgram *prog, const RtArgs *args, const RtMeta *meta, R
     }
     /* Rank 0 writes the files (the replicas hold the same parameters); the
      * others wait for the outcome so that every rank exits the same way. */
-    if (rt_log_close(&r.log, e) && rank0 && args->save) rt_save_write(args->save, prog, meta, r.arena, e);
+    bool logged = rt_log_close(&r.log, e);
+    if (meta->staged.on && args->save) {
+        RtMeta all;
+        char *params = NULL;
+        rt_staged_gather_params(meta, r.arena, &all, &params, e);
+        if (logged && rank0) rt_save_write(args->save, prog, &all, params, e);
+        free(params);
+    } else if (logged && rank0 && args->save) {
+        rt_save_write(args->save, prog, meta, r.arena, e);
+    }
     if (!e->status && r.predict) {
         int64_t shape[RT_MAX_DIMS];
         memcpy(shape, meta->output.shape, sizeof shape);
@@ -140,7 +177,9 @@ static bool run(const RtProgram *prog, const RtArgs *args, const RtMeta *meta, R
 out:
     rt_log_discard(&r.log);
     if (meta->dp) rt_dp_free();
+    if (meta->staged.on) rt_staged_free();
     free(r.arena);
+    free(r.zeros);
     free(r.predict);
     free(r.gathered);
     rt_order_free(&r.order);
@@ -161,13 +200,14 @@ int main(int argc, char **argv) {
         .model_len = (size_t)cleave_model_len,
         .train_step = cleave_train_step,
         .eval_step = cleave_eval_step,
+        .program = &cleave_program,
     };
     RtErr e = {0};
     RtArgs args;
     RtMeta meta;
     bool ok = rt_args_parse(argc, argv, &args, &e);
     bool help = ok && args.help;
-    bool have_meta = ok && !help && rt_meta_parse(prog.meta, prog.meta_len, &meta, &e);
+    bool have_meta = ok && !help && rt_meta_parse_rank(prog.meta, prog.meta_len, rt_rank(), &meta, &e);
     /* Every rank gets here, whatever went wrong so far: the ranks compare
      * programs and options, and stop together if any of them failed. */
     RtHello hello = {.meta = have_meta ? &meta : NULL, .help = help, .options = ok ? rt_args_fingerprint(&args) : 0};

@@ -67,7 +67,10 @@ static bool get_offset(json_t *obj, const char *where, uint64_t bytes, const RtM
  * first output is its loss and may well be a scalar rather than rows. */
 typedef enum { KIND_INPUT, KIND_OUTPUT, KIND_MODEL_OUTPUT, KIND_PARAM } TensorKind;
 
-static bool get_tensor(json_t *o, const char *where, TensorKind kind, const RtMeta *m, RtTensor *t,
+/* A tensor described by o; its offset is read from off (o itself in flat
+ * programs, this program's entry of a staged one), absent when off is
+ * NULL. */
+static bool get_tensor(json_t *o, json_t *off, const char *where, TensorKind kind, const RtMeta *m, RtTensor *t,
                        RtErr *e) {
     if (!json_is_object(o)) return rt_error(e, BAD "%s is not an object", where);
     json_t *name = member(o, "name", where, JSON_STRING, e);
@@ -116,7 +119,8 @@ static bool get_tensor(json_t *o, const char *where, TensorKind kind, const RtMe
     else t->row_elems = 0; /* no rows: nothing to predict */
     if (__builtin_mul_overflow((uint64_t)t->elems, (uint64_t)rt_dtype_size(t->dtype), &t->bytes))
         return rt_error(e, BAD "%s: size overflows", where);
-    if (!get_offset(o, where, t->bytes, m, &t->offset, e)) return false;
+    t->absent = off == NULL;
+    if (off && !get_offset(off, where, t->bytes, m, &t->offset, e)) return false;
     t->name = strdup(json_string_value(name));
     if (!t->name) return rt_error(e, "out of memory reading the program metadata");
     return true;
@@ -127,8 +131,22 @@ static bool get_scalar_slot(json_t *root, const char *key, const RtMeta *m, uint
     return o && get_offset(o, key, 4, m, out, e);
 }
 
-static bool get_tensor_list(json_t *root, const char *key, TensorKind kind, RtMeta *m,
-                            RtTensor **out, int *n_out, RtErr *e) {
+/* The entry of arr named `name`, or NULL. */
+static json_t *find_named(json_t *arr, const char *name) {
+    size_t i;
+    json_t *x;
+    json_array_foreach(arr, i, x) {
+        json_t *n = json_object_get(x, "name");
+        if (json_is_string(n) && strcmp(json_string_value(n), name) == 0) return x;
+    }
+    return NULL;
+}
+
+/* Tensors root[key]; with prog (a staged program), their offsets come from
+ * prog[key] by name, and names missing there are absent.  Parameters
+ * absent from the program are skipped unless keep_absent. */
+static bool get_tensor_list(json_t *root, json_t *prog, const char *key, TensorKind kind, bool keep_absent,
+                            RtMeta *m, RtTensor **out, int *n_out, RtErr *e) {
     json_t *arr = member(root, key, "", JSON_ARRAY, e);
     if (!arr) return false;
     size_t n = json_array_size(arr);
@@ -136,15 +154,22 @@ static bool get_tensor_list(json_t *root, const char *key, TensorKind kind, RtMe
     if (n > 1000000) return rt_error(e, BAD "\"%s\" has %zu entries", key, n);
     *out = calloc(n ? n : 1, sizeof **out);
     if (!*out) return rt_error(e, "out of memory reading the program metadata");
+    json_t *offsets = NULL;
+    if (prog && !(offsets = member(prog, key, "program", JSON_ARRAY, e))) return false;
     *n_out = 0;
     for (size_t i = 0; i < n; i++) {
         char where[64];
         snprintf(where, sizeof where, "%s[%zu]", key, i);
-        if (!get_tensor(json_array_get(arr, i), where, kind, m, &(*out)[i], e)) return false;
-        *n_out = (int)i + 1;
-        for (size_t j = 0; j < i; j++)
-            if (strcmp((*out)[j].name, (*out)[i].name) == 0)
-                return rt_error(e, BAD "%s: name \"%s\" is used twice", key, (*out)[i].name);
+        json_t *o = json_array_get(arr, i), *name = json_object_get(o, "name");
+        json_t *off = !prog ? o : json_is_string(name) ? find_named(offsets, json_string_value(name)) : NULL;
+        if (prog && !off && kind == KIND_PARAM && !keep_absent) continue;
+        int k = *n_out;
+        if (!get_tensor(o, off, where, kind, m, &(*out)[k], e)) return false;
+        if (kind == KIND_PARAM && !member(o, "trainable", where, JSON_TRUE, e)) return false;
+        *n_out = k + 1;
+        for (int j = 0; j < k; j++)
+            if (strcmp((*out)[j].name, (*out)[k].name) == 0)
+                return rt_error(e, BAD "%s: name \"%s\" is used twice", key, (*out)[k].name);
     }
     return true;
 }
@@ -164,10 +189,12 @@ static bool parse_parallel(json_t *root, int64_t ranks, RtMeta *m, RtErr *e) {
         if (!json_is_string(strategy)) return rt_error(e, BAD "\"strategy\" is not a string");
         const char *s = json_string_value(strategy);
         if (strcmp(s, "dp") == 0) m->dp = true;
+        else if (strcmp(s, "layer") == 0 || strcmp(s, "pipeline") == 0 || strcmp(s, "hybrid") == 0) m->staged.on = true;
         else if (strcmp(s, "single") != 0)
-            return rt_error(e, "program metadata has strategy \"%s\", which this runtime does not run (single, dp): "
-                            "rebuild the program with the matching cleave", s);
+            return rt_error(e, "program metadata has strategy \"%s\", which this runtime does not run (single, dp, "
+                            "layer, pipeline, hybrid): rebuild the program with the matching cleave", s);
     }
+    if (m->staged.on) return true; /* parse_staged checks the rest */
     m->local_batch = m->batch;
     if (json_object_get(root, "local_batch") && !get_int(root, "local_batch", "", 1, &m->local_batch, e))
         return false;
@@ -216,7 +243,80 @@ static bool parse_parallel(json_t *root, int64_t ranks, RtMeta *m, RtErr *e) {
     return true;
 }
 
-static bool parse_root(json_t *root, RtMeta *m, RtErr *e) {
+/* The layout of a staged program (rt_abi.h): D x P ranks, M
+ * micro-batches; selects this rank's program. */
+static json_t *parse_staged(json_t *root, int rank, RtMeta *m, RtErr *e) {
+    RtStaged *st = &m->staged;
+    int64_t P, D, M, mb, tags;
+    if (!get_int(root, "stages", "", 1, &P, e) || !get_int(root, "dp", "", 1, &D, e) ||
+        !get_int(root, "microbatches", "", 1, &M, e) || !get_int(root, "micro_batch", "", 1, &mb, e) ||
+        !get_int(root, "local_batch", "", 1, &m->local_batch, e) || !get_int(root, "tag_bound", "", 0, &tags, e))
+        return NULL;
+    if (P > 1000000 || D > 1000000 || M > 1000000 || P * D != m->ranks)
+        return rt_error(e, BAD "\"dp\" %" PRId64 " x \"stages\" %" PRId64 " is not \"ranks\" %d", D, P, m->ranks),
+               NULL;
+    if (m->local_batch * D != m->batch || mb * M != m->local_batch)
+        return rt_error(e, BAD "batch %" PRId64 " is not dp %" PRId64 " x microbatches %" PRId64 " x micro_batch %"
+                        PRId64, m->batch, D, M, mb), NULL;
+    json_t *sched = member(root, "schedule", "", JSON_STRING, e);
+    if (!sched) return NULL;
+    snprintf(st->schedule, sizeof st->schedule, "%s", json_string_value(sched));
+    st->stages = (int)P;
+    st->dp = (int)D;
+    st->microbatches = (int)M;
+    st->micro_batch = mb;
+    st->tag_bound = tags;
+    st->stage = rank % st->stages;
+    st->replica = rank / st->stages;
+    json_t *programs = member(root, "programs", "", JSON_ARRAY, e);
+    if (!programs) return NULL;
+    if (json_array_size(programs) != (size_t)P)
+        return rt_error(e, BAD "%zu programs for %" PRId64 " stages", json_array_size(programs), P), NULL;
+    json_t *prog = json_array_get(programs, (size_t)st->stage);
+    int64_t stage, init_off, peak;
+    if (!json_is_object(prog)) return rt_error(e, BAD "programs[%d] is not an object", st->stage), NULL;
+    if (!get_int(prog, "stage", "program", 0, &stage, e) || !get_int(prog, "init_offset", "program", 0, &init_off, e) ||
+        !get_int(prog, "peak_activation_bytes", "program", 0, &peak, e))
+        return NULL;
+    if (stage != st->stage) return rt_error(e, BAD "programs[%d] is stage %" PRId64, st->stage, stage), NULL;
+    st->init_offset = (uint64_t)init_off;
+    st->peak_act_bytes = peak;
+    return prog;
+}
+
+/* An optional scalar slot of a staged program. */
+static bool get_opt_slot(json_t *prog, const char *key, const RtMeta *m, bool *has, uint64_t *out, RtErr *e) {
+    json_t *o = json_object_get(prog, key);
+    *has = o != NULL;
+    if (!o) return true;
+    if (!json_is_object(o)) return rt_error(e, BAD "program: \"%s\" is not an object", key);
+    return get_offset(o, key, 4, m, out, e);
+}
+
+/* Every parameter of a staged program and the stage --save reads it
+ * from; offsets are that stage's (rank 0 places them for --save). */
+static bool parse_all_params(json_t *root, RtMeta *m, RtErr *e) {
+    RtStaged *st = &m->staged;
+    json_t *arr = json_object_get(root, "params");
+    size_t n = json_array_size(arr);
+    st->all_params = calloc(n ? n : 1, sizeof *st->all_params);
+    st->param_stage = calloc(n ? n : 1, sizeof *st->param_stage);
+    if (!st->all_params || !st->param_stage) return rt_error(e, "out of memory reading the program metadata");
+    for (size_t i = 0; i < n; i++) {
+        char where[64];
+        snprintf(where, sizeof where, "params[%zu]", i);
+        json_t *o = json_array_get(arr, i);
+        int64_t stage;
+        if (!get_tensor(o, NULL, where, KIND_PARAM, m, &st->all_params[i], e)) return false;
+        st->n_all_params = (int)i + 1;
+        if (!get_int(o, "stage", where, 0, &stage, e)) return false;
+        if (stage >= st->stages) return rt_error(e, BAD "%s: stage %" PRId64 " of %d", where, stage, st->stages);
+        st->param_stage[i] = (int)stage;
+    }
+    return true;
+}
+
+static bool parse_root(json_t *root, int rank, RtMeta *m, RtErr *e) {
     if (!json_is_object(root)) return rt_error(e, BAD "not a JSON object");
     int64_t abi, ranks, programs, arena, init;
     if (!get_int(root, "abi", "", 0, &abi, e)) return false;
@@ -230,8 +330,13 @@ static bool parse_root(json_t *root, RtMeta *m, RtErr *e) {
         return rt_error(e, BAD "\"plan_hash\" has %zu characters, expected 1 to %d", hash_len, RT_HASH_MAX);
     memcpy(m->plan_hash, json_string_value(hash), hash_len + 1);
     if (!get_int(root, "ranks", "", 1, &ranks, e) || !get_int(root, "rank_programs", "", 1, &programs, e) ||
-        !get_int(root, "batch", "", 1, &m->batch, e) || !get_int(root, "arena_bytes", "", 1, &arena, e) ||
-        !get_int(root, "init_bytes", "", 0, &init, e))
+        !get_int(root, "batch", "", 1, &m->batch, e) || !parse_parallel(root, ranks, m, e))
+        return false;
+    /* A staged program keeps its own arena, slots and parameters in
+     * "programs"; the rest is shared. */
+    json_t *prog = root;
+    if (m->staged.on && !(prog = parse_staged(root, rank, m, e))) return false;
+    if (!get_int(prog, "arena_bytes", "", 1, &arena, e) || !get_int(prog, "init_bytes", "", 0, &init, e))
         return false;
     /* aligned_alloc wants a multiple of the alignment; the tail is unused. */
     if (arena > INT64_MAX - 63) return rt_error(e, BAD "\"arena_bytes\" is too large");
@@ -239,12 +344,29 @@ static bool parse_root(json_t *root, RtMeta *m, RtErr *e) {
     if (init > arena)
         return rt_error(e, BAD "\"init_bytes\" %" PRId64 " exceeds \"arena_bytes\" %" PRId64, init, arena);
     m->init_bytes = (uint64_t)init;
-    if (!parse_parallel(root, ranks, m, e)) return false;
 
-    if (!get_scalar_slot(root, "loss", m, &m->loss_offset, e) ||
-        !get_scalar_slot(root, "lr", m, &m->lr_offset, e) ||
-        !get_scalar_slot(root, "step", m, &m->step_offset, e))
-        return false;
+    RtStaged *st = &m->staged;
+    if (!st->on) {
+        if (!get_scalar_slot(root, "loss", m, &m->loss_offset, e) ||
+            !get_scalar_slot(root, "lr", m, &m->lr_offset, e) ||
+            !get_scalar_slot(root, "step", m, &m->step_offset, e))
+            return false;
+    } else {
+        bool has_loss;
+        if (!get_opt_slot(prog, "lr", m, &st->has_lr, &m->lr_offset, e) ||
+            !get_opt_slot(prog, "step", m, &st->has_step, &m->step_offset, e) ||
+            !get_opt_slot(prog, "loss", m, &has_loss, &m->loss_offset, e))
+            return false;
+        if (has_loss) {
+            int64_t count;
+            json_t *loss = json_object_get(prog, "loss");
+            if (!get_int(loss, "count", "loss", 1, &count, e)) return false;
+            if (count != st->microbatches || (uint64_t)count * 4 > m->arena_bytes - m->loss_offset)
+                return rt_error(e, BAD "loss: \"count\" %" PRId64 " is not the %d micro-batches or ends past the "
+                                "arena", count, st->microbatches);
+            st->loss_count = (int)count;
+        }
+    }
     json_t *lr = member(json_object_get(root, "lr"), "value", "lr", JSON_REAL, e);
     if (!lr) return false;
     double lrv = json_number_value(lr);
@@ -260,17 +382,15 @@ static bool parse_root(json_t *root, RtMeta *m, RtErr *e) {
     else if (strcmp(k, "model") == 0) m->loss_kind = RT_LOSS_MODEL;
     else return rt_error(e, BAD "\"loss_kind\" \"%s\" is not ce, mse or model", k);
 
-    if (!get_tensor_list(root, "inputs", KIND_INPUT, m, &m->inputs, &m->n_inputs, e)) return false;
+    json_t *sp = st->on ? prog : NULL;
+    if (!get_tensor_list(root, sp, "inputs", KIND_INPUT, true, m, &m->inputs, &m->n_inputs, e)) return false;
     json_t *out = member(root, "output", "", JSON_OBJECT, e);
     TensorKind out_kind = m->loss_kind == RT_LOSS_MODEL ? KIND_MODEL_OUTPUT : KIND_OUTPUT;
-    if (!out || !get_tensor(out, "output", out_kind, m, &m->output, e)) return false;
-    if (!get_tensor_list(root, "params", KIND_PARAM, m, &m->params, &m->n_params, e)) return false;
-    json_t *params = json_object_get(root, "params");
-    for (int i = 0; i < m->n_params; i++) {
-        char where[64];
-        snprintf(where, sizeof where, "params[%d]", i);
-        if (!member(json_array_get(params, (size_t)i), "trainable", where, JSON_TRUE, e)) return false;
-    }
+    json_t *out_off = st->on ? json_object_get(prog, "output") : out;
+    st->has_output = out_off != NULL;
+    if (!out || !get_tensor(out, out_off, "output", out_kind, m, &m->output, e)) return false;
+    if (!get_tensor_list(root, sp, "params", KIND_PARAM, false, m, &m->params, &m->n_params, e)) return false;
+    if (st->on && !parse_all_params(root, m, e)) return false;
 
     if (!member(root, "optimizer", "", JSON_OBJECT, e)) return false;
 
@@ -293,6 +413,10 @@ static bool parse_root(json_t *root, RtMeta *m, RtErr *e) {
 }
 
 bool rt_meta_parse(const char *json, size_t len, RtMeta *m, RtErr *e) {
+    return rt_meta_parse_rank(json, len, 0, m, e);
+}
+
+bool rt_meta_parse_rank(const char *json, size_t len, int rank, RtMeta *m, RtErr *e) {
     memset(m, 0, sizeof *m);
     m->labels = -1;
     if (!json || len == 0) return rt_error(e, "program metadata is empty");
@@ -301,7 +425,7 @@ bool rt_meta_parse(const char *json, size_t len, RtMeta *m, RtErr *e) {
     if (!root)
         return rt_error(e, "program metadata is not valid JSON: %s at line %d column %d", jerr.text,
                         jerr.line, jerr.column);
-    bool ok = parse_root(root, m, e);
+    bool ok = parse_root(root, rank, m, e);
     json_decref(root);
     if (!ok) rt_meta_free(m);
     return ok;
@@ -314,6 +438,9 @@ void rt_meta_free(RtMeta *m) {
     free(m->params);
     free(m->output.name);
     free(m->buckets);
+    for (int i = 0; i < m->staged.n_all_params; i++) free(m->staged.all_params[i].name);
+    free(m->staged.all_params);
+    free(m->staged.param_stage);
     memset(m, 0, sizeof *m);
     m->labels = -1;
 }

@@ -22,6 +22,16 @@ static float get_f32(const char *arena, uint64_t offset) {
     return v;
 }
 
+/* This rank's loss of the step just run: the loss slot, or under staged
+ * the mean of the micro-batches' losses (equal sizes, so the batch's). */
+static double step_loss(const RtRun *r) {
+    const RtMeta *m = r->meta;
+    if (!m->staged.on) return (double)get_f32(r->arena, m->loss_offset);
+    double sum = 0;
+    for (int k = 0; k < m->staged.loss_count; k++) sum += (double)get_f32(r->arena, m->loss_offset + 4 * (uint64_t)k);
+    return sum / m->staged.loss_count;
+}
+
 /* Index of the largest of n values; the first one on ties, and the first NaN
  * if there is one (as numpy.argmax). */
 static int64_t argmax(const float *x, int64_t n) {
@@ -55,20 +65,26 @@ void rt_eval_run(RtRun *r, bool predict, RtEvalResult *out) {
     /* sums[0]: loss over full batches; [1] hits; [2] rows counted; [3] full
      * batches.  Doubles count exactly up to 2^53. */
     double sums[4] = {0, 0, 0, 0};
-    const float *logits = (const float *)(r->arena + m->output.offset);
+    const RtStaged *st = &m->staged;
+    /* A staged rank has the outputs, loss and labels only on the last stage. */
+    bool has_out = !st->on || st->has_output, has_loss = !st->on || st->loss_count > 0;
+    const float *logits = has_out ? (const float *)(r->arena + m->output.offset) : r->zeros;
     bool ce = m->loss_kind == RT_LOSS_CE;
+    bool count_hits = ce && has_out && !m->inputs[m->labels].absent;
+    int ranks = rt_ranks();
     size_t out_row = (size_t)m->output.row_elems;
     for (int64_t j = 0; j < batches; j++) {
         rt_batch_fill(&in_order, m->inputs, r->eval, m->n_inputs, B, j, r0, r1, r->arena);
         r->prog->eval_step(r->arena);
+        if (st->on) rt_staged_step_end(NULL);
         int64_t valid = n - j * B < B ? n - j * B : B;
         /* This rank's positions r0 .. r1-1 that hold real rows. */
         int64_t mine = valid <= r0 ? 0 : valid >= r1 ? L : valid - r0;
-        if (valid == B) {
-            sums[0] += (double)get_f32(r->arena, m->loss_offset);
+        if (valid == B && has_loss) {
+            sums[0] += step_loss(r);
             sums[3] += 1;
         }
-        if (ce) {
+        if (count_hits) {
             const int64_t *labels = (const int64_t *)(r->arena + m->inputs[m->labels].offset);
             int64_t per_row = m->inputs[m->labels].row_elems;
             for (int64_t k = 0; k < mine * per_row; k++) {
@@ -77,18 +93,27 @@ void rt_eval_run(RtRun *r, bool predict, RtEvalResult *out) {
             }
         }
         if (!predict || !r->predict_on) continue;
-        if (r->shards == 1) {
+        if (ranks == 1) {
             if (r->predict)
                 memcpy(r->predict + (size_t)(j * B) * out_row, logits, (size_t)valid * out_row * sizeof(float));
             continue;
         }
+        /* Every rank sends its L rows; rank 0 keeps those of the ranks
+         * holding outputs (under staged: the last stage of each replica),
+         * replica by replica, which are the batch's rows in order. */
         rt_comm_gather(logits, (int)((size_t)L * out_row), r->gathered);
-        if (r->predict)
-            memcpy(r->predict + (size_t)(j * B) * out_row, r->gathered, (size_t)valid * out_row * sizeof(float));
+        if (!r->predict) continue;
+        for (int k = 0; k < r->shards; k++) {
+            int from = st->on ? k * st->stages + st->stages - 1 : r->shards > 1 ? k : 0;
+            int64_t rows = valid - k * L < L ? valid - k * L : L;
+            if (rows <= 0) break;
+            memcpy(r->predict + (size_t)(j * B + k * L) * out_row, r->gathered + (size_t)from * (size_t)L * out_row,
+                   (size_t)rows * out_row * sizeof(float));
+        }
     }
     /* Summed over the ranks, sums[3] counts every full batch once per rank:
      * the mean of the ranks' losses of every full batch is sums[0] / sums[3]. */
-    if (r->shards > 1) rt_comm_sum(sums, 4);
+    if (ranks > 1 && (r->shards > 1 || st->on)) rt_comm_sum(sums, 4);
     out->loss = sums[3] > 0 ? sums[0] / sums[3] : NAN;
     out->has_accuracy = ce;
     out->accuracy = sums[2] > 0 ? sums[1] / sums[2] : NAN;
@@ -98,7 +123,10 @@ bool rt_train_run(RtRun *r, RtErr *e) {
     const RtMeta *m = r->meta;
     int64_t B = m->batch, L = m->local_batch, per_epoch = rt_steps_per_epoch(r->train_rows, B), epoch = -1;
     int64_t r0 = (int64_t)r->shard * L, r1 = r0 + L;
-    bool sharded = r->shards > 1;
+    const RtStaged *st = &m->staged;
+    /* Whether the step's loss is a reduction over ranks: the replicas' means
+     * under dp; under staged, the last stages' (others add nothing). */
+    bool sharded = r->shards > 1 || st->on;
     for (int64_t s = 0; s < r->total_steps; s++) {
         int64_t ep = s / per_epoch, i = s % per_epoch;
         if (ep != epoch) {
@@ -107,27 +135,31 @@ bool rt_train_run(RtRun *r, RtErr *e) {
         }
         double t0 = rt_now();
         rt_batch_fill(&r->order, m->inputs, r->train, m->n_inputs, B, i, r0, r1, r->arena);
-        set_f32(r->arena, m->step_offset, (float)(s + 1));
-        set_f32(r->arena, m->lr_offset, r->lr);
+        if (!st->on || st->has_step) set_f32(r->arena, m->step_offset, (float)(s + 1));
+        if (!st->on || st->has_lr) set_f32(r->arena, m->lr_offset, r->lr);
         RtStepComm comm;
         if (m->dp) rt_dp_step_begin();
+        if (st->on) rt_staged_step_begin();
+        rt_trace_step_begin(s + 1);
         r->prog->train_step(r->arena);
+        if (st->on) rt_staged_step_end(&comm);
+        rt_trace_step_end();
         if (m->dp && !rt_dp_step_end(&comm, e)) return false;
-        /* The global batch's loss is the mean of the ranks' means (each over
-         * L rows); a NaN or infinity anywhere reaches every rank through the
-         * sum, so all stop at the same step. */
-        double loss = (double)get_f32(r->arena, m->loss_offset);
-        if (sharded) {
-            rt_comm_sum(&loss, 1);
-            loss /= (double)r->shards;
-        }
+        /* The global batch's loss is the mean of the replicas' means (each
+         * over L rows); a NaN or infinity anywhere reaches every rank through
+         * the sum, so all stop at the same step. */
+        double loss[2] = {0, 1};
+        if (!st->on || st->loss_count) loss[0] = step_loss(r);
+        else loss[1] = 0;
+        if (sharded) rt_comm_sum(loss, 2);
+        loss[0] /= loss[1];
         double dt = rt_now() - t0;
-        if (!isfinite(loss)) {
-            const char *what = isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf";
+        if (!isfinite(loss[0])) {
+            const char *what = isnan(loss[0]) ? "nan" : loss[0] > 0 ? "inf" : "-inf";
             if (sharded) return rt_error_all(e, "step %" PRId64 ": loss is %s", s + 1, what);
             return rt_error(e, "step %" PRId64 ": loss is %s", s + 1, what);
         }
-        rt_log_step(&r->log, s + 1, loss, dt, m->dp ? &comm : NULL);
+        rt_log_step(&r->log, s + 1, loss[0], dt, m->dp || st->on ? &comm : NULL);
         bool last = s == r->total_steps - 1;
         if (r->eval && (i == per_epoch - 1 || last)) {
             RtEvalResult res;

@@ -31,10 +31,24 @@ static const char compile_help[] =
     "  --emit-plan FILE     also write the plan (JSON, see docs/plan.md)\n"
     "  --target-cpu CPU     generate code for CPU instead of this machine's\n"
     "  --ranks N            number of MPI ranks (default 1)\n"
-    "  --strategy dp        data parallelism: every rank holds the model and computes\n"
-    "                       B/N rows of each batch; gradients are averaged by bucketed\n"
-    "                       allreduce overlapped with the backward pass\n"
+    "  --strategy S          how N ranks share the work (default single, one rank):\n"
+    "                       dp: every rank holds the model and computes B/N rows of\n"
+    "                         each batch; gradients are averaged by bucketed allreduce\n"
+    "                         overlapped with the backward pass\n"
+    "                       layer: the layers are cut into N stages, one per rank;\n"
+    "                         the batch flows through them in turn\n"
+    "                       pipeline: N stages fed with micro-batches (--microbatches,\n"
+    "                         --schedule) so that the stages work at once\n"
+    "                       hybrid: --dp D replicas of a --pp P stage pipeline\n"
     "  --bucket-mb MB       gradient bucket size for dp (default 25, as PyTorch DDP)\n"
+    "  --microbatches M     micro-batches per batch (pipeline, hybrid; default 4 per\n"
+    "                       stage, or the most below that dividing the batch)\n"
+    "  --schedule gpipe|1f1b  gpipe: every forward, then every backward; 1f1b: one\n"
+    "                       forward and one backward in turn, so stage s keeps at most\n"
+    "                       P - s micro-batches of activations (default gpipe)\n"
+    "  --stages NODE,...    the first node of every stage after the first (default:\n"
+    "                       stages balanced by FLOPs)\n"
+    "  --dp D --pp P        hybrid: replicas and stages (D x P = --ranks)\n"
     "  -v, --verbose        report the stages and the planned memory\n";
 
 static bool parse_f(const char *s, float *out) {
@@ -65,7 +79,7 @@ int cmd_compile(int argc, char **argv) {
     *t = (TrainOptions){.loss = LOSS_CE, .optimizer = OPT_SGD, .lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f,
                         .eps = 1e-8f};
     bool momentum_set = false;
-    char *freeze_copy = NULL;
+    char *freeze_copy = NULL, *stages_copy = NULL;
     int64_t ranks = 1;
     int status = -1;
     for (int i = 0; i < argc && status < 0; i++) {
@@ -135,9 +149,35 @@ int cmd_compile(int argc, char **argv) {
             o.ranks = ranks;
         } else if (strcmp(a, "--strategy") == 0) {
             NEED_VALUE();
-            if (strcmp(v, "dp") && strcmp(v, "single"))
-                status = cli_usage("compile", "--strategy must be dp or single (layer, pipeline and auto are not built yet), got '%s'", v);
+            if (strcmp(v, "dp") && strcmp(v, "single") && strcmp(v, "layer") && strcmp(v, "pipeline") &&
+                strcmp(v, "hybrid"))
+                status = cli_usage("compile", "--strategy must be single, dp, layer, pipeline or hybrid, got '%s'", v);
             o.strategy = v;
+        } else if (strcmp(a, "--microbatches") == 0 || strcmp(a, "--dp") == 0 || strcmp(a, "--pp") == 0) {
+            NEED_VALUE();
+            int64_t x;
+            if (!cli_parse_i64(v, 1, 1 << 20, &x)) {
+                status = cli_usage("compile", "%s needs a positive integer, got '%s'", a, v);
+                break;
+            }
+            if (strcmp(a, "--microbatches") == 0) o.microbatches = x;
+            else if (strcmp(a, "--dp") == 0) o.dp = x;
+            else o.pp = x;
+        } else if (strcmp(a, "--schedule") == 0) {
+            NEED_VALUE();
+            if (strcmp(v, "gpipe") && strcmp(v, "1f1b"))
+                status = cli_usage("compile", "--schedule must be gpipe or 1f1b, got '%s'", v);
+            o.schedule = v;
+        } else if (strcmp(a, "--stages") == 0) {
+            NEED_VALUE();
+            free(stages_copy);
+            free((void *)o.cuts);
+            stages_copy = strdup(v);
+            const char **names = NULL;
+            o.n_cuts = stages_copy ? split_names(stages_copy, &names) : -1;
+            o.cuts = names;
+            if (o.n_cuts < 0) status = cli_usage("compile", "out of memory");
+            else if (o.n_cuts == 0) status = cli_usage("compile", "--stages needs node names, got '%s'", v);
         } else if (strcmp(a, "--bucket-mb") == 0) {
             NEED_VALUE();
             float mb = 0;
@@ -168,5 +208,7 @@ int cmd_compile(int argc, char **argv) {
     }
     free((void *)t->freeze);
     free(freeze_copy);
+    free((void *)o.cuts);
+    free(stages_copy);
     return status;
 }

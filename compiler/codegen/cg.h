@@ -36,7 +36,8 @@ struct Cg {
     LLVMTypeRef t_void, t_i1, t_i8, t_i32, t_i64, t_f32, t_f64, t_ptr;
     Graph *g;
     Diag *d;
-    const RankPlan *rp;
+    const Plan *plan;
+    const RankPlan *rp; /* single and dp plans: the one program's; NULL for staged plans */
     CgKernel *kernels; /* per node id */
     /* the kernel being built */
     const Node *node;

@@ -5,6 +5,27 @@
 #include <string.h>
 
 #include "cg.h"
+#include "../plan/pipeline.h"
+
+/* Whether two buffers of node n's kernel may be the same bytes in some
+ * call: in a staged plan, a node runs once per micro-batch, each time on
+ * that micro-batch's instances, and its kernel is shared by every call. */
+static bool may_share(const Cg *c, const Node *n, const Value *a, const Value *b) {
+    if (c->rp) return c->rp->offset[a->id] == c->rp->offset[b->id];
+    const Plan *p = c->plan;
+    for (int r = 0; r < p->n_stages; r++) {
+        const RankPlan *rp = &p->ranks[r];
+        for (int pass = 0; pass < 2; pass++) {
+            const PlanStep *st = pass ? rp->eval : rp->train;
+            int n_st = pass ? rp->n_eval : rp->n_train;
+            for (int i = 0; i < n_st; i++)
+                if (st[i].kind == STEP_COMPUTE && st[i].node == n &&
+                    pipeline_buffer(p, rp, a, st[i].micro) == pipeline_buffer(p, rp, b, st[i].micro))
+                    return true;
+        }
+    }
+    return false;
+}
 
 bool cg_kernel_begin(Cg *c, const Node *n, int n_bufs, const Value *const *bufs) {
     if (n_bufs > CG_MAX_BUFS) return diag_error(c->d, DIAG_INTERNAL, "node '%s': too many buffers", n->name);
@@ -14,7 +35,7 @@ bool cg_kernel_begin(Cg *c, const Node *n, int n_bufs, const Value *const *bufs)
     for (int i = 0; i < n_bufs; i++) {
         k->bufs[i] = bufs[i];
         params[i] = c->t_ptr;
-        if (c->rp->offset[bufs[i]->id] < 0)
+        if (c->rp && c->rp->offset[bufs[i]->id] < 0)
             return diag_error(c->d, DIAG_INTERNAL, "node '%s': value '%s' has no buffer", n->name, bufs[i]->name);
     }
     char name[64];
@@ -27,7 +48,7 @@ bool cg_kernel_begin(Cg *c, const Node *n, int n_bufs, const Value *const *bufs)
     for (int i = 0; i < n_bufs; i++) {
         bool shared = false;
         for (int j = 0; j < n_bufs; j++)
-            if (j != i && c->rp->offset[bufs[j]->id] == c->rp->offset[bufs[i]->id]) shared = true;
+            if (j != i && (bufs[j] == bufs[i] || may_share(c, n, bufs[i], bufs[j]))) shared = true;
         if (!shared)
             LLVMAddAttributeAtIndex(k->fn, (unsigned)i + 1, LLVMCreateEnumAttribute(c->ctx, noalias, 0));
         c->args[i] = LLVMGetParam(k->fn, (unsigned)i);

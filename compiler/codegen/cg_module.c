@@ -18,6 +18,7 @@
 #include "cg.h"
 #include "../frontend/file_util.h"
 #include "../ops/ops.h"
+#include "../plan/pipeline.h"
 
 static void init_types(Cg *c) {
     c->t_void = LLVMVoidTypeInContext(c->ctx);
@@ -70,14 +71,46 @@ static unsigned char *init_image(const Plan *p, const RankPlan *rp) {
     return img;
 }
 
-/* A runtime entry point taking one i32 (or none): RT_ABI collectives. */
-static void call_rt(Cg *c, const char *name, int arg) {
-    LLVMTypeRef pt = c->t_i32;
-    LLVMTypeRef fty = LLVMFunctionType(c->t_void, &pt, arg >= 0 ? 1 : 0, 0);
+/* Calls runtime function `name` (RT_ABI), declared on first use. */
+static void call_ext(Cg *c, const char *name, LLVMTypeRef *pts, LLVMValueRef *args, int n) {
+    LLVMTypeRef fty = LLVMFunctionType(c->t_void, pts, (unsigned)n, 0);
     LLVMValueRef fn = LLVMGetNamedFunction(c->mod, name);
     if (!fn) fn = LLVMAddFunction(c->mod, name, fty);
+    LLVMBuildCall2(c->b, fty, fn, args, (unsigned)n, "");
+}
+
+/* A runtime entry point taking one i32 (or none, arg < 0): RT_ABI collectives. */
+static void call_rt(Cg *c, const char *name, int arg) {
+    LLVMTypeRef pt = c->t_i32;
     LLVMValueRef a = LLVMConstInt(c->t_i32, (unsigned long long)(arg >= 0 ? arg : 0), 0);
-    LLVMBuildCall2(c->b, fty, fn, &a, arg >= 0 ? 1 : 0, "");
+    call_ext(c, name, &pt, &a, arg >= 0 ? 1 : 0);
+}
+
+static LLVMValueRef at_offset(Cg *c, LLVMValueRef arena, int64_t offset) {
+    LLVMValueRef off = cg_i64(c, offset);
+    return LLVMBuildInBoundsGEP2(c->b, c->t_i8, arena, &off, 1, "");
+}
+
+/* cleave_rt_send / cleave_rt_recv (peer, tag, buffer, bytes) and
+ * cleave_rt_group_allreduce (group, buffer, float count). */
+static void call_rt_buf(Cg *c, const char *name, int a, int b, LLVMValueRef buf, int64_t n) {
+    LLVMTypeRef pts[4] = {c->t_i32, c->t_i32, c->t_ptr, c->t_i64};
+    LLVMValueRef args[4] = {LLVMConstInt(c->t_i32, (unsigned long long)a, 0),
+                            LLVMConstInt(c->t_i32, (unsigned long long)b, 0), buf, cg_i64(c, n)};
+    if (b < 0) { /* no second int */
+        pts[1] = pts[2], pts[2] = pts[3];
+        args[1] = args[2], args[2] = args[3];
+        call_ext(c, name, pts, args, 3);
+        return;
+    }
+    call_ext(c, name, pts, args, 4);
+}
+
+static void call_kernel(Cg *c, const CgKernel *k, LLVMValueRef *args) {
+    LLVMTypeRef types[CG_MAX_BUFS];
+    for (int i = 0; i < k->n_bufs; i++) types[i] = c->t_ptr;
+    LLVMBuildCall2(c->b, LLVMFunctionType(c->t_void, types, (unsigned)k->n_bufs, 0), k->fn, args,
+                   (unsigned)k->n_bufs, "");
 }
 
 /* Calls node kernels from a step function in plan order; collectives call
@@ -103,16 +136,146 @@ static void build_step_fn(Cg *c, const char *name, const PlanStep *steps, int n)
         const CgKernel *k = &c->kernels[steps[s].node->id];
         if (!k->fn) continue; /* views: nothing to run */
         LLVMValueRef args[CG_MAX_BUFS];
-        LLVMTypeRef types[CG_MAX_BUFS];
-        for (int i = 0; i < k->n_bufs; i++) {
-            LLVMValueRef off = cg_i64(c, c->rp->offset[k->bufs[i]->id]);
-            args[i] = LLVMBuildInBoundsGEP2(c->b, c->t_i8, arena, &off, 1, "");
-            types[i] = c->t_ptr;
-        }
-        LLVMBuildCall2(c->b, LLVMFunctionType(c->t_void, types, (unsigned)k->n_bufs, 0), k->fn, args,
-                       (unsigned)k->n_bufs, "");
+        for (int i = 0; i < k->n_bufs; i++) args[i] = at_offset(c, arena, c->rp->offset[k->bufs[i]->id]);
+        call_kernel(c, k, args);
         if (in_flight > 0) call_rt(c, "cleave_rt_progress", -1);
     }
+    LLVMBuildRetVoid(c->b);
+}
+
+/* acc = x (first) or acc += x over n floats: a gradient's accumulator
+ * over micro-batches.  One function per accumulated value, made on first
+ * use. */
+static LLVMValueRef accumulate_fn(Cg *c, LLVMValueRef *cache, const Value *v) {
+    if (cache[v->id]) return cache[v->id];
+    LLVMTypeRef pts[3] = {c->t_ptr, c->t_ptr, c->t_i1};
+    char name[64];
+    snprintf(name, sizeof name, "acc%d", v->id);
+    LLVMValueRef fn = LLVMAddFunction(c->mod, name, LLVMFunctionType(c->t_void, pts, 3, 0));
+    LLVMSetLinkage(fn, LLVMInternalLinkage);
+    unsigned noalias = LLVMGetEnumAttributeKindForName("noalias", 7);
+    for (unsigned i = 1; i <= 2; i++) LLVMAddAttributeAtIndex(fn, i, LLVMCreateEnumAttribute(c->ctx, noalias, 0));
+    LLVMBasicBlockRef saved = LLVMGetInsertBlock(c->b);
+    LLVMPositionBuilderAtEnd(c->b, LLVMAppendBasicBlockInContext(c->ctx, fn, "entry"));
+    LLVMValueRef dst = LLVMGetParam(fn, 0), src = LLVMGetParam(fn, 1), first = LLVMGetParam(fn, 2);
+    CgLoop l;
+    LLVMValueRef i = cg_for(c, &l, cg_i64(c, plan_value_bytes(v) / 4));
+    LLVMValueRef ps = LLVMBuildInBoundsGEP2(c->b, c->t_f32, src, &i, 1, "");
+    LLVMValueRef pd = LLVMBuildInBoundsGEP2(c->b, c->t_f32, dst, &i, 1, "");
+    LLVMValueRef x = LLVMBuildLoad2(c->b, c->t_f32, ps, "");
+    LLVMValueRef sum = LLVMBuildFAdd(c->b, LLVMBuildLoad2(c->b, c->t_f32, pd, ""), x, "");
+    LLVMBuildStore(c->b, LLVMBuildSelect(c->b, first, x, sum, ""), pd);
+    cg_for_end(c, &l);
+    LLVMBuildRetVoid(c->b);
+    LLVMPositionBuilderAtEnd(c->b, saved);
+    cache[v->id] = fn;
+    return fn;
+}
+
+/* The unit of a staged plan's step, for traces: forward or backward of
+ * its micro-batch, or the once-per-step update (micro -1). */
+enum { UNIT_FORWARD, UNIT_BACKWARD, UNIT_UPDATE };
+
+static int step_unit(const Plan *p, const PlanStep *st) {
+    if (st->micro < 0) return UNIT_UPDATE;
+    switch (st->kind) {
+    case STEP_COMPUTE: return st->node->phase >= PHASE_BACKWARD ? UNIT_BACKWARD : UNIT_FORWARD;
+    case STEP_SEND:
+    case STEP_RECV: return p->xfers[st->xfer].dir == XFER_ACTIVATION ? UNIT_FORWARD : UNIT_BACKWARD;
+    default: return UNIT_BACKWARD;
+    }
+}
+
+/* The step function of one stage's program in a staged plan: kernels on
+ * each step's micro-batch instances (pipeline_buffer), transfers and
+ * collectives through the runtime, and a cleave_rt_unit call wherever the
+ * unit of work changes, which the runtime's traces use. */
+static bool build_staged_step_fn(Cg *c, const char *name, const RankPlan *rp, const PlanStep *steps, int n,
+                                 LLVMValueRef *acc_cache) {
+    const Plan *p = c->plan;
+    LLVMTypeRef pt = c->t_ptr;
+    LLVMValueRef fn = LLVMAddFunction(c->mod, name, LLVMFunctionType(c->t_void, &pt, 1, 0));
+    LLVMSetLinkage(fn, LLVMInternalLinkage);
+    LLVMPositionBuilderAtEnd(c->b, LLVMAppendBasicBlockInContext(c->ctx, fn, "entry"));
+    LLVMValueRef arena = LLVMGetParam(fn, 0);
+    int unit = -1, unit_micro = -2;
+    for (int s = 0; s < n; s++) {
+        const PlanStep *st = &steps[s];
+        int u = step_unit(p, st);
+        if (u != unit || st->micro != unit_micro) {
+            LLVMTypeRef pts[2] = {c->t_i32, c->t_i32};
+            LLVMValueRef a[2] = {LLVMConstInt(c->t_i32, (unsigned long long)u, 0),
+                                 LLVMConstInt(c->t_i32, (unsigned long long)(int64_t)st->micro, 1)};
+            call_ext(c, "cleave_rt_unit", pts, a, 2);
+            unit = u;
+            unit_micro = st->micro;
+        }
+        if (st->kind == STEP_COMPUTE) {
+            const CgKernel *k = &c->kernels[st->node->id];
+            if (!k->fn) continue;
+            LLVMValueRef args[CG_MAX_BUFS];
+            for (int i = 0; i < k->n_bufs; i++) {
+                int64_t off = pipeline_buffer(p, rp, k->bufs[i], st->micro);
+                if (off < 0)
+                    return diag_error(c->d, DIAG_INTERNAL, "rank %d: node '%s' reads '%s' (micro-batch %d) without a "
+                                      "buffer", rp->rank, st->node->name, k->bufs[i]->name, st->micro);
+                args[i] = at_offset(c, arena, off);
+            }
+            call_kernel(c, k, args);
+            call_rt(c, "cleave_rt_progress", -1);
+            continue;
+        }
+        int64_t off = pipeline_buffer(p, rp, st->value, st->micro);
+        if (off < 0)
+            return diag_error(c->d, DIAG_INTERNAL, "rank %d: step %d on '%s' (micro-batch %d) has no buffer", rp->rank,
+                              s, st->value->name, st->micro);
+        switch (st->kind) {
+        case STEP_SEND:
+            call_rt_buf(c, "cleave_rt_send", st->peer, st->tag, at_offset(c, arena, off), st->bytes);
+            break;
+        case STEP_RECV:
+            call_rt_buf(c, "cleave_rt_recv", st->peer, st->tag, at_offset(c, arena, off), st->bytes);
+            break;
+        case STEP_ALLREDUCE:
+            call_rt_buf(c, "cleave_rt_group_allreduce", st->group, -1, at_offset(c, arena, off), st->bytes / 4);
+            break;
+        case STEP_ACCUMULATE: {
+            int64_t acc = pipeline_buffer(p, rp, st->value, -1);
+            LLVMValueRef f = accumulate_fn(c, acc_cache, st->value);
+            LLVMTypeRef pts[3] = {c->t_ptr, c->t_ptr, c->t_i1};
+            LLVMValueRef a[3] = {at_offset(c, arena, acc), at_offset(c, arena, off),
+                                 LLVMConstInt(c->t_i1, st->micro == 0, 0)};
+            LLVMBuildCall2(c->b, LLVMFunctionType(c->t_void, pts, 3, 0), f, a, 3, "");
+            break;
+        }
+        default:
+            return diag_error(c->d, DIAG_INTERNAL, "rank %d: step %d: kind %d has no code generation", rp->rank, s,
+                              (int)st->kind);
+        }
+    }
+    LLVMBuildRetVoid(c->b);
+    return true;
+}
+
+/* cleave_train_step / cleave_eval_step of a module holding one program per
+ * stage: calls the program the runtime selected in cleave_program. */
+static void build_dispatch(Cg *c, const char *name, LLVMValueRef program, LLVMValueRef *fns, int n) {
+    LLVMTypeRef pt = c->t_ptr, fty = LLVMFunctionType(c->t_void, &pt, 1, 0);
+    LLVMValueRef fn = LLVMAddFunction(c->mod, name, fty);
+    LLVMBasicBlockRef entry = LLVMAppendBasicBlockInContext(c->ctx, fn, "entry");
+    LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(c->ctx, fn, "done");
+    LLVMPositionBuilderAtEnd(c->b, entry);
+    LLVMValueRef sel = LLVMBuildLoad2(c->b, c->t_i32, program, "");
+    LLVMValueRef sw = LLVMBuildSwitch(c->b, sel, done, (unsigned)n);
+    LLVMValueRef arena = LLVMGetParam(fn, 0);
+    for (int k = 0; k < n; k++) {
+        LLVMBasicBlockRef bb = LLVMAppendBasicBlockInContext(c->ctx, fn, "program");
+        LLVMAddCase(sw, LLVMConstInt(c->t_i32, (unsigned long long)k, 0), bb);
+        LLVMPositionBuilderAtEnd(c->b, bb);
+        LLVMBuildCall2(c->b, fty, fns[k], &arena, 1, "");
+        LLVMBuildBr(c->b, done);
+    }
+    LLVMPositionBuilderAtEnd(c->b, done);
     LLVMBuildRetVoid(c->b);
 }
 
@@ -177,6 +340,7 @@ static bool generate_kernels(Cg *c, const RankPlan *rp) {
     for (int s = 0; s < rp->n_train; s++) {
         if (rp->train[s].kind != STEP_COMPUTE) continue;
         const Node *n = rp->train[s].node;
+        if (c->kernels[n->id].fn || c->kernels[n->id].n_bufs) continue; /* another micro-batch or stage made it */
         if (!n->def || !n->def->cg)
             return diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (%s): no code generation rule", c->g->path,
                               n->name, n->op_type);
@@ -185,6 +349,62 @@ static bool generate_kernels(Cg *c, const RankPlan *rp) {
                               n->op_type);
     }
     return true;
+}
+
+/* Programs in the module: one per stage of a staged plan (replica 0's
+ * ranks), else the one of rank 0. */
+static int n_programs(const Plan *p) { return p->n_stages ? p->n_stages : 1; }
+
+/* The initial images of every program, back to back (plan_init_offset). */
+static unsigned char *all_images(const Plan *p, size_t *len) {
+    int n = n_programs(p);
+    const RankPlan *last = &p->ranks[n - 1];
+    *len = (size_t)((p->n_stages ? plan_init_offset(p, n - 1) : 0) + last->init_bytes);
+    unsigned char *all = calloc(1, *len ? *len : 1);
+    for (int k = 0; all && k < n; k++) {
+        unsigned char *img = init_image(p, &p->ranks[k]);
+        if (!img) {
+            free(all);
+            return NULL;
+        }
+        memcpy(all + (p->n_stages ? plan_init_offset(p, k) : 0), img, (size_t)p->ranks[k].init_bytes);
+        free(img);
+    }
+    return all;
+}
+
+/* Step functions of every program, and the selector the runtime sets. */
+static bool build_steps(Cg *c, const Plan *p) {
+    LLVMValueRef program = LLVMAddGlobal(c->mod, c->t_i32, "cleave_program");
+    LLVMSetInitializer(program, LLVMConstInt(c->t_i32, 0, 0));
+    if (!p->n_stages) {
+        build_step_fn(c, "cleave_train_step", c->rp->train, c->rp->n_train);
+        build_step_fn(c, "cleave_eval_step", c->rp->eval, c->rp->n_eval);
+        return true;
+    }
+    int n = p->n_stages;
+    LLVMValueRef *train = calloc((size_t)n, sizeof *train), *eval = calloc((size_t)n, sizeof *eval);
+    LLVMValueRef *acc = calloc((size_t)p->g->n_values + 1, sizeof *acc);
+    bool ok = train && eval && acc;
+    if (!ok) diag_error(c->d, DIAG_NOMEM, "out of memory");
+    for (int k = 0; ok && k < n; k++) {
+        const RankPlan *rp = &p->ranks[k];
+        char name[64];
+        snprintf(name, sizeof name, "cleave_train_step_%d", k);
+        ok = build_staged_step_fn(c, name, rp, rp->train, rp->n_train, acc);
+        train[k] = LLVMGetNamedFunction(c->mod, name);
+        snprintf(name, sizeof name, "cleave_eval_step_%d", k);
+        ok = ok && build_staged_step_fn(c, name, rp, rp->eval, rp->n_eval, acc);
+        eval[k] = LLVMGetNamedFunction(c->mod, name);
+    }
+    if (ok) {
+        build_dispatch(c, "cleave_train_step", program, train, n);
+        build_dispatch(c, "cleave_eval_step", program, eval, n);
+    }
+    free(train);
+    free(eval);
+    free(acc);
+    return ok;
 }
 
 static bool emit(Cg *c, LLVMTargetMachineRef tm, const CgOptions *o) {
@@ -230,7 +450,6 @@ void cg_module_free(CgModule *m) {
 }
 
 CgModule *cg_build(const Plan *p, const CgOptions *o, Diag *d) {
-    const RankPlan *rp = &p->ranks[0];
     CgModule *m = calloc(1, sizeof *m);
     if (!m) {
         diag_error(d, DIAG_NOMEM, "out of memory");
@@ -240,11 +459,13 @@ CgModule *cg_build(const Plan *p, const CgOptions *o, Diag *d) {
     Cg *c = &m->c;
     c->g = p->g;
     c->d = d;
-    c->rp = rp;
+    c->plan = p;
+    c->rp = p->n_stages ? NULL : &p->ranks[0];
     c->kernels = calloc((size_t)p->g->n_nodes + 1, sizeof *c->kernels);
     size_t model_len = 0;
     uint8_t *model = o->model_path ? file_read_all(o->model_path, &model_len, d) : calloc(1, 1);
-    unsigned char *img = init_image(p, rp);
+    size_t img_len = 0;
+    unsigned char *img = all_images(p, &img_len);
     m->tm = model && img && c->kernels ? make_target(o, d) : NULL;
     if (!m->tm) {
         if (!diag_failed(d)) diag_error(d, DIAG_NOMEM, "out of memory");
@@ -264,14 +485,14 @@ CgModule *cg_build(const Plan *p, const CgOptions *o, Diag *d) {
     LLVMTargetDataRef layout = LLVMCreateTargetDataLayout(m->tm);
     LLVMSetModuleDataLayout(c->mod, layout);
     LLVMDisposeTargetData(layout);
-    bool ok = generate_kernels(c, rp);
+    bool ok = true;
+    for (int k = 0; ok && k < n_programs(p); k++) ok = generate_kernels(c, &p->ranks[k]);
+    ok = ok && build_steps(c, p);
     if (ok) {
         const char *meta = o->meta_json ? o->meta_json : "{}";
-        build_step_fn(c, "cleave_train_step", rp->train, rp->n_train);
-        build_step_fn(c, "cleave_eval_step", rp->eval, rp->n_eval);
         add_bytes(c, "cleave_meta", meta, strlen(meta));
         add_u64(c, "cleave_meta_len", strlen(meta));
-        add_bytes(c, "cleave_init", img, (size_t)(rp->init_bytes ? rp->init_bytes : 1));
+        add_bytes(c, "cleave_init", img, img_len ? img_len : 1);
         add_bytes(c, "cleave_model", model, model_len ? model_len : 1);
         add_u64(c, "cleave_model_len", model_len);
     }

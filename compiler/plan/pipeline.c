@@ -548,6 +548,12 @@ bool plan_pipeline(Graph *g, const TrainGraph *t, int64_t batch, int n_stages, i
     return plan_hybrid(g, t, batch, 1, n_stages, microbatches, schedule, cuts, n_cuts, p, d);
 }
 
+int64_t plan_init_offset(const Plan *p, int program) {
+    int64_t off = 0;
+    for (int s = 0; s < program; s++) off += (p->ranks[s].init_bytes + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;
+    return off;
+}
+
 /* ---- JSON ---- */
 
 static const char *phase_name(NodePhase p) {

@@ -185,6 +185,10 @@ bool pipeline_memplan(const Plan *p, RankPlan *rp, Diag *d);
  * (v, -1). */
 int64_t pipeline_buffer(const Plan *p, const RankPlan *rp, const Value *v, int micro);
 
+/* Byte offset of program `program`'s initial image in the images of all
+ * programs of p, back to back (one program per stage; each 64-aligned). */
+int64_t plan_init_offset(const Plan *p, int program);
+
 /* JSON text of any plan (malloc'd; NULL when out of memory): the fields
  * of docs/plan.md that do not depend on memory planning or training
  * options, the stages, transfers and groups, and per rank its stage,

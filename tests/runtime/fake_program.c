@@ -171,3 +171,6 @@ void cleave_train_step(char *arena) {
 }
 
 void cleave_eval_step(char *arena) { forward(arena, NULL); }
+
+/* A single program: the runtime sets this to 0. */
+int32_t cleave_program;

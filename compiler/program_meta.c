@@ -1,0 +1,162 @@
+/* program_meta.c - the program description embedded for the runtime
+ * (runtime/rt_abi.h documents every field; edits go together).
+ *
+ * Single and data-parallel programs are one program: the description is
+ * flat.  Layer, pipeline and hybrid plans have one program per stage (the
+ * replicas of a stage run the same code at the same offsets); the
+ * description then holds what every rank shares at the top level and, in
+ * "programs", what each stage's arena holds. */
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "driver.h"
+#include "plan/pipeline.h"
+
+static json_t *shape_json(const Value *v, int64_t rows) {
+    json_t *shape = json_array();
+    for (int j = 0; j < v->rank; j++)
+        json_array_append_new(shape, json_integer(j == 0 && rows > 0 ? rows : v->dims[j].k));
+    return shape;
+}
+
+static const char *dtype_json(const Value *v) { return dtype_is_float(v->dtype) ? "float32" : "int64"; }
+
+/* FNV-1a over the plan's JSON: ranks compare it at start-up. */
+static void plan_hash(const Plan *p, const CompileOptions *o, char hash[32]) {
+    char *text = p->n_stages ? pipeline_plan_to_json(p) : plan_to_json(p, &o->train);
+    uint64_t h = 1469598103934665603ull;
+    for (const char *c = text; c && *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    free(text);
+    snprintf(hash, 32, "%016llx", (unsigned long long)h);
+}
+
+static json_t *optimizer_json(const CompileOptions *o) {
+    static const char *opt_names[] = {"sgd", "momentum", "adam"};
+    return json_pack("{s:s}", "name", opt_names[o->train.optimizer]);
+}
+
+static char *flat_meta(const Plan *p, const CompileOptions *o) {
+    const Graph *g = p->g;
+    const TrainGraph *t = p->t;
+    const RankPlan *rp = &p->ranks[0];
+    json_t *inputs = json_array(), *params = json_array();
+    for (int i = 0; i < g->n_inputs; i++) {
+        const Value *v = g->inputs[i];
+        json_array_append_new(inputs, json_pack("{s:s, s:s, s:o, s:I}", "name", v->name, "dtype", dtype_json(v),
+                                                "shape", shape_json(v, 0), "offset", (json_int_t)rp->offset[v->id]));
+    }
+    for (int i = 0; i < t->n_params; i++) {
+        const Value *v = t->params[i];
+        json_array_append_new(params, json_pack("{s:s, s:s, s:o, s:I, s:b}", "name", v->name, "dtype", "float32",
+                                                "shape", shape_json(v, 0), "offset", (json_int_t)rp->offset[v->id],
+                                                "trainable", t->grads[i] != NULL));
+    }
+    char hash[32];
+    plan_hash(p, o, hash);
+    json_t *buckets = json_array();
+    for (int b = 0; b < rp->n_buckets; b++)
+        json_array_append_new(buckets, json_pack("{s:I, s:I}", "offset", (json_int_t)rp->buckets[b].offset, "count",
+                                                 (json_int_t)(rp->buckets[b].bytes / 4)));
+    json_t *root = json_pack(
+        "{s:i, s:s, s:i, s:i, s:I, s:I, s:I, s:{s:I}, s:{s:I, s:f}, s:{s:I}, s:o, s:{s:s, s:I, s:o}, s:o, s:s, "
+        "s:o}",
+        "abi", 1, "plan_hash", hash, "ranks", p->n_ranks, "rank_programs", 1, "batch", (json_int_t)o->batch,
+        "arena_bytes", (json_int_t)rp->arena_bytes, "init_bytes", (json_int_t)rp->init_bytes, "loss", "offset",
+        (json_int_t)rp->offset[t->loss->id], "lr", "offset", (json_int_t)rp->offset[t->lr->id], "value",
+        (double)o->train.lr, "step", "offset", (json_int_t)rp->offset[t->step->id], "inputs", inputs, "output",
+        "name", t->output->name, "offset", (json_int_t)rp->offset[t->output->id], "shape", shape_json(t->output, 0),
+        "params", params, "loss_kind", loss_kind_name(o->train.loss), "optimizer", optimizer_json(o));
+    json_object_set_new(root, "strategy", json_string(p->strategy));
+    json_object_set_new(root, "local_batch", json_integer(p->local_batch));
+    json_object_set_new(root, "buckets", buckets);
+    char *s = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(root);
+    return s;
+}
+
+/* {"offset": o} when rank rp holds v, else nothing added. */
+static void set_slot(json_t *obj, const char *key, const Plan *p, const RankPlan *rp, const Value *v) {
+    if (!v || !rp->holds[v->id]) return;
+    json_object_set_new(obj, key, json_pack("{s:I}", "offset", (json_int_t)pipeline_buffer(p, rp, v, 0)));
+}
+
+/* What stage s's arena holds, from the plan of its replica-0 rank. */
+static json_t *stage_program(const Plan *p, int s) {
+    const Graph *g = p->g;
+    const TrainGraph *t = p->t;
+    const RankPlan *rp = &p->ranks[s];
+    json_t *prog = json_pack("{s:i, s:I, s:I, s:I, s:I}", "stage", s, "arena_bytes", (json_int_t)rp->arena_bytes,
+                             "init_bytes", (json_int_t)rp->init_bytes, "init_offset",
+                             (json_int_t)plan_init_offset(p, s), "peak_activation_bytes",
+                             (json_int_t)rp->peak_act_bytes);
+    json_t *inputs = json_array(), *params = json_array();
+    for (int i = 0; i < g->n_inputs; i++) {
+        const Value *v = g->inputs[i];
+        if (rp->holds[v->id])
+            json_array_append_new(inputs, json_pack("{s:s, s:I}", "name", v->name, "offset",
+                                                    (json_int_t)pipeline_buffer(p, rp, v, 0)));
+    }
+    for (int i = 0; i < t->n_params; i++) {
+        const Value *v = t->params[i];
+        if (rp->holds[v->id])
+            json_array_append_new(params, json_pack("{s:s, s:I}", "name", v->name, "offset",
+                                                    (json_int_t)pipeline_buffer(p, rp, v, -1)));
+    }
+    json_object_set_new(prog, "inputs", inputs);
+    json_object_set_new(prog, "params", params);
+    if (rp->holds[t->loss->id])
+        json_object_set_new(prog, "loss", json_pack("{s:I, s:i}", "offset",
+                                                    (json_int_t)pipeline_buffer(p, rp, t->loss, 0), "count",
+                                                    p->microbatches));
+    set_slot(prog, "output", p, rp, t->output);
+    set_slot(prog, "lr", p, rp, t->lr);
+    set_slot(prog, "step", p, rp, t->step);
+    return prog;
+}
+
+/* The output has rows when its first dimension is the micro-batch: the
+ * runtime then sees the M instances, back to back, as the rank's rows. */
+static int64_t output_rows(const Plan *p, const Value *out) {
+    return out->rank > 0 && out->dims[0].k == p->micro_batch ? p->local_batch : 0;
+}
+
+static char *staged_meta(const Plan *p, const CompileOptions *o) {
+    const Graph *g = p->g;
+    const TrainGraph *t = p->t;
+    json_t *inputs = json_array(), *params = json_array(), *programs = json_array();
+    for (int i = 0; i < g->n_inputs; i++) {
+        const Value *v = g->inputs[i];
+        json_array_append_new(inputs, json_pack("{s:s, s:s, s:o}", "name", v->name, "dtype", dtype_json(v), "shape",
+                                                shape_json(v, p->local_batch)));
+    }
+    for (int i = 0; i < t->n_params; i++) {
+        const Value *v = t->params[i];
+        /* The first stage holding a weight is the one --save reads. */
+        int owner = -1;
+        for (int s = 0; s < p->n_stages && owner < 0; s++)
+            if (p->ranks[s].holds[v->id]) owner = s;
+        json_array_append_new(params, json_pack("{s:s, s:s, s:o, s:b, s:i}", "name", v->name, "dtype", "float32",
+                                                "shape", shape_json(v, 0), "trainable", t->grads[i] != NULL,
+                                                "stage", owner));
+    }
+    for (int s = 0; s < p->n_stages; s++) json_array_append_new(programs, stage_program(p, s));
+    char hash[32];
+    plan_hash(p, o, hash);
+    json_t *root = json_pack(
+        "{s:i, s:s, s:i, s:i, s:s, s:I, s:I, s:i, s:i, s:i, s:I, s:s, s:i, s:{s:f}, s:o, s:{s:s, s:o}, s:o, s:s, "
+        "s:o, s:o}",
+        "abi", 1, "plan_hash", hash, "ranks", p->n_ranks, "rank_programs", p->n_stages, "strategy", p->strategy,
+        "batch", (json_int_t)p->batch, "local_batch", (json_int_t)p->local_batch, "stages", p->n_stages, "dp",
+        p->replicas, "microbatches", p->microbatches, "micro_batch", (json_int_t)p->micro_batch, "schedule",
+        p->schedule, "tag_bound", p->tag_bound, "lr", "value", (double)o->train.lr, "inputs", inputs, "output",
+        "name", t->output->name, "shape", shape_json(t->output, output_rows(p, t->output)), "params",
+        params, "loss_kind", loss_kind_name(o->train.loss), "optimizer", optimizer_json(o), "programs", programs);
+    char *str = root ? json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(root);
+    return str;
+}
+
+char *program_meta(const Plan *p, const CompileOptions *o) {
+    return p->n_stages ? staged_meta(p, o) : flat_meta(p, o);
+}

@@ -1,0 +1,10 @@
+/* rt_mpi.h - for the runtime files that call MPI themselves: the
+ * program's communicator (a duplicate of MPI_COMM_WORLD, rt_comm.c). */
+#ifndef CLEAVE_RT_MPI_H
+#define CLEAVE_RT_MPI_H
+
+#include <mpi.h>
+
+MPI_Comm rt_comm_world(void);
+
+#endif
