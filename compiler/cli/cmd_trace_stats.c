@@ -278,8 +278,10 @@ static void print_text(const Stats *s, long long skip) {
     printf("trace %s: %d", s->path, s->n_ranks);
     if (partial) printf(" of %lld", (long long)json_integer_value(ranks));
     printf(" rank%s", s->n_ranks == 1 && !partial ? "" : "s");
-    if (json_is_integer(stages)) printf(", %lld stages", (long long)json_integer_value(stages));
-    if (json_is_integer(mb)) printf(", %lld microbatches", (long long)json_integer_value(mb));
+    if (json_is_integer(stages))
+        printf(", %lld stage%s", (long long)json_integer_value(stages), json_integer_value(stages) == 1 ? "" : "s");
+    if (json_is_integer(mb))
+        printf(", %lld microbatch%s", (long long)json_integer_value(mb), json_integer_value(mb) == 1 ? "" : "es");
     if (json_is_string(schedule)) printf(", schedule %s", json_string_value(schedule));
     printf("\n\n%6s %6s %11s %11s %11s %11s %12s %7s\n", "rank", "steps", "wall ms", "busy ms", "idle ms", "wait ms",
            "allreduce ms", "bubble");

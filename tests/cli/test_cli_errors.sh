@@ -99,9 +99,23 @@ expect 2 "--optimizer must be sgd, momentum or adam, got 'rmsprop'" -- "$CLEAVE"
 expect 2 "--lr needs a non-negative number, got 'fast'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --lr fast
 expect 2 "--nesterov needs --optimizer momentum" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --nesterov
 expect 2 "--emit must be exe, obj or llvm" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --emit asm
-expect 2 "--ranks 2 needs --strategy dp" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --ranks 2
+expect 2 "--ranks 2 needs a --strategy \\(dp, layer, pipeline or hybrid\\)" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --ranks 2
 expect 2 "--batch 9 does not divide among --ranks 2" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 9 --ranks 2 --strategy dp
-expect 2 "--strategy must be dp or single" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --strategy zigzag
+expect 2 "--strategy must be single, dp, layer, pipeline or hybrid, got 'zigzag'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --strategy zigzag
+# Layer, pipeline and hybrid flags.
+expect 2 "--microbatches 3 does not divide the 8 rows of --batch" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --ranks 2 --strategy pipeline --microbatches 3
+expect 2 "--microbatches 8 does not divide the 4 rows of each replica's batch" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --strategy hybrid --dp 2 --pp 2 --microbatches 8
+expect 2 "--microbatches needs a positive integer, got '0'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --ranks 2 --strategy pipeline --microbatches 0
+expect 2 "--schedule must be gpipe or 1f1b, got 'zigzag'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --ranks 2 --strategy pipeline --schedule zigzag
+expect 2 "--schedule 1f1b needs --strategy pipeline or hybrid" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --ranks 2 --strategy layer --schedule 1f1b
+expect 2 "--strategy layer runs the whole batch through the stages at once" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --ranks 2 --strategy layer --microbatches 2
+expect 2 "--microbatches, --schedule, --stages, --dp and --pp need --strategy layer, pipeline or hybrid" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --microbatches 2
+expect 2 "--dp 3 x --pp 2 does not make --ranks 4" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 12 --ranks 4 --strategy hybrid --dp 3 --pp 2
+expect 2 "--strategy hybrid needs --dp D and --pp P" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --ranks 4 --strategy hybrid
+expect 2 "--dp needs --strategy hybrid" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --ranks 2 --strategy pipeline --dp 2
+expect 2 "--stages names 2 nodes; 2 stages need 1" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --ranks 2 --strategy pipeline --stages a,b
+expect 2 "--stages needs node names, got ','" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --ranks 2 --strategy pipeline --stages ,
+expect 2 "--stages: the model has no node named 'nosuchnode'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --ranks 2 --strategy layer --stages nosuchnode
 expect 2 "--target-cpu 'frobcpu' is not a processor LLVM knows" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --target-cpu frobcpu
 expect 2 "--freeze: 'nope' is not a float initializer" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --freeze nope
 expect 1 "--loss ce needs logits \\[B,C\\]" -- "$CLEAVE" compile "$(cd "$HERE/../.." && pwd)/samples/transformer.onnx" -o "$OUTP" --batch 2

@@ -234,7 +234,7 @@ cat >single.json <<'EOF'
  {"name": "compute", "cat": "compute", "ph": "X", "pid": 0, "tid": 0, "ts": 1100, "dur": 700, "args": {"step": 2}}
 ], "otherData": {"ranks": 1, "stages": 1, "microbatches": 1, "schedule": "single", "truncated": true}}
 EOF
-expect_line "^trace single\.json: 1 rank, 1 stages, 1 microbatches, schedule single$" -- $T single.json
+expect_line "^trace single\.json: 1 rank, 1 stage, 1 microbatch, schedule single$" -- $T single.json
 expect_line "^ +0 +1 +1\.000 +0\.700 +0\.300 .* 30\.0%$" -- $T single.json
 expect_line "^note: the trace is truncated" -- $T single.json
 if [ -x "$PYTHON" ]; then
