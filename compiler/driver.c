@@ -177,7 +177,7 @@ bool driver_compile(const CompileOptions *o, Diag *d) {
     }
     char *meta = NULL;
     if (ok && o->plan_out) {
-        char *text = l.staged ? pipeline_plan_to_json(&p) : plan_to_json(&p, &o->train);
+        char *text = plan_to_json(&p, &o->train);
         ok = text ? write_text(o->plan_out, text, d) : diag_error(d, DIAG_NOMEM, "out of memory");
         free(text);
     }

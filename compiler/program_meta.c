@@ -24,7 +24,7 @@ static const char *dtype_json(const Value *v) { return dtype_is_float(v->dtype) 
 
 /* FNV-1a over the plan's JSON: ranks compare it at start-up. */
 static void plan_hash(const Plan *p, const CompileOptions *o, char hash[32]) {
-    char *text = p->n_stages ? pipeline_plan_to_json(p) : plan_to_json(p, &o->train);
+    char *text = plan_to_json(p, &o->train);
     uint64_t h = 1469598103934665603ull;
     for (const char *c = text; c && *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
     free(text);

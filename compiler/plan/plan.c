@@ -1,5 +1,6 @@
 /* plan.c - the single-rank plan, and the plan's JSON form. */
 #include "plan.h"
+#include "pipeline.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -70,7 +71,28 @@ static const char *phase_name(NodePhase p) {
     return names[p];
 }
 
+static json_t *options_json(const TrainOptions *o) {
+    static const char *opt_names[] = {"sgd", "momentum", "adam"};
+    return json_pack("{s:s, s:f, s:f, s:f, s:b, s:f, s:f, s:f}", "name", opt_names[o->optimizer], "lr", f2d(o->lr),
+                     "momentum", f2d(o->momentum), "weight_decay", f2d(o->weight_decay), "nesterov", o->nesterov,
+                     "beta1", f2d(o->beta1), "beta2", f2d(o->beta2), "eps", f2d(o->eps));
+}
+
+/* Staged plans: pipeline_plan_to_json's text plus the training options. */
+static char *staged_to_json(const Plan *p, const TrainOptions *o) {
+    char *text = pipeline_plan_to_json(p);
+    json_t *root = text ? json_loads(text, 0, NULL) : NULL;
+    free(text);
+    if (!root) return NULL;
+    json_object_set_new(root, "optimizer", options_json(o));
+    json_object_set_new(root, "loss", json_string(loss_kind_name(o->loss)));
+    char *s = json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+    json_decref(root);
+    return s;
+}
+
 char *plan_to_json(const Plan *p, const TrainOptions *o) {
+    if (p->n_stages) return staged_to_json(p, o);
     const Graph *g = p->g;
     json_t *ranks = json_array();
     for (int r = 0; r < p->n_ranks; r++) {
@@ -115,11 +137,7 @@ char *plan_to_json(const Plan *p, const TrainOptions *o) {
                                                "transient_bytes_without_reuse", (json_int_t)rp->transient_naive,
                                                "steps", steps, "buffers", buffers, "buckets", buckets));
     }
-    static const char *opt_names[] = {"sgd", "momentum", "adam"};
-    json_t *opt = json_pack("{s:s, s:f, s:f, s:f, s:b, s:f, s:f, s:f}", "name", opt_names[o->optimizer], "lr",
-                            f2d(o->lr), "momentum", f2d(o->momentum), "weight_decay", f2d(o->weight_decay),
-                            "nesterov", o->nesterov, "beta1", f2d(o->beta1), "beta2", f2d(o->beta2), "eps",
-                            f2d(o->eps));
+    json_t *opt = options_json(o);
     json_t *root = json_pack("{s:s, s:i, s:s, s:I, s:I, s:i, s:i, s:s, s:f, s:o, s:o}", "format", "cleave-plan",
                              "version", 1, "model", g->path, "batch", (json_int_t)p->batch, "local_batch",
                              (json_int_t)p->local_batch, "ranks", p->n_ranks, "replicas", p->replicas, "strategy",

@@ -32,7 +32,10 @@ def main():
     jsonschema.Draft202012Validator.check_schema(schema)
     rep = harness.Report()
     model = os.path.join(ROOT, "samples", "mlp.onnx")
-    cases = {"single": [], "dp": ["--ranks", "2", "--strategy", "dp", "--bucket-mb", "0.5"]}
+    cases = {"single": [], "dp": ["--ranks", "2", "--strategy", "dp", "--bucket-mb", "0.5"],
+             "layer": ["--ranks", "2", "--strategy", "layer"],
+             "pipeline": ["--ranks", "2", "--strategy", "pipeline", "--microbatches", "4", "--schedule", "1f1b"],
+             "hybrid": ["--strategy", "hybrid", "--dp", "2", "--pp", "2", "--microbatches", "2"]}
     for name, extra in cases.items():
         plan = os.path.join(args.workdir, name + ".json")
         out = os.path.join(args.workdir, name + ".ll")
@@ -54,6 +57,16 @@ def main():
             broken = json.loads(json.dumps(doc))
             broken["rank_plans"][0]["steps"][0]["kind"] = "teleport"
             rep.check("the schema rejects an unknown step kind",
+                      not jsonschema.Draft202012Validator(schema).is_valid(broken))
+        if name in ("pipeline", "hybrid"):
+            kinds = {s["kind"] for r in doc["rank_plans"] for s in r["steps"]}
+            want = {"send", "recv", "accumulate"} | ({"allreduce"} if name == "hybrid" else set())
+            rep.check("%s plan records its transfers and gradient steps" % name, want <= kinds, str(kinds))
+            rep.equal("%s plan's ranks" % name, len(doc["rank_plans"]), doc["ranks"])
+            broken = json.loads(json.dumps(doc))
+            send = next(s for s in broken["rank_plans"][0]["steps"] if s["kind"] == "send")
+            del send["tag"]
+            rep.check("the schema rejects a send without its tag",
                       not jsonschema.Draft202012Validator(schema).is_valid(broken))
     return rep.summary()
 
