@@ -329,11 +329,10 @@ void cleave_rt_allreduce_wait(int32_t bucket) {
     if (!g_dp.state || bucket < 0 || bucket >= g_dp.n) bucket_misuse(fn, bucket, "no such bucket");
     if (g_dp.state[bucket] == IDLE) bucket_misuse(fn, bucket, "waited for but never started");
     if (g_dp.state[bucket] == RUNNING) {
-        double t0 = rt_now();
+        double t0 = rt_trace_wait_begin();
         MPI_Wait(&g_dp.req[bucket], MPI_STATUS_IGNORE);
-        double t1 = rt_now();
-        g_dp.wait_s += t1 - t0;
-        completed(bucket, t1);
+        g_dp.wait_s += rt_trace_wait_end(RT_EV_ALLREDUCE, t0);
+        completed(bucket, rt_now());
     }
     g_dp.state[bucket] = IDLE;
     g_dp.pending--;

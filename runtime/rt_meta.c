@@ -179,7 +179,7 @@ static int cmp_bucket(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* "strategy", "local_batch", "ranks" and "buckets": how the batch is shared
+/* "strategy", "local_batch" and "ranks": how the batch is shared
  * among the ranks.  Absent fields describe a single-rank program. */
 static bool parse_parallel(json_t *root, int64_t ranks, RtMeta *m, RtErr *e) {
     if (ranks > 1000000) return rt_error(e, BAD "\"ranks\" is %" PRId64, ranks);
@@ -204,7 +204,11 @@ static bool parse_parallel(json_t *root, int64_t ranks, RtMeta *m, RtErr *e) {
     if (m->dp && (m->local_batch > m->batch / ranks || m->local_batch * ranks != m->batch))
         return rt_error(e, BAD "strategy dp: \"local_batch\" %" PRId64 " times \"ranks\" %" PRId64
                         " is not \"batch\" %" PRId64, m->local_batch, ranks, m->batch);
+    return true;
+}
 
+/* "buckets": the gradient buckets of a dp program, inside the arena. */
+static bool parse_buckets(json_t *root, RtMeta *m, RtErr *e) {
     json_t *buckets = json_object_get(root, "buckets");
     if (!buckets) return true;
     if (!json_is_array(buckets)) return rt_error(e, BAD "\"buckets\" is not an array");
@@ -344,6 +348,7 @@ static bool parse_root(json_t *root, int rank, RtMeta *m, RtErr *e) {
     if (init > arena)
         return rt_error(e, BAD "\"init_bytes\" %" PRId64 " exceeds \"arena_bytes\" %" PRId64, init, arena);
     m->init_bytes = (uint64_t)init;
+    if (!parse_buckets(root, m, e)) return false;
 
     RtStaged *st = &m->staged;
     if (!st->on) {

@@ -491,6 +491,82 @@ static const char *dp_meta_error(const char *from, const char *to) {
     return e.msg;
 }
 
+/* A 2-stage pipeline of 2 micro-batches: stage 0 reads the input and
+ * holds W, stage 1 reads the labels and holds V, the loss and the output. */
+static const char *staged_meta =
+    "{\"abi\": 1, \"plan_hash\": \"ef\", \"ranks\": 2, \"rank_programs\": 2, \"strategy\": \"pipeline\","
+    " \"batch\": 8, \"local_batch\": 8, \"stages\": 2, \"dp\": 1, \"microbatches\": 2, \"micro_batch\": 4,"
+    " \"schedule\": \"gpipe\", \"tag_bound\": 9, \"lr\": {\"value\": 0.1},"
+    " \"inputs\": [{\"name\": \"input\", \"dtype\": \"float32\", \"shape\": [8, 4]},"
+    "  {\"name\": \"labels\", \"dtype\": \"int64\", \"shape\": [8]}],"
+    " \"output\": {\"name\": \"logits\", \"shape\": [8, 3]},"
+    " \"params\": [{\"name\": \"W\", \"dtype\": \"float32\", \"shape\": [4, 4], \"trainable\": true, \"stage\": 0},"
+    "  {\"name\": \"V\", \"dtype\": \"float32\", \"shape\": [4, 3], \"trainable\": true, \"stage\": 1}],"
+    " \"loss_kind\": \"ce\", \"optimizer\": {\"name\": \"sgd\"}, \"programs\": ["
+    "  {\"stage\": 0, \"arena_bytes\": 512, \"init_bytes\": 256, \"init_offset\": 0, \"peak_activation_bytes\": 128,"
+    "   \"inputs\": [{\"name\": \"input\", \"offset\": 64}], \"params\": [{\"name\": \"W\", \"offset\": 0}],"
+    "   \"lr\": {\"offset\": 192}, \"step\": {\"offset\": 256}},"
+    "  {\"stage\": 1, \"arena_bytes\": 640, \"init_bytes\": 320, \"init_offset\": 256, \"peak_activation_bytes\": 96,"
+    "   \"inputs\": [{\"name\": \"labels\", \"offset\": 64}], \"params\": [{\"name\": \"V\", \"offset\": 0}],"
+    "   \"loss\": {\"offset\": 128, \"count\": 2}, \"output\": {\"offset\": 192},"
+    "   \"lr\": {\"offset\": 320}, \"step\": {\"offset\": 384}}]}";
+
+/* staged_meta with the first `from` replaced by `to`, parsed for `rank`;
+ * returns the error or "". */
+static const char *staged_meta_error(const char *from, const char *to, int rank) {
+    static char json[4096];
+    static RtErr e;
+    memset(&e, 0, sizeof e);
+    const char *at = strstr(staged_meta, from);
+    ck_assert_msg(at != NULL, "'%s' not in the metadata", from);
+    snprintf(json, sizeof json, "%.*s%s%s", (int)(at - staged_meta), staged_meta, to, at + strlen(from));
+    RtMeta m;
+    if (rt_meta_parse_rank(json, strlen(json), rank, &m, &e)) rt_meta_free(&m);
+    return e.msg;
+}
+
+START_TEST(meta_staged) {
+    RtMeta m;
+    RtErr e = {0};
+    ck_assert_msg(rt_meta_parse_rank(staged_meta, strlen(staged_meta), 0, &m, &e), "%s", e.msg);
+    ck_assert(m.staged.on && !m.dp);
+    ck_assert_int_eq(m.staged.stage, 0);
+    ck_assert_int_eq(m.staged.stages, 2);
+    ck_assert_int_eq(m.staged.microbatches, 2);
+    ck_assert_uint_eq(m.arena_bytes, 512);
+    ck_assert(!m.inputs[0].absent && m.inputs[1].absent); /* stage 0 reads the input, not the labels */
+    ck_assert_uint_eq(m.inputs[0].offset, 64);
+    ck_assert_int_eq(m.n_params, 1);
+    ck_assert_str_eq(m.params[0].name, "W");
+    ck_assert_int_eq(m.staged.n_all_params, 2);
+    ck_assert_int_eq(m.staged.param_stage[1], 1);
+    ck_assert(m.staged.has_lr && m.staged.has_step && !m.staged.has_output);
+    ck_assert_int_eq(m.staged.loss_count, 0);
+    rt_meta_free(&m);
+
+    ck_assert_msg(rt_meta_parse_rank(staged_meta, strlen(staged_meta), 1, &m, &e), "%s", e.msg);
+    ck_assert_int_eq(m.staged.stage, 1);
+    ck_assert_uint_eq(m.staged.init_offset, 256);
+    ck_assert(m.inputs[0].absent && !m.inputs[1].absent);
+    ck_assert(m.staged.has_output);
+    ck_assert_int_eq(m.staged.loss_count, 2);
+    ck_assert_uint_eq(m.loss_offset, 128);
+    ck_assert_int_eq(m.classes, 3);
+    rt_meta_free(&m);
+
+    ASSERT_HAS(staged_meta_error("\"dp\": 1", "\"dp\": 2", 0), "\"dp\" 2 x \"stages\" 2 is not \"ranks\" 2");
+    ASSERT_HAS(staged_meta_error("\"micro_batch\": 4", "\"micro_batch\": 3", 0),
+               "batch 8 is not dp 1 x microbatches 2 x micro_batch 3");
+    ASSERT_HAS(staged_meta_error("\"stage\": 1, \"arena", "\"stage\": 0, \"arena", 1), "programs[1] is stage 0");
+    ASSERT_HAS(staged_meta_error("\"count\": 2", "\"count\": 3", 1), "\"count\" 3 is not the 2 micro-batches");
+    ASSERT_HAS(staged_meta_error("\"output\": {\"offset\": 192}", "\"output\": {\"offset\": 640}", 1),
+               "output: 96 bytes at offset 640 end past the arena of 640 bytes");
+    ASSERT_HAS(staged_meta_error("\"stage\": 1}]", "\"stage\": 5}]", 0), "params[1]: stage 5 of 2");
+    ASSERT_HAS(staged_meta_error("\"tag_bound\": 9", "\"tag_bound\": -1", 0), "\"tag_bound\" is -1");
+    ASSERT_HAS(staged_meta_error("\"programs\": [", "\"programs\": [{}, ", 0), "3 programs for 2 stages");
+}
+END_TEST
+
 START_TEST(meta_parallel) {
     RtMeta m;
     RtErr e = {0};
@@ -528,7 +604,8 @@ START_TEST(meta_parallel) {
                "strategy dp: \"local_batch\" 3 times \"ranks\" 2 is not \"batch\" 8");
     ASSERT_HAS(dp_meta_error("\"local_batch\": 4", "\"local_batch\": 0"), "\"local_batch\" is 0, expected at least 1");
     ASSERT_HAS(dp_meta_error("\"strategy\": \"dp\"", "\"strategy\": \"tp\""),
-               "program metadata has strategy \"tp\", which this runtime does not run (single, dp)");
+               "program metadata has strategy \"tp\", which this runtime does not run (single, dp, layer, pipeline, "
+               "hybrid)");
     ASSERT_HAS(dp_meta_error("\"strategy\": \"dp\"", "\"strategy\": 1"), "\"strategy\" is not a string");
     ASSERT_HAS(dp_meta_error("\"strategy\": \"dp\"", "\"strategy\": \"single\""),
                "strategy single with \"ranks\" 2 and \"local_batch\" 4 (expected 1 and the batch 8)");
@@ -847,7 +924,7 @@ int main(void) {
         {"npy", {npy_good_headers, npy_bad_headers, npy_write_reads_back}},
         {"idx", {idx_headers}},
         {"data", {decode_conversions, decode_idx, load_files}},
-        {"meta", {meta_good, meta_bad, meta_parallel}},
+        {"meta", {meta_good, meta_bad, meta_parallel, meta_staged}},
         {"args", {args_good, args_bad, args_bind, args_fingerprint}},
         {"comm", {fnv1a}},
         {"order", {splitmix_reference, order_is_a_permutation, batch_rows_wrap}},
