@@ -169,7 +169,7 @@ bool driver_compile(const CompileOptions *o, Diag *d) {
     if (ok) {
         if (l.staged)
             ok = plan_hybrid(g, &t, o->batch, l.replicas, l.stages, l.microbatches, l.schedule, o->cuts, o->n_cuts,
-                             &p, d);
+                             o->bucket_mb, &p, d);
         else if (l.dp)
             ok = plan_dp(g, &t, o->batch, l.ranks, o->bucket_mb, &p, d);
         else

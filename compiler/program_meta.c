@@ -103,8 +103,13 @@ static json_t *stage_program(const Plan *p, int s) {
             json_array_append_new(params, json_pack("{s:s, s:I}", "name", v->name, "offset",
                                                     (json_int_t)pipeline_buffer(p, rp, v, -1)));
     }
+    json_t *buckets = json_array();
+    for (int b = 0; b < rp->n_buckets; b++)
+        json_array_append_new(buckets, json_pack("{s:I, s:I}", "offset", (json_int_t)rp->buckets[b].offset, "count",
+                                                 (json_int_t)(rp->buckets[b].bytes / 4)));
     json_object_set_new(prog, "inputs", inputs);
     json_object_set_new(prog, "params", params);
+    json_object_set_new(prog, "buckets", buckets);
     if (rp->holds[t->loss->id])
         json_object_set_new(prog, "loss", json_pack("{s:I, s:i}", "offset",
                                                     (json_int_t)pipeline_buffer(p, rp, t->loss, 0), "count",

@@ -258,7 +258,8 @@ static struct {
     int running;       /* started, completion not yet seen */
     int pending;       /* started, not yet waited for */
     double wait_s, allreduce_s;
-} g_dp;
+    MPI_Comm comm;     /* the program's, or a hybrid program's stage group */
+} g_dp = {.comm = MPI_COMM_NULL};
 
 bool rt_dp_init(char *arena, const RtMeta *m, RtErr *e) {
     rt_dp_free();
@@ -275,8 +276,11 @@ bool rt_dp_init(char *arena, const RtMeta *m, RtErr *e) {
     g_dp.arena = arena;
     g_dp.buckets = m->buckets;
     g_dp.n = m->n_buckets;
+    g_dp.comm = g_comm;
     return true;
 }
+
+void rt_dp_use_comm(MPI_Comm c) { g_dp.comm = c; }
 
 void rt_dp_free(void) {
     free(g_dp.req);
@@ -318,7 +322,7 @@ void cleave_rt_allreduce_start(int32_t bucket) {
     if (g_dp.state[bucket] != IDLE) bucket_misuse(fn, bucket, "started twice without a wait");
     const RtBucket *b = &g_dp.buckets[bucket];
     g_dp.t_start[bucket] = rt_now();
-    MPI_Iallreduce(MPI_IN_PLACE, g_dp.arena + b->offset, b->count, MPI_FLOAT, MPI_SUM, g_comm, &g_dp.req[bucket]);
+    MPI_Iallreduce(MPI_IN_PLACE, g_dp.arena + b->offset, b->count, MPI_FLOAT, MPI_SUM, g_dp.comm, &g_dp.req[bucket]);
     g_dp.state[bucket] = RUNNING;
     g_dp.running++;
     g_dp.pending++;

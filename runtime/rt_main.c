@@ -107,7 +107,7 @@ static bool prepare(const RtProgram *prog, const RtArgs *args, const RtMeta *met
     if (!r->arena) return rt_error(e, "out of memory for the arena of %" PRIu64 " bytes", meta->arena_bytes);
     memset(r->arena, 0, (size_t)meta->arena_bytes);
     memcpy(r->arena, prog->init + meta->staged.init_offset, (size_t)meta->init_bytes);
-    if (meta->dp && !rt_dp_init(r->arena, meta, e)) return false;
+    if ((meta->dp || meta->n_buckets) && !rt_dp_init(r->arena, meta, e)) return false;
     if (meta->staged.on) {
         *prog->program = meta->staged.stage;
         if (!rt_staged_init(meta, e)) return false;
@@ -176,7 +176,7 @@ static bool run(const RtProgram *prog, const RtArgs *args, const RtMeta *meta, R
     ok = true;
 out:
     rt_log_discard(&r.log);
-    if (meta->dp) rt_dp_free();
+    if (meta->dp || meta->n_buckets) rt_dp_free();
     if (meta->staged.on) rt_staged_free();
     free(r.arena);
     free(r.zeros);

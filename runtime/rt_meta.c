@@ -213,7 +213,9 @@ static bool parse_buckets(json_t *root, RtMeta *m, RtErr *e) {
     if (!buckets) return true;
     if (!json_is_array(buckets)) return rt_error(e, BAD "\"buckets\" is not an array");
     size_t n = json_array_size(buckets);
-    if (n && !m->dp) return rt_error(e, BAD "strategy single with %zu gradient buckets", n);
+    if (n && !m->dp && !m->staged.on) return rt_error(e, BAD "strategy single with %zu gradient buckets", n);
+    if (n && m->staged.on && m->staged.dp == 1)
+        return rt_error(e, BAD "%zu gradient buckets but no replicas to sum them over", n);
     if (n > 1000000) return rt_error(e, BAD "\"buckets\" has %zu entries", n);
     m->buckets = calloc(n ? n : 1, sizeof *m->buckets);
     if (!m->buckets) return rt_error(e, "out of memory reading the program metadata");
@@ -348,7 +350,7 @@ static bool parse_root(json_t *root, int rank, RtMeta *m, RtErr *e) {
     if (init > arena)
         return rt_error(e, BAD "\"init_bytes\" %" PRId64 " exceeds \"arena_bytes\" %" PRId64, init, arena);
     m->init_bytes = (uint64_t)init;
-    if (!parse_buckets(root, m, e)) return false;
+    if (!parse_buckets(prog, m, e)) return false;
 
     RtStaged *st = &m->staged;
     if (!st->on) {

@@ -6,5 +6,8 @@
 #include <mpi.h>
 
 MPI_Comm rt_comm_world(void);
+/* The communicator the gradient buckets are summed over (rt_dp_init sets
+ * the program's; a hybrid program's ranks use their stage's replicas). */
+void rt_dp_use_comm(MPI_Comm c);
 
 #endif

@@ -65,6 +65,7 @@ bool rt_staged_init(const RtMeta *m, RtErr *e) {
 void rt_staged_groups(void) {
     if (!g_st.on) return;
     MPI_Comm_split(rt_comm_world(), g_st.stage, g_st.replica, &g_st.group);
+    rt_dp_use_comm(g_st.group);
 }
 
 void rt_staged_free(void) {

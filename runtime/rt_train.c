@@ -138,13 +138,16 @@ bool rt_train_run(RtRun *r, RtErr *e) {
         if (!st->on || st->has_step) set_f32(r->arena, m->step_offset, (float)(s + 1));
         if (!st->on || st->has_lr) set_f32(r->arena, m->lr_offset, r->lr);
         RtStepComm comm;
-        if (m->dp) rt_dp_step_begin();
+        bool buckets = m->dp || m->n_buckets;
+        if (buckets) rt_dp_step_begin();
         if (st->on) rt_staged_step_begin();
         rt_trace_step_begin(s + 1);
         r->prog->train_step(r->arena);
-        if (st->on) rt_staged_step_end(&comm);
+        RtStepComm staged_comm = {0}, dp_comm = {0};
+        if (st->on) rt_staged_step_end(&staged_comm);
         rt_trace_step_end();
-        if (m->dp && !rt_dp_step_end(&comm, e)) return false;
+        if (buckets && !rt_dp_step_end(&dp_comm, e)) return false;
+        comm = (RtStepComm){staged_comm.wait_s + dp_comm.wait_s, staged_comm.allreduce_s + dp_comm.allreduce_s};
         /* The global batch's loss is the mean of the replicas' means (each
          * over L rows); a NaN or infinity anywhere reaches every rank through
          * the sum, so all stop at the same step. */

@@ -210,6 +210,12 @@ static bool build_staged_step_fn(Cg *c, const char *name, const RankPlan *rp, co
             unit = u;
             unit_micro = st->micro;
         }
+        if (st->kind == STEP_ALLREDUCE_START || st->kind == STEP_ALLREDUCE_WAIT) {
+            /* hybrid: a gradient bucket summed over the stage's replicas */
+            call_rt(c, st->kind == STEP_ALLREDUCE_START ? "cleave_rt_allreduce_start" : "cleave_rt_allreduce_wait",
+                    st->bucket);
+            continue;
+        }
         if (st->kind == STEP_COMPUTE) {
             const CgKernel *k = &c->kernels[st->node->id];
             if (!k->fn) continue;

@@ -55,7 +55,8 @@ static const char *describe(const PlanStep *s, char *buf, size_t len) {
         snprintf(buf, len, "allreduce %sover group %d (%lld bytes)", named, s->group, (long long)s->bytes);
         break;
     case STEP_ALLREDUCE_START:
-        snprintf(buf, len, "allreduce of bucket %d over all ranks", s->bucket);
+        if (s->group < 0) snprintf(buf, len, "allreduce of bucket %d over all ranks", s->bucket);
+        else snprintf(buf, len, "allreduce of bucket %d over group %d", s->bucket, s->group);
         break;
     default:
         snprintf(buf, len, "local step");
@@ -66,7 +67,7 @@ static const char *describe(const PlanStep *s, char *buf, size_t len) {
 /* Members of a collective step's group (ranks NULL: all); false with a
  * Diag when the group is invalid or r is not in it. */
 static bool group_of(Sim *S, int r, const PlanStep *s, int *n, const int **ranks) {
-    if (s->kind == STEP_ALLREDUCE_START) {
+    if (s->kind == STEP_ALLREDUCE_START && s->group < 0) {
         *n = S->n_ranks;
         *ranks = NULL; /* every rank */
         return true;
@@ -96,7 +97,7 @@ static int member(const int *ranks, int i) { return ranks ? ranks[i] : i; }
 static bool same_collective(const Sim *S, int m, const PlanStep *s) {
     const PlanStep *o = at(S, m);
     if (!o || o->kind != s->kind) return false;
-    return s->kind == STEP_ALLREDUCE_START || o->group == s->group;
+    return o->group == s->group;
 }
 
 static bool push(Sim *S, int r, const PlanStep *s) {

@@ -72,16 +72,16 @@ static bool insert_collectives(Graph *g, RankPlan *rp, const int *done_at, Diag 
             for (int i = 0; i < node->n_in && !reads; i++)
                 for (int j = 0; j < rp->buckets[b].n; j++) reads |= node->in[i] == rp->buckets[b].grads[j];
             if (reads) {
-                seq[k++] = (PlanStep){STEP_ALLREDUCE_WAIT, NULL, b};
+                seq[k++] = (PlanStep){STEP_ALLREDUCE_WAIT, NULL, b, .group = -1};
                 waited[b] = true;
             }
         }
         seq[k++] = rp->train[s];
         for (int b = 0; b < nb; b++)
-            if (done_at[b] == s) seq[k++] = (PlanStep){STEP_ALLREDUCE_START, NULL, b};
+            if (done_at[b] == s) seq[k++] = (PlanStep){STEP_ALLREDUCE_START, NULL, b, .group = -1};
     }
     for (int b = 0; b < nb; b++) /* buckets no optimizer reads (none today) */
-        if (!waited[b]) seq[k++] = (PlanStep){STEP_ALLREDUCE_WAIT, NULL, b};
+        if (!waited[b]) seq[k++] = (PlanStep){STEP_ALLREDUCE_WAIT, NULL, b, .group = -1};
     free(waited);
     rp->train = seq;
     rp->n_train = k;

@@ -104,7 +104,10 @@ bool memplan_assign(Graph *g, RankPlan *r, Value *const *keep, int n_keep, Diag 
         while (root[x] != x) x = root[x];
         const Value *xv = g->values[n->in[0]->id];
         if (is_persistent(xv) || r->offset[n->in[0]->id] >= 0 || last[n->in[0]->id] != s || last[x] != s) continue;
-        if (plan_value_bytes(xv) != plan_value_bytes(n->out[0]) || is_persistent(n->out[0])) continue;
+        /* An output already placed (a bucketed gradient) keeps its place. */
+        if (plan_value_bytes(xv) != plan_value_bytes(n->out[0]) || is_persistent(n->out[0]) ||
+            r->offset[n->out[0]->id] >= 0)
+            continue;
         bool read_twice = false; /* x also read through another input slot */
         for (int k = 1; k < n->n_in; k++) read_twice |= n->in[k] == n->in[0];
         if (read_twice) continue;

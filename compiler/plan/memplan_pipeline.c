@@ -86,6 +86,38 @@ static int lookup(MP *m, const Value *v, int micro) {
     return slot < 0 ? NONE : *at(m, v, slot);
 }
 
+/* Each gradient bucket (hybrid plans) is the byte range from its first
+ * accumulator to the end of its last; one in-place sum covers it, so no
+ * other instance may lie inside (padding between members is zeros and
+ * stays zeros). */
+static bool bucket_ranges(const Plan *p, RankPlan *rp, Diag *d) {
+    int S = p->microbatches + 1;
+    for (int b = 0; b < rp->n_buckets; b++) {
+        Bucket *bk = &rp->buckets[b];
+        int64_t lo = INT64_MAX, hi = 0;
+        for (int k = 0; k < bk->n; k++) {
+            int64_t off = rp->inst[(size_t)bk->grads[k]->id * (size_t)S];
+            if (off < 0 || off >= rp->init_bytes)
+                return diag_error(d, DIAG_INTERNAL, "rank %d: gradient '%s' of bucket %d has no accumulator", rp->rank,
+                                  bk->grads[k]->name, b);
+            if (off < lo) lo = off;
+            if (off + plan_value_bytes(bk->grads[k]) > hi) hi = off + plan_value_bytes(bk->grads[k]);
+        }
+        for (int v = 0; v < p->g->n_values; v++)
+            for (int k = 0; k < S; k++) {
+                int64_t off = rp->inst[(size_t)v * (size_t)S + (size_t)k];
+                bool in_bucket = false;
+                for (int j = 0; j < bk->n && !in_bucket; j++) in_bucket = bk->grads[j]->id == v && k == 0;
+                if (off >= lo && off < hi && !in_bucket)
+                    return diag_error(d, DIAG_INTERNAL, "rank %d: '%s' lies inside gradient bucket %d", rp->rank,
+                                      p->g->values[v]->name, b);
+            }
+        bk->offset = lo;
+        bk->bytes = hi - lo;
+    }
+    return true;
+}
+
 int64_t pipeline_buffer(const Plan *p, const RankPlan *rp, const Value *v, int micro) {
     if (!rp->inst || !v) return -1;
     int S = p->microbatches + 1;
@@ -441,7 +473,7 @@ bool pipeline_memplan(const Plan *p, RankPlan *rp, Diag *d) {
             rp->offset[v] = row[0] >= 0 ? row[0] : row[1];
         }
         rp->arena_bytes = rp->init_bytes + top;
-        ok = peak_activations(&m);
+        ok = peak_activations(&m) && bucket_ranges(p, rp, m.d);
     }
     free(m.where);
     free(m.iv);

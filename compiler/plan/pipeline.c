@@ -52,6 +52,10 @@ typedef struct Ctx {
     int *xfer_head, *xfer_next;
     PlanXfer *xf;
     int n_xf, cap_xf, n_channels;
+    /* hybrid: gradient buckets of the rank being built */
+    int64_t bucket_bytes;
+    int *bucket_of;   /* by value id, -1: none */
+    int *bucket_left; /* members not yet final, per bucket */
 } Ctx;
 
 static bool nomem(Ctx *c) { return diag_error(c->d, DIAG_NOMEM, "%s: out of memory planning the pipeline", c->g->path); }
@@ -291,9 +295,16 @@ static void emit_nodes(Ctx *c, Seq *q, const NodeList *l, int replica, int s, in
                 if (x < 0 || (!train && !c->xf[x].eval)) continue;
                 emit(q, xfer_step(c, STEP_SEND, x, rank_of(c, replica, dst), m));
             }
-            if (train && c->M > 1 && c->acc[v->id])
+            if (train && (c->M > 1 || c->D > 1) && c->acc[v->id]) {
                 emit(q, (PlanStep){.kind = STEP_ACCUMULATE, .micro = m, .peer = -1, .group = -1, .xfer = -1,
                                    .value = v});
+                /* The last micro-batch's contribution makes the gradient
+                 * final: its bucket's sum over the replicas can start. */
+                int b = c->D > 1 ? c->bucket_of[v->id] : -1;
+                if (m == c->M - 1 && b >= 0 && --c->bucket_left[b] == 0)
+                    emit(q, (PlanStep){.kind = STEP_ALLREDUCE_START, .bucket = b, .micro = m, .peer = -1, .group = s,
+                                       .xfer = -1});
+            }
         }
     }
 }
@@ -325,16 +336,15 @@ static void emit_allreduce(Ctx *c, Seq *q, const NodeList *l, int s) {
  * the stage that totals them, the totals, their sum over replicas, the
  * totals to the other stages holding the weight, then the updates.  Every
  * rank sends before it waits at each turn, so no turn can deadlock. */
-static void emit_flush(Ctx *c, Seq *q, int replica, int s) {
+static void emit_flush(Ctx *c, Seq *q, const RankPlan *rp, int replica, int s) {
+    for (int b = 0; b < rp->n_buckets; b++)
+        emit(q, (PlanStep){.kind = STEP_ALLREDUCE_WAIT, .bucket = b, .micro = -1, .peer = -1, .group = s, .xfer = -1});
     emit_grad_sums(c, q, replica, s, STEP_SEND, false);
     emit_grad_sums(c, q, replica, s, STEP_RECV, false);
     for (int i = 0; i < c->sum[s].n; i++)
         emit(q, (PlanStep){.kind = STEP_COMPUTE, .node = c->sum[s].a[i], .micro = -1, .peer = -1, .group = -1,
                            .xfer = -1});
-    if (c->D > 1) {
-        emit_allreduce(c, q, &c->bwd[s], s);
-        emit_allreduce(c, q, &c->sum[s], s);
-    }
+    if (c->D > 1) emit_allreduce(c, q, &c->sum[s], s); /* the bucketed ones are summed already */
     emit_grad_sums(c, q, replica, s, STEP_SEND, true);
     emit_grad_sums(c, q, replica, s, STEP_RECV, true);
     for (int i = 0; i < c->opt[s].n; i++)
@@ -387,6 +397,45 @@ static bool check_dataflow(Ctx *c, const RankPlan *rp, const PlanStep *seq, int 
     return true;
 }
 
+/* Hybrid: the gradients stage s finalises in its backward nodes (not the
+ * cross-stage sums run once per step) get buckets of about bucket_bytes,
+ * each a run of accumulators that memory planning lays out back to back
+ * (in value order, so no other accumulator may fall inside a bucket). */
+static bool make_buckets(Ctx *c, RankPlan *rp, int s) {
+    Graph *g = c->g;
+    int nv = g->n_values, nb = 0;
+    Bucket *bk = ARENA_ARRAY(&g->arena, Bucket, nv ? nv : 1);
+    Value **members = ARENA_ARRAY(&g->arena, Value *, nv ? nv : 1);
+    if (!bk || !members) return nomem(c);
+    int used = 0;
+    int64_t size = 0;
+    bool open = false;
+    for (int v = 0; v < nv; v++) {
+        c->bucket_of[v] = -1;
+        const Node *pr = live_producer(g->values[v]);
+        if (!c->acc[v] || !pr || c->stage[pr->id] != s) continue;
+        bool member = c->grad[v] && !c->deferred[pr->id];
+        int64_t bytes = plan_value_bytes(g->values[v]);
+        if (!member || (open && size + bytes > c->bucket_bytes)) open = false;
+        if (!member) continue;
+        if (!open) {
+            bk[nb] = (Bucket){.n = 0, .grads = &members[used]};
+            c->bucket_left[nb] = 0;
+            nb++;
+            size = 0;
+            open = true;
+        }
+        members[used++] = g->values[v];
+        bk[nb - 1].n++;
+        c->bucket_left[nb - 1]++;
+        c->bucket_of[v] = nb - 1;
+        size += bytes;
+    }
+    rp->buckets = bk;
+    rp->n_buckets = nb;
+    return true;
+}
+
 static PlanStep *to_arena(Ctx *c, Seq *q) {
     PlanStep *a = ARENA_ARRAY(&c->g->arena, PlanStep, q->n ? q->n : 1);
     if (a && q->n) memcpy(a, q->s, sizeof *a * (size_t)q->n);
@@ -398,10 +447,12 @@ static bool build_ranks(Ctx *c) {
     Plan *p = c->p;
     int P = c->P, M = c->M, nv = g->n_values;
     SchedUnit *units = malloc(sizeof *units * (size_t)(2 * M));
+    c->bucket_of = malloc(sizeof *c->bucket_of * (size_t)(nv + 1));
+    c->bucket_left = malloc(sizeof *c->bucket_left * (size_t)(nv + 1));
     unsigned char *got = malloc((size_t)nv * (size_t)M + 1);
     unsigned char *avail = malloc((size_t)nv * (size_t)(M + 1) + 1);
     Seq train = {0}, eval = {0};
-    bool ok = units && got && avail;
+    bool ok = units && got && avail && c->bucket_of && c->bucket_left;
     if (!ok) nomem(c);
     for (int r = 0; r < c->D && ok; r++)
         for (int s = 0; s < P && ok; s++) {
@@ -415,10 +466,14 @@ static bool build_ranks(Ctx *c) {
                 break;
             }
             train.n = eval.n = 0;
+            if (c->D > 1 && !make_buckets(c, rp, s)) {
+                ok = false;
+                break;
+            }
             memset(got, 0, (size_t)nv * (size_t)M);
             for (int u = 0; u < n_units; u++)
                 emit_nodes(c, &train, units[u].backward ? &c->bwd[s] : &c->fwd[s], r, s, units[u].micro, true, got);
-            emit_flush(c, &train, r, s);
+            emit_flush(c, &train, rp, r, s);
             memset(got, 0, (size_t)nv * (size_t)M);
             for (int m = 0; m < M; m++) emit_nodes(c, &eval, &c->fwd[s], r, s, m, false, got);
             if (train.failed || eval.failed) {
@@ -444,6 +499,9 @@ static bool build_ranks(Ctx *c) {
     free(units);
     free(got);
     free(avail);
+    free(c->bucket_of);
+    free(c->bucket_left);
+    c->bucket_of = c->bucket_left = NULL;
     free(train.s);
     free(eval.s);
     return ok;
@@ -487,7 +545,7 @@ static bool fill_plan(Ctx *c, const StageSplit *sp, int64_t batch) {
 }
 
 bool plan_hybrid(Graph *g, const TrainGraph *t, int64_t batch, int dp, int n_stages, int microbatches,
-                 const char *schedule, const char *const *cuts, int n_cuts, Plan *p, Diag *d) {
+                 const char *schedule, const char *const *cuts, int n_cuts, double bucket_mb, Plan *p, Diag *d) {
     memset(p, 0, sizeof *p);
     SchedKind sched;
     if (!schedule_parse(schedule, &sched, d)) return false;
@@ -505,6 +563,8 @@ bool plan_hybrid(Graph *g, const TrainGraph *t, int64_t batch, int dp, int n_sta
     StageSplit sp;
     if (!stages_split(g, n_stages, cuts, n_cuts, &sp, d)) return false;
     Ctx c = {g, t, p, d, n_stages, microbatches, dp, sched};
+    c.bucket_bytes = (int64_t)(bucket_mb * 1048576.0);
+    p->bucket_mb = bucket_mb;
     int nn = g->n_nodes, nv = g->n_values;
     c.stage = ARENA_ARRAY(&g->arena, int, nn ? nn : 1);
     c.fwd = calloc((size_t)n_stages, sizeof *c.fwd);
@@ -545,7 +605,7 @@ bool plan_hybrid(Graph *g, const TrainGraph *t, int64_t batch, int dp, int n_sta
 
 bool plan_pipeline(Graph *g, const TrainGraph *t, int64_t batch, int n_stages, int microbatches,
                    const char *schedule, const char *const *cuts, int n_cuts, Plan *p, Diag *d) {
-    return plan_hybrid(g, t, batch, 1, n_stages, microbatches, schedule, cuts, n_cuts, p, d);
+    return plan_hybrid(g, t, batch, 1, n_stages, microbatches, schedule, cuts, n_cuts, 25, p, d);
 }
 
 int64_t plan_init_offset(const Plan *p, int program) {
@@ -591,8 +651,9 @@ static json_t *step_json(const Plan *p, const PlanStep *s) {
                          s->group, "bytes", (json_int_t)s->bytes);
     case STEP_ALLREDUCE_START:
     case STEP_ALLREDUCE_WAIT:
-        return json_pack("{s:s, s:i}", "kind", s->kind == STEP_ALLREDUCE_START ? "allreduce_start" : "allreduce_wait",
-                         "bucket", s->bucket);
+        return json_pack("{s:s, s:i, s:i, s:i}", "kind",
+                         s->kind == STEP_ALLREDUCE_START ? "allreduce_start" : "allreduce_wait", "bucket", s->bucket,
+                         "group", s->group, "micro", s->micro);
     }
     return json_pack("{s:s}", "kind", "unknown");
 }
@@ -625,6 +686,17 @@ char *pipeline_plan_to_json(const Plan *p) {
                                                       (json_int_t)plan_value_bytes(g->values[v]), "how", how));
             }
             json_object_set_new(o, "holds", held);
+        }
+        if (rp->n_buckets) {
+            json_t *buckets = json_array();
+            for (int b = 0; b < rp->n_buckets; b++) {
+                json_t *names = json_array();
+                for (int k = 0; k < rp->buckets[b].n; k++)
+                    json_array_append_new(names, json_string(rp->buckets[b].grads[k]->name));
+                json_array_append_new(buckets, json_pack("{s:I, s:I, s:o}", "offset", (json_int_t)rp->buckets[b].offset,
+                                                         "bytes", (json_int_t)rp->buckets[b].bytes, "gradients", names));
+            }
+            json_object_set_new(o, "buckets", buckets);
         }
         if (rp->offset) {
             json_object_set_new(o, "arena_bytes", json_integer(rp->arena_bytes));

@@ -35,8 +35,10 @@
  *     the Add nodes summing them then, not per micro-batch (the same sum,
  *     by linearity, with one message per step instead of one per
  *     micro-batch);
- *   - with dp > 1, STEP_ALLREDUCE of each gradient the stage computes over
- *     the stage's replicas (Plan.groups[stage]);
+ *   - with dp > 1, the sum of each gradient the stage computes over the
+ *     stage's replicas (Plan.groups[stage]): bucketed and started during
+ *     the last backward (plan_hybrid), or STEP_ALLREDUCE for the sums
+ *     run once per step;
  *   - the total is sent to every other stage reading the weight
  *     (XFER_GRAD_SUM), and each of them runs the weight's optimizer update
  *     too, so the copies stay identical;
@@ -149,7 +151,8 @@ bool schedule_check(SchedKind k, int n_stages, int stage, int microbatches, cons
  * tag, which must have the same size; STEP_ALLREDUCE blocks until every
  * member of its group reaches an allreduce over the same group, with the
  * same size (and so collectives come in the same order on every member);
- * STEP_ALLREDUCE_START counts as a collective over all ranks, matched by
+ * STEP_ALLREDUCE_START counts as a collective over all ranks (group -1)
+ * or over Plan.groups[group], matched by
  * bucket.  Other steps are local.  At the end every message must have been
  * received, and no two messages from one rank to another may carry the
  * same tag at once.  `what` prefixes the message ("pipeline plan, train
@@ -167,9 +170,14 @@ bool comm_check_plan(const Plan *p, Diag *d);
 bool plan_pipeline(Graph *g, const TrainGraph *t, int64_t batch, int n_stages, int microbatches,
                    const char *schedule, const char *const *cuts, int n_cuts, Plan *p, Diag *d);
 /* Hybrid data x pipeline parallelism: dp replicas of the pipeline, over
- * dp * n_stages ranks; Plan.groups[s] holds the ranks running stage s. */
+ * dp * n_stages ranks; Plan.groups[s] holds the ranks running stage s.
+ * Each stage's gradients (their accumulators, back to back) are summed
+ * over its replicas in buckets of about bucket_mb MiB
+ * (RankPlan.buckets): STEP_ALLREDUCE_START with `group` s follows the
+ * last micro-batch's STEP_ACCUMULATE of the bucket's last gradient, and
+ * STEP_ALLREDUCE_WAIT precedes the once-per-step work. */
 bool plan_hybrid(Graph *g, const TrainGraph *t, int64_t batch, int dp, int n_stages, int microbatches,
-                 const char *schedule, const char *const *cuts, int n_cuts, Plan *p, Diag *d);
+                 const char *schedule, const char *const *cuts, int n_cuts, double bucket_mb, Plan *p, Diag *d);
 
 /* ---- memory (memplan_pipeline.c) ---- */
 

@@ -18,8 +18,8 @@ Two models made to stress a stage split, next to two plain ones:
 STAGES gives, per model and stage count, the --stages cut list: the first
 ONNX node of every stage after the first.  The node names are the ones
 torch 1.13's exporter gives (module path + op, numbered _1, _2 ... when an
-op repeats in one scope); tied_weight_uses() and skip_edge() read them back
-from the exported file so that the test can confirm where the cuts fall.
+op repeats in one scope); stage_of_nodes(), consumers() and output_of()
+read the exported file so that the test can confirm where the cuts fall.
 
 Everything is exported and trained with train_models.py (TrainSpec,
 export_onnx, make_data, OptimConfig), so the exports follow the same rules:

@@ -53,7 +53,7 @@ RUN_TIMEOUT = 90                 # a run takes about a second; more means a hang
 @dataclass(frozen=True)
 class Par:
     """One parallel configuration: what goes on the compile line."""
-    strategy: str                  # layer | pipeline | hybrid
+    strategy: str                  # layer | pipeline | hybrid | dp
     stages: int                    # P
     micro: Optional[int] = None    # --microbatches (None: not given, the default)
     schedule: Optional[str] = None  # --schedule (None: not given, the default gpipe)
@@ -66,6 +66,8 @@ class Par:
         return self.dp * self.stages
 
     def label(self):
+        if self.strategy == "dp":
+            return "dp D=%d" % self.dp
         s = self.strategy
         if self.strategy == "hybrid":
             s += " D=%d" % self.dp
@@ -76,6 +78,8 @@ class Par:
 
     def flags(self, cuts):
         f = ["--strategy", self.strategy]
+        if self.strategy == "dp":
+            return f + ["--ranks", str(self.ranks)]
         if self.strategy == "hybrid":
             f += ["--dp", str(self.dp), "--pp", str(self.stages)]
             if self.give_ranks:
@@ -98,6 +102,9 @@ PARALLEL = (
     + [Par("hybrid", 2, dp=2, give_ranks=False),                  # --microbatches, --schedule defaulted
        Par("hybrid", 2, 4, "1f1b", dp=2, check_plan=True),
        Par("hybrid", 2, 8, "gpipe", dp=2)]                          # one row per micro-batch
+    # data parallelism on the same models: the tied weight's gradient sum
+    # must land in its bucket, not in place over one of its terms
+    + [Par("dp", 1, dp=2)]
 )
 
 
@@ -114,6 +121,7 @@ def run(cmd, timeout=COMPILE_TIMEOUT, env=None):
         out, err = p.communicate(timeout=timeout)
         return p.returncode, out, err
     except subprocess.TimeoutExpired:
+        out, err = "", ""
         for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 30)):
             try:
                 os.killpg(p.pid, sig)
@@ -123,22 +131,30 @@ def run(cmd, timeout=COMPILE_TIMEOUT, env=None):
                 out, err = p.communicate(timeout=wait)
                 break
             except subprocess.TimeoutExpired:
-                out, err = "", ""
+                pass
         return None, out or "", "timed out after %d s; %s" % (timeout, (err or "").strip()[-300:])
 
 
 def mpirun(np_, argv, timeout=RUN_TIMEOUT):
+    """run() under mpirun -np np_.  Open MPI's launcher sometimes fails to
+    set up its session folder in /tmp when other mpirun jobs come and go at
+    the same moment ("orte_session_dir failed", before any rank starts);
+    that launch is tried again, twice at most."""
     env = harness.mpi_env(OMPI_MCA_btl_vader_single_copy_mechanism="none",
                           OMPI_MCA_rmaps_base_oversubscribe="1")
-    return run(harness.mpirun(np_, argv), timeout=timeout, env=env)
+    for attempt in range(3):
+        rc, out, err = run(harness.mpirun(np_, argv), timeout=timeout, env=env)
+        if rc == 0 or "orte_session_dir failed" not in err:
+            break
+        time.sleep(1)
+    return rc, out, err
 
 
 def tail(err, n=400):
-    """What a failed command printed, on one line: its last error lines (or
-    last lines), joined with " | " and cut to the last n characters."""
+    """What a failed command printed, on one line: its last three lines
+    joined with " | " and cut to the last n characters."""
     lines = [l.strip() for l in err.splitlines() if l.strip()]
-    errors = [l for l in lines if "error" in l.lower()]
-    return " | ".join((errors or lines)[-3:])[-n:]
+    return " | ".join(lines[-3:])[-n:]
 
 
 def read_losses(path):
@@ -346,14 +362,18 @@ def parallel_case(rep, mc, par):
     if not compiled:
         return
     argv = mc.run_args(prog)
-    if par.strategy == "hybrid":
+    replicated = par.strategy in ("hybrid", "dp")
+    if replicated:
         argv.append("--check-replicas")
     t0 = time.time()
-    rc, _, err = mpirun(par.ranks, argv)
+    rc, out, err = mpirun(par.ranks, argv)
     if not rep.check("%s: runs under mpirun -np %d%s (%.1fs)" % (
-            tag, par.ranks, " with --check-replicas" if par.strategy == "hybrid" else "", time.time() - t0),
+            tag, par.ranks, " with --check-replicas" if replicated else "", time.time() - t0),
             rc == 0, tail(err)):
         return
+    if replicated:
+        rep.check("%s: --check-replicas found the replicas identical" % tag, "replicas identical" in out + err,
+                  tail(out + err))
     losses = rep.guarded("%s: metrics readable" % tag, lambda: read_losses(prog + ".jsonl"))
     if losses is not None:
         ok, detail = same_losses(losses, mc.ref_losses, LOSS_RTOL, LOSS_ATOL)
@@ -402,8 +422,9 @@ def guard_rails(rep, mc):
     for np_ in (3, 1):
         t0 = time.time()
         rc, _, err = mpirun(np_, [prog] + mc.files + ["--steps", "2"], timeout=60)
-        rep.check("a 2-rank pipeline program launched with -np %d refuses to run (%.1fs)" % (np_, time.time() - t0),
-                  rc is not None and rc != 0 and "rank" in err.lower(), "exit %s: %s" % (rc, tail(err)))
+        said = [l for l in err.splitlines() if "error" in l.lower() and "rank" in l.lower() and "2" in l]
+        rep.check("a 2-rank pipeline program launched with -np %d refuses to run, naming its 2 ranks (%.1fs)"
+                  % (np_, time.time() - t0), rc is not None and rc != 0 and bool(said), "exit %s: %s" % (rc, tail(err)))
 
 
 # ---------------------------------------------------------------------- main

@@ -60,7 +60,7 @@ def main():
                       not jsonschema.Draft202012Validator(schema).is_valid(broken))
         if name in ("pipeline", "hybrid"):
             kinds = {s["kind"] for r in doc["rank_plans"] for s in r["steps"]}
-            want = {"send", "recv", "accumulate"} | ({"allreduce"} if name == "hybrid" else set())
+            want = {"send", "recv", "accumulate"} | ({"allreduce_start", "allreduce_wait"} if name == "hybrid" else set())
             rep.check("%s plan records its transfers and gradient steps" % name, want <= kinds, str(kinds))
             rep.equal("%s plan's ranks" % name, len(doc["rank_plans"]), doc["ranks"])
             broken = json.loads(json.dumps(doc))

@@ -690,7 +690,7 @@ START_TEST(hybrid_plan) {
     uniform_chain(&k, 4, 16, 2);
     Plan p;
     Diag d = {0};
-    ck_assert_msg(plan_hybrid(k.g, &k.t, 8, 2, 2, 2, "1f1b", NULL, 0, &p, &d), "%s", d.msg);
+    ck_assert_msg(plan_hybrid(k.g, &k.t, 8, 2, 2, 2, "1f1b", NULL, 0, 25, &p, &d), "%s", d.msg);
     ck_assert_str_eq(p.strategy, "hybrid");
     ck_assert_int_eq(p.n_ranks, 4);
     ck_assert_int_eq(p.local_batch, 4);
@@ -705,19 +705,41 @@ START_TEST(hybrid_plan) {
         const RankPlan *rp = &p.ranks[r];
         ck_assert_int_eq(rp->stage, r % 2);
         ck_assert_int_eq(rp->replica, r / 2);
-        int ar = 0, updates = 0;
+        /* Each gradient is in one bucket, summed over the stage's replicas:
+         * started after its last micro-batch's accumulation, awaited before
+         * any update. */
+        int members = 0, updates = 0, started = 0, waited = 0;
+        for (int b = 0; b < rp->n_buckets; b++) {
+            members += rp->buckets[b].n;
+            ck_assert_int_gt(rp->buckets[b].bytes, 0);
+        }
         for (int i = 0; i < rp->n_train; i++) {
             const PlanStep *s = &rp->train[i];
-            if (s->kind == STEP_ALLREDUCE) {
+            if (s->kind == STEP_ALLREDUCE_START) {
                 ck_assert_int_eq(s->group, rp->stage);
-                ck_assert_int_eq(updates, 0);
-                ar++;
+                const Bucket *bk = &rp->buckets[s->bucket];
+                for (int j = 0; j < bk->n; j++) {
+                    int last_acc = -1;
+                    for (int t = 0; t < rp->n_train; t++)
+                        if (rp->train[t].kind == STEP_ACCUMULATE && rp->train[t].value == bk->grads[j]) last_acc = t;
+                    ck_assert_int_ge(last_acc, 0);
+                    ck_assert_int_lt(last_acc, i);
+                    ck_assert_int_eq(rp->train[last_acc].micro, 1);
+                }
+                started++;
             }
+            if (s->kind == STEP_ALLREDUCE_WAIT) {
+                ck_assert_int_eq(updates, 0);
+                waited++;
+            }
+            ck_assert(s->kind != STEP_ALLREDUCE); /* no tied weights: nothing summed once per step */
             if (s->kind == STEP_COMPUTE && s->node->phase == PHASE_OPTIMIZER) updates++;
             if (s->kind == STEP_SEND || s->kind == STEP_RECV) ck_assert_int_eq(s->peer / 2, rp->replica);
         }
         ck_assert_int_gt(updates, 0);
-        ck_assert_int_eq(ar, updates); /* each gradient summed over the replicas before its update */
+        ck_assert_int_eq(members, updates);
+        ck_assert_int_eq(started, rp->n_buckets);
+        ck_assert_int_eq(waited, rp->n_buckets);
     }
     graph_free(k.g);
 }
@@ -732,7 +754,7 @@ START_TEST(out_of_memory_at_every_allocation) {
         Plan p;
         Diag d = {0};
         arena_fail_after(nth);
-        bool ok = plan_hybrid(k.g, &k.t, 16, 2, 3, 2, "1f1b", NULL, 0, &p, &d);
+        bool ok = plan_hybrid(k.g, &k.t, 16, 2, 3, 2, "1f1b", NULL, 0, 25, &p, &d);
         arena_fail_after(0);
         graph_free(k.g);
         planned = ok; /* nth is past the last allocation */
@@ -1077,7 +1099,7 @@ START_TEST(hybrid_replicas_share_a_layout) {
     skip_graph(&k, true);
     Plan p;
     Diag d = {0};
-    ck_assert_msg(plan_hybrid(k.g, &k.t, 16, 2, 3, 2, "1f1b", NULL, 0, &p, &d), "%s", d.msg);
+    ck_assert_msg(plan_hybrid(k.g, &k.t, 16, 2, 3, 2, "1f1b", NULL, 0, 25, &p, &d), "%s", d.msg);
     check_memory(&p);
     size_t cells = (size_t)k.g->n_values * 3;
     for (int s = 0; s < 3; s++) {
