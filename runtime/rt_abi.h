@@ -128,14 +128,18 @@ void cleave_rt_progress(void);
  * Rank replica * P + stage runs program `stage` of data-parallel
  * `replica`, on rows [replica * local_batch, +local_batch) of each batch.
  * The generated step names peers by stage; the runtime adds
- * replica * P.  Sends may complete after the step function returns; the
- * runtime completes them before the next step writes any input. */
+ * replica * P.  Sends complete at cleave_rt_send_wait or, for the last
+ * ones, after the step function returns, before the next step writes any
+ * input. */
 extern int32_t cleave_program;
 
 /* Non-blocking send of `bytes` bytes at buf to stage `peer` of this
  * rank's replica (MPI_Isend); the buffer stays untouched until the end of
  * the step. */
 void cleave_rt_send(int32_t peer, int32_t tag, void *buf, int64_t bytes);
+/* Completes the send to stage `peer` with `tag` (MPI_Wait); its buffer
+ * may be reused after it. */
+void cleave_rt_send_wait(int32_t peer, int32_t tag);
 /* Blocking receive of exactly `bytes` bytes from stage `peer`. */
 void cleave_rt_recv(int32_t peer, int32_t tag, void *buf, int64_t bytes);
 /* In-place sum of `count` floats over the replicas of stage `group` (the

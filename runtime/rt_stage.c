@@ -22,7 +22,9 @@ static struct {
     int stages, stage, replica;
     int64_t tag_bound;
     MPI_Comm group; /* the replicas of this rank's stage */
-    MPI_Request *sends;
+    MPI_Request *sends; /* outstanding, or completed by rt_staged_progress (MPI_REQUEST_NULL) */
+    int32_t *send_key;  /* peer stage * tag_bound + tag of each */
+    int *done;          /* MPI_Testsome's indices */
     int n_sends, cap_sends;
     double send_wait_s, recv_wait_s, allreduce_s;
 } g_st = {.group = MPI_COMM_NULL};
@@ -57,7 +59,11 @@ bool rt_staged_init(const RtMeta *m, RtErr *e) {
     g_st.tag_bound = st->tag_bound;
     g_st.cap_sends = 64;
     g_st.sends = malloc(sizeof *g_st.sends * (size_t)g_st.cap_sends);
-    if (!g_st.sends) return rt_error(e, "out of memory");
+    g_st.send_key = malloc(sizeof *g_st.send_key * (size_t)g_st.cap_sends);
+    g_st.done = malloc(sizeof *g_st.done * (size_t)g_st.cap_sends);
+    if (!g_st.sends || !g_st.send_key || !g_st.done) return rt_error(e, "out of memory");
+    if ((int64_t)st->stages * st->tag_bound > INT32_MAX)
+        return rt_error(e, "%d stages x %" PRId64 " tags are too many", st->stages, st->tag_bound);
     return true;
 }
 
@@ -71,7 +77,11 @@ void rt_staged_groups(void) {
 void rt_staged_free(void) {
     if (g_st.group != MPI_COMM_NULL) MPI_Comm_free(&g_st.group);
     free(g_st.sends);
+    free(g_st.send_key);
+    free(g_st.done);
     g_st.sends = NULL;
+    g_st.send_key = NULL;
+    g_st.done = NULL;
     g_st.on = false;
 }
 
@@ -92,10 +102,15 @@ void cleave_rt_send(int32_t peer, int32_t tag, void *buf, int64_t bytes) {
     int n = message_size(bytes, tag), to = peer_rank(peer);
     if (g_st.n_sends == g_st.cap_sends) {
         MPI_Request *more = realloc(g_st.sends, sizeof *more * (size_t)g_st.cap_sends * 2);
-        if (!more) fail("out of memory for %d outstanding sends", g_st.n_sends);
-        g_st.sends = more;
+        if (more) g_st.sends = more;
+        int32_t *keys = more ? realloc(g_st.send_key, sizeof *keys * (size_t)g_st.cap_sends * 2) : NULL;
+        if (keys) g_st.send_key = keys;
+        int *done = keys ? realloc(g_st.done, sizeof *done * (size_t)g_st.cap_sends * 2) : NULL;
+        if (!done) fail("out of memory for %d outstanding sends", g_st.n_sends);
+        g_st.done = done;
         g_st.cap_sends *= 2;
     }
+    g_st.send_key[g_st.n_sends] = peer * (int32_t)g_st.tag_bound + tag;
     MPI_Isend(buf, n, MPI_BYTE, to, tag, rt_comm_world(), &g_st.sends[g_st.n_sends++]);
 }
 
@@ -120,22 +135,41 @@ void cleave_rt_group_allreduce(int32_t group, void *buf, int64_t count) {
 
 void cleave_rt_unit(int32_t kind, int32_t micro) { rt_trace_unit(kind, micro); }
 
+/* Lets outstanding sends move (Open MPI has no progress thread);
+ * completed requests become MPI_REQUEST_NULL and stay listed until their
+ * wait. */
 void rt_staged_progress(void) {
     if (!g_st.n_sends) return;
-    int done = 0;
-    MPI_Testall(g_st.n_sends, g_st.sends, &done, MPI_STATUSES_IGNORE);
-    if (done) g_st.n_sends = 0;
+    int count = 0;
+    MPI_Testsome(g_st.n_sends, g_st.sends, &count, g_st.done, MPI_STATUSES_IGNORE);
+}
+
+void cleave_rt_send_wait(int32_t peer, int32_t tag) {
+    int32_t key = peer * (int32_t)g_st.tag_bound + tag;
+    int i = 0;
+    while (i < g_st.n_sends && g_st.send_key[i] != key) i++;
+    if (i == g_st.n_sends) fail("a wait for a send to stage %d with tag %d that is not outstanding", peer, tag);
+    double t = rt_trace_wait_begin();
+    MPI_Wait(&g_st.sends[i], MPI_STATUS_IGNORE);
+    g_st.send_wait_s += rt_trace_wait_end(RT_EV_SEND, t);
+    g_st.n_sends--;
+    g_st.sends[i] = g_st.sends[g_st.n_sends];
+    g_st.send_key[i] = g_st.send_key[g_st.n_sends];
+}
+
+/* Completes every outstanding send. */
+static void wait_all_sends(void) {
+    if (!g_st.n_sends) return;
+    double t = rt_trace_wait_begin();
+    MPI_Waitall(g_st.n_sends, g_st.sends, MPI_STATUSES_IGNORE);
+    g_st.n_sends = 0;
+    g_st.send_wait_s += rt_trace_wait_end(RT_EV_SEND, t);
 }
 
 void rt_staged_step_begin(void) { g_st.send_wait_s = g_st.recv_wait_s = g_st.allreduce_s = 0; }
 
 void rt_staged_step_end(RtStepComm *c) {
-    if (g_st.n_sends) {
-        double t = rt_trace_wait_begin();
-        MPI_Waitall(g_st.n_sends, g_st.sends, MPI_STATUSES_IGNORE);
-        g_st.n_sends = 0;
-        g_st.send_wait_s += rt_trace_wait_end(RT_EV_SEND, t);
-    }
+    wait_all_sends();
     if (c) *c = (RtStepComm){.wait_s = g_st.send_wait_s + g_st.recv_wait_s + g_st.allreduce_s,
                              .allreduce_s = g_st.allreduce_s};
 }

@@ -172,20 +172,6 @@ static LLVMValueRef accumulate_fn(Cg *c, LLVMValueRef *cache, const Value *v) {
     return fn;
 }
 
-/* The unit of a staged plan's step, for traces: forward or backward of
- * its micro-batch, or the once-per-step update (micro -1). */
-enum { UNIT_FORWARD, UNIT_BACKWARD, UNIT_UPDATE };
-
-static int step_unit(const Plan *p, const PlanStep *st) {
-    if (st->micro < 0) return UNIT_UPDATE;
-    switch (st->kind) {
-    case STEP_COMPUTE: return st->node->phase >= PHASE_BACKWARD ? UNIT_BACKWARD : UNIT_FORWARD;
-    case STEP_SEND:
-    case STEP_RECV: return p->xfers[st->xfer].dir == XFER_ACTIVATION ? UNIT_FORWARD : UNIT_BACKWARD;
-    default: return UNIT_BACKWARD;
-    }
-}
-
 /* The step function of one stage's program in a staged plan: kernels on
  * each step's micro-batch instances (pipeline_buffer), transfers and
  * collectives through the runtime, and a cleave_rt_unit call wherever the
@@ -201,7 +187,14 @@ static bool build_staged_step_fn(Cg *c, const char *name, const RankPlan *rp, co
     int unit = -1, unit_micro = -2;
     for (int s = 0; s < n; s++) {
         const PlanStep *st = &steps[s];
-        int u = step_unit(p, st);
+        if (st->kind == STEP_SEND_WAIT) { /* between units: not part of either */
+            LLVMTypeRef pts[2] = {c->t_i32, c->t_i32};
+            LLVMValueRef a[2] = {LLVMConstInt(c->t_i32, (unsigned long long)st->peer, 0),
+                                 LLVMConstInt(c->t_i32, (unsigned long long)st->tag, 0)};
+            call_ext(c, "cleave_rt_send_wait", pts, a, 2);
+            continue;
+        }
+        int u = (int)plan_step_unit(p, st);
         if (u != unit || st->micro != unit_micro) {
             LLVMTypeRef pts[2] = {c->t_i32, c->t_i32};
             LLVMValueRef a[2] = {LLVMConstInt(c->t_i32, (unsigned long long)u, 0),

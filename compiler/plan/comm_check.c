@@ -54,6 +54,9 @@ static const char *describe(const PlanStep *s, char *buf, size_t len) {
     case STEP_ALLREDUCE:
         snprintf(buf, len, "allreduce %sover group %d (%lld bytes)", named, s->group, (long long)s->bytes);
         break;
+    case STEP_SEND_WAIT:
+        snprintf(buf, len, "completion of its send %sto rank %d (tag %d)", named, s->peer, s->tag);
+        break;
     case STEP_ALLREDUCE_START:
         if (s->group < 0) snprintf(buf, len, "allreduce of bucket %d over all ranks", s->bucket);
         else snprintf(buf, len, "allreduce of bucket %d over group %d", s->bucket, s->group);
@@ -150,6 +153,15 @@ static int take(Sim *S, int r, const PlanStep *s) {
     return 0;
 }
 
+/* Has rank r's message with s's tag reached s->peer's receive? */
+static bool send_taken(const Sim *S, int r, const PlanStep *s) {
+    if (s->peer < 0 || s->peer >= S->n_ranks) return true; /* push reported it */
+    const Box *bx = &S->box[s->peer];
+    for (int i = 0; i < bx->n; i++)
+        if (bx->m[i].src == r && bx->m[i].tag == s->tag) return false;
+    return true;
+}
+
 /* 1: every member joined and all advanced, 0: blocked, -1: error. */
 static int collective(Sim *S, int r, const PlanStep *s) {
     int n;
@@ -216,6 +228,8 @@ static bool report_stuck(Sim *S) {
         int next = -1;
         if (s->kind == STEP_RECV) {
             next = s->peer;
+        } else if (s->kind == STEP_SEND_WAIT) {
+            next = s->peer;
         } else {
             int gn;
             const int *ranks;
@@ -240,6 +254,9 @@ static bool report_stuck(Sim *S) {
                 }
                 diag_error(S->d, DIAG_INTERNAL, "%s: rank %d step %d (%s) never completes: rank %d finished without sending it%s",
                            S->what, cur, S->pc[cur], describe(s, a, sizeof a), next, hint);
+            } else if (s->kind == STEP_SEND_WAIT) {
+                diag_error(S->d, DIAG_INTERNAL, "%s: rank %d step %d (%s) never completes: rank %d finished without receiving its message",
+                           S->what, cur, S->pc[cur], describe(s, a, sizeof a), next);
             } else {
                 diag_error(S->d, DIAG_INTERNAL, "%s: rank %d step %d (%s) never completes: rank %d finished without joining it",
                            S->what, cur, S->pc[cur], describe(s, a, sizeof a), next);
@@ -292,6 +309,7 @@ bool comm_check(int n_ranks, const PlanStep *const *seq, const int *n_steps, con
                 int res = 1;
                 if (s->kind == STEP_SEND) res = push(&S, r, s) ? 1 : -1;
                 else if (s->kind == STEP_RECV) res = take(&S, r, s);
+                else if (s->kind == STEP_SEND_WAIT) res = send_taken(&S, r, s);
                 else if (is_collective(s)) res = collective(&S, r, s);
                 if (res < 0) ok = false;
                 if (res <= 0) break;

@@ -40,7 +40,8 @@ typedef struct Inst {
     int value, slot;   /* slot: micro-batch + 1 */
     int64_t bytes;     /* plan_value_bytes */
     int64_t size;      /* bytes as placed: aligned, at least PLAN_ALIGN */
-    int start, end;    /* first and last train step touching it; n_train: to the end of the step */
+    int start, end;    /* first and last train step touching it (for a send, the STEP_SEND_WAIT
+                          completing it); n_train: to the end of the step */
     int last_read;     /* last step reading it (start when none) */
     int root;          /* in place: the instance whose bytes it uses (itself when placed on its own) */
     int prev;          /* in place: the instance it took the bytes from, or -1 */
@@ -279,8 +280,14 @@ static bool intervals(MP *m) {
             if (!read_inst(m, s, t, s->value, "train", &i)) return false;
             touch(m, i, t, true);
             if (i >= 0) {
+                /* untouched until the send completes: the next
+                 * STEP_SEND_WAIT, or the end of the step */
+                int w = t;
+                while (w < n && !(rp->train[w].kind == STEP_SEND_WAIT && rp->train[w].peer == s->peer &&
+                                  rp->train[w].tag == s->tag))
+                    w++;
                 m->iv[i].sent = true;
-                m->iv[i].end = n;
+                if (w > m->iv[i].end) m->iv[i].end = w;
             }
             break;
         case STEP_ACCUMULATE:

@@ -397,6 +397,55 @@ static bool check_dataflow(Ctx *c, const RankPlan *rp, const PlanStep *seq, int 
     return true;
 }
 
+PlanUnit plan_step_unit(const Plan *p, const PlanStep *st) {
+    if (st->micro < 0) return UNIT_UPDATE;
+    switch (st->kind) {
+    case STEP_COMPUTE: return st->node->phase >= PHASE_BACKWARD ? UNIT_BACKWARD : UNIT_FORWARD;
+    case STEP_SEND:
+    case STEP_RECV: return p->xfers[st->xfer].dir == XFER_ACTIVATION ? UNIT_FORWARD : UNIT_BACKWARD;
+    default: return UNIT_BACKWARD;
+    }
+}
+
+/* Where the send at q->s[i] completes: before the first step of the
+ * sender's backward unit of its micro-batch (an activation) or of the
+ * next micro-batch (a gradient) in the train step, before the first step
+ * of the next micro-batch's forward unit in the eval step; q->n: at the
+ * end of the step. */
+static int send_done_at(const Ctx *c, const Seq *q, int i, bool train) {
+    const PlanStep *st = &q->s[i];
+    if (st->micro < 0) return q->n;
+    int want = st->micro + (!train || plan_step_unit(c->p, st) == UNIT_BACKWARD);
+    PlanUnit want_unit = train ? UNIT_BACKWARD : UNIT_FORWARD;
+    for (int j = i + 1; j < q->n; j++) {
+        const PlanStep *o = &q->s[j];
+        if (o->micro == want && plan_step_unit(c->p, o) == want_unit) return j;
+    }
+    return q->n;
+}
+
+/* Inserts the STEP_SEND_WAIT of every send (send_done_at), in send order
+ * where several fall at the same place. */
+static bool insert_send_waits(Ctx *c, Seq *q, bool train) {
+    int *at = malloc(sizeof *at * (size_t)(q->n + 1));
+    if (!at) return nomem(c);
+    for (int i = 0; i < q->n; i++) at[i] = q->s[i].kind == STEP_SEND ? send_done_at(c, q, i, train) : -1;
+    Seq out = {0};
+    for (int j = 0; j < q->n; j++) {
+        for (int i = 0; i < j; i++)
+            if (at[i] == j) {
+                PlanStep w = q->s[i];
+                w.kind = STEP_SEND_WAIT;
+                emit(&out, w);
+            }
+        emit(&out, q->s[j]);
+    }
+    free(at);
+    free(q->s);
+    *q = out;
+    return !out.failed || nomem(c);
+}
+
 /* Hybrid: the gradients stage s finalises in its backward nodes (not the
  * cross-stage sums run once per step) get buckets of about bucket_bytes,
  * each a run of accumulators that memory planning lays out back to back
@@ -476,6 +525,10 @@ static bool build_ranks(Ctx *c) {
             emit_flush(c, &train, rp, r, s);
             memset(got, 0, (size_t)nv * (size_t)M);
             for (int m = 0; m < M; m++) emit_nodes(c, &eval, &c->fwd[s], r, s, m, false, got);
+            if (!insert_send_waits(c, &train, true) || !insert_send_waits(c, &eval, false)) {
+                ok = false;
+                break;
+            }
             if (train.failed || eval.failed) {
                 ok = nomem(c);
                 break;
@@ -649,6 +702,9 @@ static json_t *step_json(const Plan *p, const PlanStep *s) {
     case STEP_ALLREDUCE:
         return json_pack("{s:s, s:s, s:i, s:I}", "kind", "allreduce", "value", s->value ? s->value->name : "", "group",
                          s->group, "bytes", (json_int_t)s->bytes);
+    case STEP_SEND_WAIT:
+        return json_pack("{s:s, s:s, s:i, s:i, s:i}", "kind", "send_wait", "value", s->value ? s->value->name : "",
+                         "peer", s->peer, "tag", s->tag, "micro", s->micro);
     case STEP_ALLREDUCE_START:
     case STEP_ALLREDUCE_WAIT:
         return json_pack("{s:s, s:i, s:i, s:i}", "kind",

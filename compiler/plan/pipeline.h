@@ -55,8 +55,9 @@
  *     RankPlan.max_inflight micro-batches hold activations at once);
  *     parameters, state and gradient accumulators once;
  *   - SEND: MPI_Isend of the value's micro-batch instance; the buffer must
- *     not be reused before the request completes (all requests complete by
- *     the end of the step at the latest).  RECV: MPI_Irecv may be posted
+ *     not be reused before the request completes (at the next
+ *     STEP_SEND_WAIT, which completes every send posted so far, or at the
+ *     end of the step).  RECV: MPI_Irecv may be posted
  *     as early as the buffer is free, and must be complete before the next
  *     step.  Tags are below Plan.tag_bound, to check against MPI_TAG_UB;
  *   - STEP_ACCUMULATE: acc = value for micro-batch 0, acc += value after;
@@ -66,6 +67,16 @@
  *   - the loss is on the last stage's ranks, one per micro-batch (the
  *     step's loss is their mean); RankPlan.holds says where the output is.
  *
+ * Sends complete (STEP_SEND_WAIT) as early as the receiver's order
+ * allows without waiting on the sender's own later work: in the train
+ * step, an activation of micro-batch m before the sender's backward of m,
+ * a gradient of m before its backward of m + 1; in the eval step, an
+ * activation of m before the forward of m + 1; the rest at the end of the
+ * step.  So a send's buffer is held about as long as the activations
+ * themselves, and 1F1B's bound on live activations also bounds the
+ * buffers in flight.  comm_check confirms for every plan that no wait
+ * can deadlock.
+ *
  * Memory.  Every rank has its own arena (RankPlan.inst, see plan.h, and
  * pipeline_memplan below): a persistent region of the inputs,
  * parameters, constants, state and gradient accumulators it holds and
@@ -73,8 +84,9 @@
  * instance per micro-batch, back to back), then a transient region where
  * the instances of every (value, micro-batch) it computes or receives
  * share bytes when their lifetimes over the unrolled train sequence do
- * not overlap.  A SEND's buffer stays untouched to the end of the step, where
- * the runtime completes every request; a RECV's buffer is free only from
+ * not overlap.  A SEND's buffer stays untouched until the STEP_SEND_WAIT
+ * after it (or the end of the step, where the runtime completes every
+ * request); a RECV's buffer is free only from
  * the RECV step on, so MPI_Irecv cannot be posted earlier than that step.
  * The eval step uses the same placement. */
 #ifndef CLEAVE_PIPELINE_H
@@ -151,6 +163,7 @@ bool schedule_check(SchedKind k, int n_stages, int stage, int microbatches, cons
  * tag, which must have the same size; STEP_ALLREDUCE blocks until every
  * member of its group reaches an allreduce over the same group, with the
  * same size (and so collectives come in the same order on every member);
+ * STEP_SEND_WAIT blocks until the peer has received the message it names;
  * STEP_ALLREDUCE_START counts as a collective over all ranks (group -1)
  * or over Plan.groups[group], matched by
  * bucket.  Other steps are local.  At the end every message must have been
@@ -192,6 +205,13 @@ bool pipeline_memplan(const Plan *p, RankPlan *rp, Diag *d);
  * the rank has none.  STEP_ACCUMULATE reads (v, micro) and adds into
  * (v, -1). */
 int64_t pipeline_buffer(const Plan *p, const RankPlan *rp, const Value *v, int micro);
+
+/* The unit of work a step of a staged plan belongs to: the forward or
+ * backward of its micro-batch, or the once-per-step update (micro -1).
+ * Traces attribute time by it, and a rank completes its sends whenever
+ * its unit changes (STEP_SEND_WAIT). */
+typedef enum { UNIT_FORWARD, UNIT_BACKWARD, UNIT_UPDATE } PlanUnit;
+PlanUnit plan_step_unit(const Plan *p, const PlanStep *st);
 
 /* Byte offset of program `program`'s initial image in the images of all
  * programs of p, back to back (one program per stage; each 64-aligned). */

@@ -25,6 +25,7 @@ typedef enum {
     STEP_RECV,       /* receive `value` from rank `peer` with `tag`; complete before the next step */
     STEP_ACCUMULATE, /* add micro-batch `micro`'s gradient `value` into that gradient's accumulator */
     STEP_ALLREDUCE,  /* blocking in-place sum of `value` over the ranks of Plan.groups[group] */
+    STEP_SEND_WAIT,  /* complete the send of `value` (micro-batch `micro`) to `peer` with `tag`; its buffer is free after */
 } StepKind;
 
 typedef struct PlanStep {
@@ -120,7 +121,7 @@ typedef struct RankPlan {
      * forward and loss values) alive at once, each from the step defining
      * it to the last step reading it, reached first at train step
      * peak_act_step (-1: none).  send_pinned_bytes: bytes of the
-     * instances the rank sends, each kept until the end of the step. */
+     * instances the rank sends (each kept until its send completes). */
     int64_t *inst;
     int64_t peak_act_bytes;
     int peak_act_step;
