@@ -744,15 +744,7 @@ char *pipeline_plan_to_json(const Plan *p) {
             json_object_set_new(o, "holds", held);
         }
         if (rp->n_buckets) {
-            json_t *buckets = json_array();
-            for (int b = 0; b < rp->n_buckets; b++) {
-                json_t *names = json_array();
-                for (int k = 0; k < rp->buckets[b].n; k++)
-                    json_array_append_new(names, json_string(rp->buckets[b].grads[k]->name));
-                json_array_append_new(buckets, json_pack("{s:I, s:I, s:o}", "offset", (json_int_t)rp->buckets[b].offset,
-                                                         "bytes", (json_int_t)rp->buckets[b].bytes, "gradients", names));
-            }
-            json_object_set_new(o, "buckets", buckets);
+            json_object_set_new(o, "buckets", plan_buckets_json(rp));
         }
         if (rp->offset) {
             json_object_set_new(o, "arena_bytes", json_integer(rp->arena_bytes));

@@ -71,6 +71,18 @@ static const char *phase_name(NodePhase p) {
     return names[p];
 }
 
+json_t *plan_buckets_json(const RankPlan *rp) {
+    json_t *buckets = json_array();
+    for (int b = 0; b < rp->n_buckets; b++) {
+        json_t *names = json_array();
+        for (int k = 0; k < rp->buckets[b].n; k++)
+            json_array_append_new(names, json_string(rp->buckets[b].grads[k]->name));
+        json_array_append_new(buckets, json_pack("{s:I, s:I, s:o}", "offset", (json_int_t)rp->buckets[b].offset,
+                                                 "bytes", (json_int_t)rp->buckets[b].bytes, "gradients", names));
+    }
+    return buckets;
+}
+
 static json_t *options_json(const TrainOptions *o) {
     static const char *opt_names[] = {"sgd", "momentum", "adam"};
     return json_pack("{s:s, s:f, s:f, s:f, s:b, s:f, s:f, s:f}", "name", opt_names[o->optimizer], "lr", f2d(o->lr),
@@ -123,14 +135,7 @@ char *plan_to_json(const Plan *p, const TrainOptions *o) {
                                                      shape_of(v), "offset", (json_int_t)rp->offset[i], "bytes",
                                                      (json_int_t)plan_value_bytes(v)));
         }
-        json_t *buckets = json_array();
-        for (int b = 0; b < rp->n_buckets; b++) {
-            json_t *names = json_array();
-            for (int k = 0; k < rp->buckets[b].n; k++)
-                json_array_append_new(names, json_string(rp->buckets[b].grads[k]->name));
-            json_array_append_new(buckets, json_pack("{s:I, s:I, s:o}", "offset", (json_int_t)rp->buckets[b].offset,
-                                                     "bytes", (json_int_t)rp->buckets[b].bytes, "gradients", names));
-        }
+        json_t *buckets = plan_buckets_json(rp);
         json_array_append_new(ranks, json_pack("{s:i, s:I, s:I, s:I, s:I, s:o, s:o, s:o}", "rank", rp->rank, "eval_steps",
                                                (json_int_t)rp->n_eval, "arena_bytes", (json_int_t)rp->arena_bytes,
                                                "persistent_bytes", (json_int_t)rp->init_bytes,

@@ -166,6 +166,9 @@ bool plan_dp(Graph *g, const TrainGraph *t, int64_t batch, int replicas, double 
 bool plan_forward(Graph *g, Plan *p, Diag *d);
 /* Buffer bytes of a value at run time (float32 for every float type). */
 int64_t plan_value_bytes(const Value *v);
+/* The "buckets" array of a rank's plan JSON (a jansson json_t). */
+struct json_t;
+struct json_t *plan_buckets_json(const RankPlan *rp);
 /* JSON text of the plan (malloc'd); see docs/plan.md. */
 char *plan_to_json(const Plan *p, const TrainOptions *o);
 

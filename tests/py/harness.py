@@ -10,6 +10,7 @@ first.
 """
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -133,3 +134,21 @@ def workdir(path, prefix):
         yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def read_losses(path):
+    """The per-step losses of a program's --metrics file."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            o = json.loads(line)
+            if "step" in o:
+                out.append(o["loss"])
+    return out
+
+
+def read_weights(path):
+    """Initializer name -> numpy array of an ONNX file."""
+    import onnx
+    from onnx import numpy_helper
+    return {i.name: numpy_helper.to_array(i) for i in onnx.load(path).graph.initializer}

@@ -14,7 +14,6 @@ Ends with a line "N passed, M failed"; SKIP (exit 0) without torch or
 mpirun.
 """
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -37,20 +36,8 @@ def mpirun(np_, argv, timeout=300):
     return run(harness.mpirun(np_, argv), timeout=timeout, env=env)
 
 
-def read_losses(path):
-    out = []
-    with open(path) as f:
-        for line in f:
-            o = json.loads(line)
-            if "step" in o:
-                out.append(o["loss"])
-    return out
-
-
-def read_weights(path):
-    import onnx
-    from onnx import numpy_helper
-    return {i.name: numpy_helper.to_array(i) for i in onnx.load(path).graph.initializer}
+read_losses = harness.read_losses
+read_weights = harness.read_weights
 
 
 def main():

@@ -157,20 +157,8 @@ def tail(err, n=400):
     return " | ".join(lines[-3:])[-n:]
 
 
-def read_losses(path):
-    out = []
-    with open(path) as f:
-        for line in f:
-            o = json.loads(line)
-            if "step" in o:
-                out.append(o["loss"])
-    return out
-
-
-def read_weights(path):
-    import onnx
-    from onnx import numpy_helper
-    return {i.name: numpy_helper.to_array(i) for i in onnx.load(path).graph.initializer}
+read_losses = harness.read_losses
+read_weights = harness.read_weights
 
 
 def initializer_names(path):
