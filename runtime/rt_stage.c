@@ -1,7 +1,8 @@
 /* rt_stage.c - what a staged program (strategy layer, pipeline or hybrid)
  * needs beyond a single one: the point-to-point transfers and the stage
- * group collectives its step calls (rt_abi.h), completing sends at the end
- * of a step, --check-replicas within each stage's replicas, and gathering
+ * group collectives its step calls (rt_abi.h), completing each send where
+ * the plan needs its buffer again (and the rest at the end of the step),
+ * --check-replicas within each stage's replicas, and gathering
  * every stage's parameters on rank 0 for --save.
  *
  * A program is compiled once per stage and names its peers by stage: the
