@@ -242,7 +242,7 @@ void rt_staged_save_view(const RtMeta *m, RtMeta *view);
 
 /* Event kinds; the first three are the units of cleave_rt_unit. */
 enum { RT_EV_FORWARD, RT_EV_BACKWARD, RT_EV_UPDATE, RT_EV_COMPUTE, RT_EV_RECV, RT_EV_SEND, RT_EV_ALLREDUCE,
-       RT_EV_STEP };
+       RT_EV_STEP, RT_EV_SYNC };
 
 /* Collective when on (a barrier sets the common time origin). */
 void rt_trace_start(bool on);

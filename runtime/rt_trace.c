@@ -102,7 +102,8 @@ void rt_trace_step_end(void) {
 
 /* This rank's events as JSON objects, each followed by ",\n". */
 static char *format_events(int rank, const RtMeta *m, size_t *len) {
-    static const char *cats[] = {"forward", "backward", "update", "compute", "wait", "wait", "allreduce", "step"};
+    static const char *cats[] = {"forward", "backward", "update", "compute", "wait", "wait", "allreduce", "step",
+                                 "wait"};
     size_t cap = T.n * 160 + 512, at = 0;
     char *s = malloc(cap);
     if (!s) return NULL;
@@ -124,6 +125,7 @@ static char *format_events(int rank, const RtMeta *m, size_t *len) {
         case RT_EV_STEP: snprintf(name, sizeof name, "step %" PRId64, e->step); break;
         case RT_EV_RECV: snprintf(name, sizeof name, "recv"); break;
         case RT_EV_SEND: snprintf(name, sizeof name, "send"); break;
+        case RT_EV_SYNC: snprintf(name, sizeof name, "loss"); break;
         default: snprintf(name, sizeof name, "%s", cats[e->kind]); break;
         }
         at += (size_t)snprintf(s + at, cap - at,

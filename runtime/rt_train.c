@@ -145,7 +145,6 @@ bool rt_train_run(RtRun *r, RtErr *e) {
         r->prog->train_step(r->arena);
         RtStepComm staged_comm = {0}, dp_comm = {0};
         if (st->on) rt_staged_step_end(&staged_comm);
-        rt_trace_step_end();
         if (buckets && !rt_dp_step_end(&dp_comm, e)) return false;
         comm = (RtStepComm){staged_comm.wait_s + dp_comm.wait_s, staged_comm.allreduce_s + dp_comm.allreduce_s};
         /* The global batch's loss is the mean of the replicas' means (each
@@ -154,7 +153,13 @@ bool rt_train_run(RtRun *r, RtErr *e) {
         double loss[2] = {0, 1};
         if (!st->on || st->loss_count) loss[0] = step_loss(r);
         else loss[1] = 0;
+        /* The step ends for every rank when the loss is known: a rank
+         * that finished its own work early waits here, and the trace
+         * counts that as idle time of the step. */
+        double t_sync = rt_trace_wait_begin();
         if (sharded) rt_comm_sum(loss, 2);
+        rt_trace_wait_end(RT_EV_SYNC, t_sync);
+        rt_trace_step_end();
         loss[0] /= loss[1];
         double dt = rt_now() - t0;
         if (!isfinite(loss[0])) {
