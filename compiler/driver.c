@@ -150,7 +150,8 @@ static void report_plan(const Plan *p, const CompileOptions *o) {
             (double)arena / (1 << 20));
 }
 
-bool driver_compile(const CompileOptions *o, Diag *d) {
+bool driver_build_plan(const CompileOptions *o, Graph **gp, TrainGraph *t, Plan *p, Diag *d) {
+    *gp = NULL;
     Layout l;
     if (!layout(o, &l, d)) return false;
     /* The graph is built for the rows one step of one rank computes at
@@ -161,22 +162,39 @@ bool driver_compile(const CompileOptions *o, Diag *d) {
     DriverOptions fo = {.model = o->model, .batch = rows, .require_supported = true};
     Graph *g = driver_front_end(&fo, d);
     if (!g) return false;
-    TrainGraph t;
-    Plan p;
     TrainOptions to = o->train;
     to.replicas = l.replicas * l.microbatches;
-    bool ok = train_build(g, &to, &t, d) && ir_verify(g, d);
+    bool ok = train_build(g, &to, t, d) && ir_verify(g, d);
     if (ok) {
         if (l.staged)
-            ok = plan_hybrid(g, &t, o->batch, l.replicas, l.stages, l.microbatches, l.schedule, o->cuts, o->n_cuts,
-                             o->bucket_mb, &p, d);
+            ok = plan_hybrid(g, t, o->batch, l.replicas, l.stages, l.microbatches, l.schedule, o->cuts, o->n_cuts,
+                             o->bucket_mb, p, d);
         else if (l.dp)
-            ok = plan_dp(g, &t, o->batch, l.ranks, o->bucket_mb, &p, d);
+            ok = plan_dp(g, t, o->batch, l.ranks, o->bucket_mb, p, d);
         else
-            ok = plan_single(g, &t, o->batch, &p, d);
+            ok = plan_single(g, t, o->batch, p, d);
     }
+    if (!ok) {
+        graph_free(g);
+        return false;
+    }
+    *gp = g;
+    return true;
+}
+
+bool driver_compile(const CompileOptions *o, Diag *d) {
+    CompileOptions chosen;
+    if (o->strategy && strcmp(o->strategy, "auto") == 0) {
+        if (!driver_choose(o, &chosen, d)) return false;
+        o = &chosen;
+    }
+    Graph *g;
+    TrainGraph t;
+    Plan p;
+    if (!driver_build_plan(o, &g, &t, &p, d)) return false;
+    bool ok = true;
     char *meta = NULL;
-    if (ok && o->plan_out) {
+    if (o->plan_out) {
         char *text = plan_to_json(&p, &o->train);
         ok = text ? write_text(o->plan_out, text, d) : diag_error(d, DIAG_NOMEM, "out of memory");
         free(text);

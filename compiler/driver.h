@@ -21,7 +21,7 @@ typedef struct DriverOptions {
 Graph *driver_front_end(const DriverOptions *opt, Diag *d);
 typedef struct CompileOptions {
     const char *model, *output, *emit, *plan_out, *target_cpu;
-    const char *strategy; /* "single", "dp", "layer", "pipeline" or "hybrid" */
+    const char *strategy; /* "single", "dp", "layer", "pipeline", "hybrid" or "auto" */
     int64_t batch, ranks;
     double bucket_mb;
     /* layer, pipeline, hybrid: micro-batches (0: default), schedule (NULL:
@@ -32,12 +32,56 @@ typedef struct CompileOptions {
     const char *schedule;
     const char *const *cuts;
     int n_cuts;
+    const char *cluster; /* --strategy auto: the cluster file (NULL: defaults) */
     TrainOptions train;
     bool verbose;
 } CompileOptions;
 
-/* The whole pipeline: front end, training graph, plan, codegen, link. */
+/* The whole pipeline: front end, training graph, plan, codegen, link.
+ * Strategy "auto" compiles the plan driver_choose picks. */
 bool driver_compile(const CompileOptions *o, Diag *d);
+
+struct Plan;
+/* The front end, training graph and plan of o, without code generation:
+ * *g (free with graph_free) holds what the plan points to. */
+bool driver_build_plan(const CompileOptions *o, Graph **g, TrainGraph *t, struct Plan *p, Diag *d);
+
+/* ---- choosing a plan (search.c) ---- */
+
+/* One way to run o on o->ranks ranks, and what the cost model predicts. */
+typedef struct Candidate {
+    char strategy[16];   /* single, dp, layer, pipeline, hybrid */
+    int dp, stages, microbatches;
+    char schedule[8];    /* layer, gpipe, 1f1b; "" without stages */
+    bool feasible;       /* planned, and fits every rank's memory */
+    char why[256];       /* infeasible: why; otherwise empty */
+    double step_s, bubble; /* predicted */
+    int64_t comm_bytes, peak_bytes;
+    int64_t *rank_bytes; /* arena of each rank (malloc'd, n_ranks) */
+    double *rank_busy_s;  /* predicted compute of each rank */
+    int n_ranks;
+} Candidate;
+
+typedef struct Search {
+    int n;
+    Candidate *c;        /* fastest feasible first, then the infeasible */
+    int best;            /* 0, or -1 when none is feasible */
+    char cluster[1100];  /* which cluster description was used, for people */
+    int64_t memory_per_rank;
+} Search;
+
+/* Plans every strategy, factorisation D x P = o->ranks, micro-batch count
+ * and schedule that applies to o, simulates each on the cluster
+ * (cluster_path, or this machine's defaults when NULL) and orders them. */
+bool driver_search(const CompileOptions *o, const char *cluster_path, Search *s, Diag *d);
+void search_free(Search *s);
+/* The prediction for o's own strategy alone (one candidate). */
+bool driver_predict(const CompileOptions *o, Search *s, Diag *d);
+/* o set up to compile candidate c (strings static, not the search's). */
+void search_options(const CompileOptions *o, const Candidate *c, CompileOptions *x);
+/* o with the strategy of the search's best candidate, for --strategy auto
+ * (o->cluster names the cluster file, may be NULL). */
+bool driver_choose(const CompileOptions *o, CompileOptions *chosen, Diag *d);
 
 /* The program description the runtime reads (runtime/rt_abi.h),
  * malloc'd JSON text; NULL when out of memory (program_meta.c). */

@@ -12,6 +12,7 @@ static const char main_help[] =
     "commands:\n"
     "  inspect MODEL.onnx   shapes, parameters, FLOPs and unsupported ops of a model\n"
     "  compile MODEL.onnx   a training program for the model\n"
+    "  plan MODEL.onnx      how to split training over N ranks, as the cost model sees it\n"
     "  ops                  the operators cleave supports\n"
     "  trace-stats FILE     busy, idle and bubble per rank from a program's --trace\n"
     "\n"
@@ -34,6 +35,7 @@ int main(int argc, char **argv) {
     }
     if (strcmp(cmd, "inspect") == 0) return cmd_inspect(argc - 2, argv + 2);
     if (strcmp(cmd, "compile") == 0) return cmd_compile(argc - 2, argv + 2);
+    if (strcmp(cmd, "plan") == 0) return cmd_plan(argc - 2, argv + 2);
     if (strcmp(cmd, "ops") == 0) return cmd_ops(argc - 2, argv + 2);
     if (strcmp(cmd, "trace-stats") == 0) return cmd_trace_stats(argc - 2, argv + 2);
     fprintf(stderr, "cleave: unknown command '%s' (see 'cleave --help')\n", cmd);

@@ -6,6 +6,7 @@
 
 #include "cli.h"
 #include "../driver.h"
+#include "plan_report.h"
 
 static const char compile_help[] =
     "usage: cleave compile MODEL.onnx -o PROG --batch B [options]\n"
@@ -49,7 +50,28 @@ static const char compile_help[] =
     "  --stages NODE,...    the first node of every stage after the first (default:\n"
     "                       stages balanced by FLOPs)\n"
     "  --dp D --pp P        hybrid: replicas and stages (D x P = --ranks)\n"
+    "  --strategy auto      plan every strategy, predict each on the cluster, compile\n"
+    "                       the fastest that fits (see cleave plan)\n"
+    "  --cluster FILE       the cluster auto plans for (docs/cluster.md; default: stated\n"
+    "                       defaults for one node of N ranks)\n"
     "  -v, --verbose        report the stages and the planned memory\n";
+
+static const char plan_help[] =
+    "usage: cleave plan MODEL.onnx --batch B --ranks N [--cluster FILE] [--format text|json]\n"
+    "                  [training and strategy options of cleave compile]\n"
+    "\n"
+    "Plans every way to split the training of the model over N ranks (data,\n"
+    "layer, pipeline and hybrid parallelism, micro-batch counts and schedules),\n"
+    "predicts each one's step time, bubble, communication and memory per rank on\n"
+    "the cluster (FILE, see docs/cluster.md; without it, stated defaults for one\n"
+    "node), and shows the one --strategy auto would compile and why the others\n"
+    "lost.  Giving --strategy other than auto shows that plan's prediction only.\n";
+
+typedef struct CompileFlags {
+    CompileOptions o;
+    const char *format;
+    char *freeze_copy, *stages_copy;
+} CompileFlags;
 
 static bool parse_f(const char *s, float *out) {
     if (!s || !*s) return false;
@@ -73,8 +95,13 @@ static int split_names(char *s, const char ***out) {
     return k;
 }
 
-int cmd_compile(int argc, char **argv) {
+/* The flags `cleave compile` and `cleave plan` share.  Returns -1 when
+ * the command should go on, else the exit status (after --help or a
+ * usage error).  For plan, -o is not needed and --format is read. */
+static int parse_flags(const char *cmd, int argc, char **argv, CompileFlags *f) {
     CompileOptions o = {.emit = "exe", .strategy = "single", .ranks = 1, .bucket_mb = 25};
+    bool plan = strcmp(cmd, "plan") == 0;
+    if (plan) o.strategy = "auto";
     TrainOptions *t = &o.train;
     *t = (TrainOptions){.loss = LOSS_CE, .optimizer = OPT_SGD, .lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f,
                         .eps = 1e-8f};
@@ -85,35 +112,43 @@ int cmd_compile(int argc, char **argv) {
     for (int i = 0; i < argc && status < 0; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define NEED_VALUE()                                                        \
-    if (!v) { status = cli_usage("compile", "%s needs a value", a); break; } \
+    if (!v) { status = cli_usage(cmd, "%s needs a value", a); break; } \
     i++;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            fputs(compile_help, stdout);
+            fputs(plan ? plan_help : compile_help, stdout);
             status = 0;
+        } else if (strcmp(a, "--cluster") == 0) {
+            NEED_VALUE();
+            o.cluster = v;
+        } else if (plan && strcmp(a, "--format") == 0) {
+            NEED_VALUE();
+            if (strcmp(v, "text") && strcmp(v, "json"))
+                status = cli_usage(cmd, "--format must be text or json, got '%s'", v);
+            f->format = v;
         } else if (strcmp(a, "-o") == 0) {
             NEED_VALUE();
             o.output = v;
         } else if (strcmp(a, "--batch") == 0) {
             NEED_VALUE();
-            if (!cli_parse_i64(v, 1, (int64_t)1 << 31, &o.batch)) status = cli_usage("compile", "--batch needs a positive integer, got '%s'", v);
+            if (!cli_parse_i64(v, 1, (int64_t)1 << 31, &o.batch)) status = cli_usage(cmd, "--batch needs a positive integer, got '%s'", v);
         } else if (strcmp(a, "--loss") == 0) {
             NEED_VALUE();
             if (strcmp(v, "ce") == 0) t->loss = LOSS_CE;
             else if (strcmp(v, "mse") == 0) t->loss = LOSS_MSE;
             else if (strcmp(v, "model") == 0) t->loss = LOSS_MODEL;
-            else status = cli_usage("compile", "--loss must be ce, mse or model, got '%s'", v);
+            else status = cli_usage(cmd, "--loss must be ce, mse or model, got '%s'", v);
         } else if (strcmp(a, "--optimizer") == 0) {
             NEED_VALUE();
             if (strcmp(v, "sgd") == 0) t->optimizer = OPT_SGD;
             else if (strcmp(v, "momentum") == 0) t->optimizer = OPT_MOMENTUM;
             else if (strcmp(v, "adam") == 0) t->optimizer = OPT_ADAM;
-            else status = cli_usage("compile", "--optimizer must be sgd, momentum or adam, got '%s'", v);
+            else status = cli_usage(cmd, "--optimizer must be sgd, momentum or adam, got '%s'", v);
         } else if (strcmp(a, "--lr") == 0 || strcmp(a, "--momentum") == 0 || strcmp(a, "--weight-decay") == 0 ||
                    strcmp(a, "--beta1") == 0 || strcmp(a, "--beta2") == 0 || strcmp(a, "--eps") == 0) {
             NEED_VALUE();
             float x;
             if (!parse_f(v, &x) || x < 0) {
-                status = cli_usage("compile", "%s needs a non-negative number, got '%s'", a, v);
+                status = cli_usage(cmd, "%s needs a non-negative number, got '%s'", a, v);
                 break;
             }
             if (strcmp(a, "--lr") == 0) t->lr = x;
@@ -131,11 +166,11 @@ int cmd_compile(int argc, char **argv) {
             const char **names = NULL;
             t->n_freeze = freeze_copy ? split_names(freeze_copy, &names) : -1;
             t->freeze = names;
-            if (t->n_freeze < 0) status = cli_usage("compile", "out of memory");
+            if (t->n_freeze < 0) status = cli_usage(cmd, "out of memory");
         } else if (strcmp(a, "--emit") == 0) {
             NEED_VALUE();
             if (strcmp(v, "exe") && strcmp(v, "obj") && strcmp(v, "llvm"))
-                status = cli_usage("compile", "--emit must be exe, obj or llvm, got '%s'", v);
+                status = cli_usage(cmd, "--emit must be exe, obj or llvm, got '%s'", v);
             o.emit = v;
         } else if (strcmp(a, "--emit-plan") == 0) {
             NEED_VALUE();
@@ -145,19 +180,19 @@ int cmd_compile(int argc, char **argv) {
             o.target_cpu = v;
         } else if (strcmp(a, "--ranks") == 0) {
             NEED_VALUE();
-            if (!cli_parse_i64(v, 1, 1 << 20, &ranks)) status = cli_usage("compile", "--ranks needs a positive integer");
+            if (!cli_parse_i64(v, 1, 1 << 20, &ranks)) status = cli_usage(cmd, "--ranks needs a positive integer");
             o.ranks = ranks;
         } else if (strcmp(a, "--strategy") == 0) {
             NEED_VALUE();
             if (strcmp(v, "dp") && strcmp(v, "single") && strcmp(v, "layer") && strcmp(v, "pipeline") &&
-                strcmp(v, "hybrid"))
-                status = cli_usage("compile", "--strategy must be single, dp, layer, pipeline or hybrid, got '%s'", v);
+                strcmp(v, "hybrid") && strcmp(v, "auto"))
+                status = cli_usage(cmd, "--strategy must be single, dp, layer, pipeline, hybrid or auto, got '%s'", v);
             o.strategy = v;
         } else if (strcmp(a, "--microbatches") == 0 || strcmp(a, "--dp") == 0 || strcmp(a, "--pp") == 0) {
             NEED_VALUE();
             int64_t x;
             if (!cli_parse_i64(v, 1, 1 << 20, &x)) {
-                status = cli_usage("compile", "%s needs a positive integer, got '%s'", a, v);
+                status = cli_usage(cmd, "%s needs a positive integer, got '%s'", a, v);
                 break;
             }
             if (strcmp(a, "--microbatches") == 0) o.microbatches = x;
@@ -166,7 +201,7 @@ int cmd_compile(int argc, char **argv) {
         } else if (strcmp(a, "--schedule") == 0) {
             NEED_VALUE();
             if (strcmp(v, "gpipe") && strcmp(v, "1f1b"))
-                status = cli_usage("compile", "--schedule must be gpipe or 1f1b, got '%s'", v);
+                status = cli_usage(cmd, "--schedule must be gpipe or 1f1b, got '%s'", v);
             o.schedule = v;
         } else if (strcmp(a, "--stages") == 0) {
             NEED_VALUE();
@@ -176,39 +211,60 @@ int cmd_compile(int argc, char **argv) {
             const char **names = NULL;
             o.n_cuts = stages_copy ? split_names(stages_copy, &names) : -1;
             o.cuts = names;
-            if (o.n_cuts < 0) status = cli_usage("compile", "out of memory");
-            else if (o.n_cuts == 0) status = cli_usage("compile", "--stages needs node names, got '%s'", v);
+            if (o.n_cuts < 0) status = cli_usage(cmd, "out of memory");
+            else if (o.n_cuts == 0) status = cli_usage(cmd, "--stages needs node names, got '%s'", v);
         } else if (strcmp(a, "--bucket-mb") == 0) {
             NEED_VALUE();
             float mb = 0;
-            if (!parse_f(v, &mb) || !(mb > 0)) status = cli_usage("compile", "--bucket-mb needs a positive number, got '%s'", v);
+            if (!parse_f(v, &mb) || !(mb > 0)) status = cli_usage(cmd, "--bucket-mb needs a positive number, got '%s'", v);
             o.bucket_mb = mb;
         } else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) {
             o.verbose = true;
         } else if (a[0] == '-') {
-            status = cli_usage("compile", "unknown flag '%s'", a);
+            status = cli_usage(cmd, "unknown flag '%s'", a);
         } else if (o.model) {
-            status = cli_usage("compile", "one model at a time ('%s' and '%s')", o.model, a);
+            status = cli_usage(cmd, "one model at a time ('%s' and '%s')", o.model, a);
         } else {
             o.model = a;
         }
 #undef NEED_VALUE
     }
     if (status < 0) {
-        if (!o.model) status = cli_usage("compile", "no model given");
-        else if (!o.output) status = cli_usage("compile", "no output given (-o PROG)");
-        else if (!o.batch) status = cli_usage("compile", "--batch is required");
+        if (!o.model) status = cli_usage(cmd, "no model given");
+        else if (!o.output && !plan) status = cli_usage(cmd, "no output given (-o PROG)");
+        else if (!o.batch) status = cli_usage(cmd, "--batch is required");
         else if (t->nesterov && t->optimizer != OPT_MOMENTUM)
-            status = cli_usage("compile", "--nesterov needs --optimizer momentum");
+            status = cli_usage(cmd, "--nesterov needs --optimizer momentum");
     }
+    if (status < 0 && t->optimizer == OPT_MOMENTUM && !momentum_set) t->momentum = 0.9f;
+    f->o = o;
+    f->freeze_copy = freeze_copy;
+    f->stages_copy = stages_copy;
+    return status;
+}
+
+static void free_flags(CompileFlags *f) {
+    free((void *)f->o.train.freeze);
+    free(f->freeze_copy);
+    free((void *)f->o.cuts);
+    free(f->stages_copy);
+}
+
+int cmd_compile(int argc, char **argv) {
+    CompileFlags f = {0};
+    int status = parse_flags("compile", argc, argv, &f);
     if (status < 0) {
-        if (t->optimizer == OPT_MOMENTUM && !momentum_set) t->momentum = 0.9f;
         Diag d = {0};
-        status = driver_compile(&o, &d) ? 0 : cli_fail(&d);
+        status = driver_compile(&f.o, &d) ? 0 : cli_fail(&d);
     }
-    free((void *)t->freeze);
-    free(freeze_copy);
-    free((void *)o.cuts);
-    free(stages_copy);
+    free_flags(&f);
+    return status;
+}
+
+int cmd_plan(int argc, char **argv) {
+    CompileFlags f = {.format = "text"};
+    int status = parse_flags("plan", argc, argv, &f);
+    if (status < 0) status = plan_report(&f.o, f.format);
+    free_flags(&f);
     return status;
 }

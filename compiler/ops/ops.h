@@ -66,6 +66,10 @@ typedef struct OpDef {
      * take input 0's buffer when the two have the same size and input 0
      * dies here (memory planning does this). */
     bool inplace;
+    /* Compute-bound (matrix products, convolutions): the cost model times
+     * the node by its FLOPs at the measured matrix-product rate; other ops
+     * by the bytes they read and write. */
+    bool dense;
 } OpDef;
 
 /* Table lookup by (domain, name); NULL if unknown. */

@@ -101,7 +101,7 @@ expect 2 "--nesterov needs --optimizer momentum" -- "$CLEAVE" compile "$MLP" -o 
 expect 2 "--emit must be exe, obj or llvm" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --emit asm
 expect 2 "--ranks 2 needs a --strategy \\(dp, layer, pipeline or hybrid\\)" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --ranks 2
 expect 2 "--batch 9 does not divide among --ranks 2" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 9 --ranks 2 --strategy dp
-expect 2 "--strategy must be single, dp, layer, pipeline or hybrid, got 'zigzag'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --strategy zigzag
+expect 2 "--strategy must be single, dp, layer, pipeline, hybrid or auto, got 'zigzag'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --strategy zigzag
 # Layer, pipeline and hybrid flags.
 expect 2 "--microbatches 3 does not divide the 8 rows of --batch" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --ranks 2 --strategy pipeline --microbatches 3
 expect 2 "--microbatches 8 does not divide the 4 rows of each replica's batch" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --strategy hybrid --dp 2 --pp 2 --microbatches 8

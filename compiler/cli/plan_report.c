@@ -1,0 +1,142 @@
+/* plan_report.c - `cleave plan`: the search's candidates (search.c) for
+ * people (text) or tools (json: the chosen plan in the plan format of
+ * docs/plan.md, with "prediction" and "alternatives" added). */
+#include "plan_report.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "../plan/plan.h"
+
+static void layout_text(const Candidate *c, char *buf, size_t len) {
+    if (strcmp(c->strategy, "single") == 0 || strcmp(c->strategy, "dp") == 0)
+        snprintf(buf, len, "%s%s", c->strategy, strcmp(c->strategy, "dp") == 0 ? " over every rank" : "");
+    else if (strcmp(c->strategy, "layer") == 0)
+        snprintf(buf, len, "layer, %d stages", c->stages);
+    else
+        snprintf(buf, len, "%s, %d replica%s x %d stages, %d micro-batch%s, %s", c->strategy, c->dp,
+                 c->dp > 1 ? "s" : "", c->stages, c->microbatches, c->microbatches > 1 ? "es" : "", c->schedule);
+}
+
+/* Why c lost to best, in a few words. */
+static void why_lost(const Candidate *c, const Candidate *best, char *buf, size_t len) {
+    if (!c->feasible) {
+        snprintf(buf, len, "%s", c->why);
+        return;
+    }
+    if (c == best) {
+        snprintf(buf, len, "fastest");
+        return;
+    }
+    double slower = best->step_s > 0 ? (c->step_s / best->step_s - 1) * 100 : 0;
+    if (c->bubble > 0.2)
+        snprintf(buf, len, "%.0f%% slower: bubble %.0f%%", slower, c->bubble * 100);
+    else if (c->comm_bytes > 2 * best->comm_bytes && c->comm_bytes > 1000000)
+        snprintf(buf, len, "%.0f%% slower: %.1f MB of communication per step", slower, (double)c->comm_bytes / 1e6);
+    else
+        snprintf(buf, len, "%.0f%% slower", slower);
+}
+
+static void print_text(const CompileOptions *o, const Search *s) {
+    bool chose = strcmp(o->strategy, "auto") == 0;
+    const Candidate *best = s->best >= 0 ? &s->c[s->best] : NULL;
+    printf("%s: batch %lld on %lld rank%s; cluster: %s (%.2f GB per rank)\n", o->model, (long long)o->batch,
+           (long long)o->ranks, o->ranks > 1 ? "s" : "", s->cluster, (double)s->memory_per_rank / 1e9);
+    char lay[160], why[300];
+    if (best) {
+        layout_text(best, lay, sizeof lay);
+        printf("\n%s: %s\n", chose ? "chosen" : "plan", lay);
+        printf("  predicted step %.3f ms (%.0f samples/s), bubble %.1f%%, communication %.2f MB per step, "
+               "largest arena %.1f MB\n",
+               best->step_s * 1e3, best->step_s > 0 ? (double)o->batch / best->step_s : 0, best->bubble * 100,
+               (double)best->comm_bytes / 1e6, (double)best->peak_bytes / 1e6);
+        printf("  %-6s %12s %12s\n", "rank", "memory MB", "compute ms");
+        for (int r = 0; r < best->n_ranks; r++)
+            printf("  %-6d %12.2f %12.3f\n", r, (double)best->rank_bytes[r] / 1e6, best->rank_busy_s[r] * 1e3);
+    } else {
+        printf("\nno plan fits every rank's memory\n");
+    }
+    if (s->n < 2 && best) return;
+    printf("\n%s (fastest first):\n", best ? "all plans" : "plans");
+    printf("  %-9s %3s %3s %3s %-8s %10s %8s %9s %9s  %s\n", "strategy", "D", "P", "M", "schedule", "step ms", "bubble",
+           "comm MB", "peak MB", "");
+    for (int i = 0; i < s->n; i++) {
+        const Candidate *c = &s->c[i];
+        why_lost(c, best ? best : c, why, sizeof why);
+        printf("  %-9s %3d %3d %3d %-8s %10.3f %7.1f%% %9.2f %9.1f  %s\n", c->strategy, c->dp, c->stages,
+               c->microbatches, c->schedule[0] ? c->schedule : "-", c->step_s * 1e3, c->bubble * 100,
+               (double)c->comm_bytes / 1e6, (double)c->peak_bytes / 1e6, why);
+    }
+}
+
+static json_t *candidate_json(const Candidate *c, const Candidate *best) {
+    char why[300];
+    why_lost(c, best ? best : c, why, sizeof why);
+    json_t *ranks = json_array();
+    for (int r = 0; r < c->n_ranks; r++)
+        json_array_append_new(ranks, json_pack("{s:i, s:I, s:f}", "rank", r, "arena_bytes",
+                                               (json_int_t)c->rank_bytes[r], "busy_s", c->rank_busy_s[r]));
+    return json_pack("{s:s, s:i, s:i, s:i, s:s, s:b, s:s, s:f, s:f, s:I, s:I, s:o}", "strategy", c->strategy, "dp",
+                     c->dp, "stages", c->stages, "microbatches", c->microbatches, "schedule", c->schedule, "feasible",
+                     c->feasible, "why", why, "step_s", c->step_s, "bubble", c->bubble, "comm_bytes",
+                     (json_int_t)c->comm_bytes, "peak_bytes", (json_int_t)c->peak_bytes, "ranks", ranks);
+}
+
+/* The chosen plan in the plan format, with the predictions added. */
+static int print_json(const CompileOptions *o, const Search *s) {
+    const Candidate *best = s->best >= 0 ? &s->c[s->best] : NULL;
+    Diag d = {0};
+    CompileOptions x = *o;
+    if (strcmp(o->strategy, "auto") == 0) search_options(o, best, &x);
+    Graph *g;
+    TrainGraph t;
+    Plan p;
+    if (!driver_build_plan(&x, &g, &t, &p, &d)) return cli_fail(&d);
+    char *text = plan_to_json(&p, &o->train);
+    json_t *root = text ? json_loads(text, 0, NULL) : NULL;
+    free(text);
+    graph_free(g);
+    if (!root) {
+        diag_error(&d, DIAG_NOMEM, "out of memory");
+        return cli_fail(&d);
+    }
+    json_t *alts = json_array();
+    for (int i = 0; i < s->n; i++) json_array_append_new(alts, candidate_json(&s->c[i], best));
+    json_object_set_new(root, "prediction",
+                        json_pack("{s:s, s:I, s:o}", "cluster", s->cluster, "memory_per_rank_bytes",
+                                  (json_int_t)s->memory_per_rank, "chosen",
+                                  best ? candidate_json(best, best) : json_null()));
+    json_object_set_new(root, "alternatives", alts);
+    char *out = json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+    json_decref(root);
+    if (!out) {
+        diag_error(&d, DIAG_NOMEM, "out of memory");
+        return cli_fail(&d);
+    }
+    puts(out);
+    free(out);
+    return 0;
+}
+
+int plan_report(const CompileOptions *o, const char *format) {
+    Diag d = {0};
+    Search s;
+    bool ok = strcmp(o->strategy, "auto") == 0 ? driver_search(o, o->cluster, &s, &d) : driver_predict(o, &s, &d);
+    if (!ok) return cli_fail(&d);
+    int status = 0;
+    if (strcmp(format, "json") == 0) {
+        if (s.best < 0) {
+            diag_error(&d, DIAG_USAGE, "%s: no plan fits the memory of the ranks (%s)", o->model, s.cluster);
+            status = cli_fail(&d);
+        } else {
+            status = print_json(o, &s);
+        }
+    } else {
+        print_text(o, &s);
+    }
+    search_free(&s);
+    return status;
+}

@@ -1,0 +1,453 @@
+#include "cluster.h"
+
+#include <assert.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../frontend/file_util.h"
+
+/* ---- reading ---- */
+
+typedef struct Reader {
+    const char *path;
+    Diag *d;
+} Reader;
+
+static bool fail(Reader *R, DiagCode code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static bool fail(Reader *R, DiagCode code, const char *fmt, ...) {
+    char msg[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return diag_error(R->d, code, "%s: %s", R->path, msg);
+}
+
+/* A field as messages write it: "key" at the top level, "parent"."key"
+ * inside an object.  Keys come from the file, so they are cut short. */
+typedef struct FieldName {
+    char s[160];
+} FieldName;
+
+static FieldName field(const char *parent, const char *key) {
+    FieldName f;
+    if (parent) snprintf(f.s, sizeof f.s, "\"%s\".\"%.100s\"", parent, key);
+    else snprintf(f.s, sizeof f.s, "\"%.100s\"", key);
+    return f;
+}
+
+/* The object's keys must all be in `known` (NULL-terminated), so that a
+ * misspelt optional field is an error rather than a silent default.  The
+ * first unknown key in file order is reported. */
+static bool check_keys(Reader *R, json_t *obj, const char *parent, const char *const *known) {
+    const char *key;
+    json_t *v;
+    json_object_foreach(obj, key, v) {
+        bool ok = false;
+        for (int i = 0; known[i] && !ok; i++) ok = strcmp(key, known[i]) == 0;
+        if (ok) continue;
+        char list[320] = "";
+        size_t used = 0;
+        for (int i = 0; known[i]; i++) {
+            int w = snprintf(list + used, sizeof list - used, "%s%s", i ? ", " : "", known[i]);
+            if (w < 0 || (size_t)w >= sizeof list - used) break;
+            used += (size_t)w;
+        }
+        return fail(R, DIAG_FORMAT, "unknown field %s (known: %s)", field(parent, key).s, list);
+    }
+    return true;
+}
+
+static json_t *required(Reader *R, json_t *obj, const char *parent, const char *key) {
+    json_t *v = json_object_get(obj, key);
+    if (!v) fail(R, DIAG_FORMAT, "missing required field %s", field(parent, key).s);
+    return v;
+}
+
+static json_t *object_field(Reader *R, json_t *obj, const char *key) {
+    json_t *v = required(R, obj, NULL, key);
+    if (v && !json_is_object(v)) {
+        fail(R, DIAG_FORMAT, "%s must be an object", field(NULL, key).s);
+        return NULL;
+    }
+    return v;
+}
+
+/* A number > 0, or >= 0 with zero_ok; finite, as JSON has no infinities
+ * and jansson refuses reals that overflow. */
+static bool number_ok(json_t *v, bool zero_ok, double *out) {
+    if (!json_is_number(v)) return false;
+    double x = json_number_value(v);
+    if (!(zero_ok ? x >= 0 : x > 0) || !isfinite(x)) return false;
+    *out = x;
+    return true;
+}
+
+static bool read_number(Reader *R, json_t *obj, const char *parent, const char *key, bool zero_ok, double *out) {
+    json_t *v = required(R, obj, parent, key);
+    if (!v) return false;
+    if (!number_ok(v, zero_ok, out))
+        return fail(R, DIAG_FORMAT, "%s must be a %s number", field(parent, key).s,
+                    zero_ok ? "non-negative" : "positive");
+    return true;
+}
+
+/* A positive integer; above max it is DIAG_LIMIT.  JSON Schema counts 8.0
+ * as an integer, so a real without a fractional part is one here too. */
+static bool read_int(Reader *R, json_t *obj, const char *key, int64_t max, int64_t *out) {
+    json_t *v = required(R, obj, NULL, key);
+    if (!v) return false;
+    double x = json_number_value(v);
+    if (!(json_is_integer(v) || (json_is_real(v) && x == floor(x))) || !(x >= 1))
+        return fail(R, DIAG_FORMAT, "%s must be a positive integer", field(NULL, key).s);
+    /* A real above 2^63 must not reach the conversion below. */
+    if (json_is_integer(v) ? json_integer_value(v) > max : !(x < (double)max + 1.0))
+        return fail(R, DIAG_LIMIT, "%s is more than the limit of %lld", field(NULL, key).s, (long long)max);
+    *out = json_is_integer(v) ? (int64_t)json_integer_value(v) : (int64_t)x;
+    return true;
+}
+
+static bool read_link(Reader *R, json_t *root, const char *key, ClusterLink *l) {
+    static const char *const known[] = {"latency_s", "bandwidth_gbps", NULL};
+    json_t *o = object_field(R, root, key);
+    return o && check_keys(R, o, key, known) && read_number(R, o, key, "latency_s", true, &l->latency_s) &&
+           read_number(R, o, key, "bandwidth_gbps", false, &l->bandwidth_gbps);
+}
+
+static bool read_gemm_curve(Reader *R, json_t *compute, Cluster *c) {
+    const char *where = "\"compute\".\"gemm_gflops\"";
+    json_t *a = required(R, compute, "compute", "gemm_gflops");
+    if (!a) return false;
+    if (!json_is_array(a) || json_array_size(a) == 0)
+        return fail(R, DIAG_FORMAT, "%s must be a non-empty array of [flops, gflops] pairs", where);
+    size_t n = json_array_size(a);
+    if (n > CLUSTER_MAX_GEMM_POINTS)
+        return fail(R, DIAG_FORMAT, "%s has %zu points, at most %d are allowed", where, n, CLUSTER_MAX_GEMM_POINTS);
+    for (size_t i = 0; i < n; i++) {
+        json_t *p = json_array_get(a, i);
+        double f, g;
+        if (!json_is_array(p) || json_array_size(p) != 2 || !number_ok(json_array_get(p, 0), false, &f) ||
+            !number_ok(json_array_get(p, 1), false, &g))
+            return fail(R, DIAG_FORMAT, "%s[%zu] must be a pair [flops, gflops] of positive numbers", where, i);
+        if (i > 0 && !(f > c->gemm_flops[i - 1]))
+            return fail(R, DIAG_FORMAT, "%s[%zu]: problem sizes must be strictly ascending (%g after %g)", where, i,
+                        f, c->gemm_flops[i - 1]);
+        c->gemm_flops[i] = f;
+        c->gemm_gflops[i] = g;
+    }
+    c->n_gemm = (int)n;
+    return true;
+}
+
+static bool read_compute(Reader *R, json_t *root, Cluster *c) {
+    static const char *const known[] = {"gemm_gflops", "elementwise_gbps", "kernel_overhead_s", NULL};
+    json_t *o = object_field(R, root, "compute");
+    return o && check_keys(R, o, "compute", known) && read_gemm_curve(R, o, c) &&
+           read_number(R, o, "compute", "elementwise_gbps", false, &c->elementwise_gbps) &&
+           read_number(R, o, "compute", "kernel_overhead_s", true, &c->kernel_overhead_s);
+}
+
+static bool read_rank_speed(Reader *R, json_t *root, Cluster *c) {
+    json_t *a = json_object_get(root, "rank_speed");
+    if (!a) return true;
+    if (!json_is_array(a)) return fail(R, DIAG_FORMAT, "\"rank_speed\" must be an array of positive numbers");
+    size_t n = json_array_size(a), want = (size_t)cluster_ranks(c);
+    if (n != want)
+        return fail(R, DIAG_FORMAT, "\"rank_speed\" has %zu entries, expected %zu (nodes x ranks_per_node)", n,
+                    want);
+    c->rank_speed = malloc(n * sizeof *c->rank_speed);
+    if (!c->rank_speed) return fail(R, DIAG_NOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++)
+        if (!number_ok(json_array_get(a, i), false, &c->rank_speed[i]))
+            return fail(R, DIAG_FORMAT, "\"rank_speed\"[%zu] must be a positive number", i);
+    return true;
+}
+
+static bool read_root(Reader *R, json_t *root, Cluster *c) {
+    static const char *const known[] = {
+        "format",  "version",    "name",       "source",     "nodes", "ranks_per_node", "memory_per_rank_bytes",
+        "compute", "intra_node", "inter_node", "rank_speed", NULL,
+    };
+    if (!json_is_object(root)) return fail(R, DIAG_FORMAT, "the top level must be an object");
+    /* Format and version first: a plan or trace given by mistake should
+     * say so, not list its fields as unknown. */
+    json_t *v = required(R, root, NULL, "format");
+    if (!v) return false;
+    if (!json_is_string(v) || strcmp(json_string_value(v), "cleave-cluster") != 0)
+        return fail(R, DIAG_FORMAT, "\"format\" must be \"cleave-cluster\"");
+    if (!(v = required(R, root, NULL, "version"))) return false;
+    double version = json_number_value(v);
+    if (!json_is_number(v) || version != floor(version))
+        return fail(R, DIAG_FORMAT, "\"version\" must be an integer");
+    if (version != 1)
+        return fail(R, DIAG_UNSUPPORTED, "\"version\" %g is not supported (this cleave reads version 1)", version);
+    if (!check_keys(R, root, NULL, known)) return false;
+
+    snprintf(c->source, sizeof c->source, "user");
+    if ((v = json_object_get(root, "source"))) {
+        const char *s = json_string_value(v);
+        if (!s || (strcmp(s, "user") != 0 && strcmp(s, "calibrated") != 0 && strcmp(s, "defaults") != 0))
+            return fail(R, DIAG_FORMAT, "\"source\" must be \"user\", \"calibrated\" or \"defaults\"");
+        snprintf(c->source, sizeof c->source, "%s", s);
+    }
+    if ((v = json_object_get(root, "name"))) {
+        if (!json_is_string(v)) return fail(R, DIAG_FORMAT, "\"name\" must be a string");
+        if (!(c->name = strdup(json_string_value(v)))) return fail(R, DIAG_NOMEM, "out of memory");
+    }
+
+    int64_t nodes, per_node;
+    if (!read_int(R, root, "nodes", CLUSTER_MAX_RANKS, &nodes) ||
+        !read_int(R, root, "ranks_per_node", CLUSTER_MAX_RANKS, &per_node))
+        return false;
+    if (nodes * per_node > CLUSTER_MAX_RANKS)
+        return fail(R, DIAG_LIMIT, "%lld nodes x %lld ranks per node is more than the limit of %d ranks",
+                    (long long)nodes, (long long)per_node, CLUSTER_MAX_RANKS);
+    c->nodes = (int)nodes;
+    c->ranks_per_node = (int)per_node;
+    return read_int(R, root, "memory_per_rank_bytes", INT64_MAX, &c->memory_per_rank_bytes) &&
+           read_compute(R, root, c) && read_link(R, root, "intra_node", &c->intra_node) &&
+           read_link(R, root, "inter_node", &c->inter_node) && read_rank_speed(R, root, c);
+}
+
+bool cluster_parse(const char *text, size_t len, const char *path, Cluster *c, Diag *d) {
+    memset(c, 0, sizeof *c);
+    if (len == 0) return diag_error(d, DIAG_FORMAT, "%s: empty file, not a cluster file", path);
+    json_error_t err;
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &err);
+    if (!root) {
+        if (json_error_code(&err) == json_error_out_of_memory)
+            return diag_error(d, DIAG_NOMEM, "%s: out of memory", path);
+        return diag_error(d, DIAG_FORMAT, "%s: invalid JSON at line %d, column %d: %s", path, err.line, err.column,
+                          err.text);
+    }
+    Reader R = {path, d};
+    bool ok = read_root(&R, root, c);
+    json_decref(root);
+    if (!ok) {
+        cluster_free(c);
+        memset(c, 0, sizeof *c);
+        return false;
+    }
+    snprintf(c->origin, sizeof c->origin, "%s", path);
+    return true;
+}
+
+bool cluster_load(const char *path, Cluster *c, Diag *d) {
+    memset(c, 0, sizeof *c);
+    size_t len;
+    uint8_t *buf = file_read_all(path, &len, d);
+    if (!buf) return false;
+    bool ok = cluster_parse((const char *)buf, len, path, c, d);
+    free(buf);
+    return ok;
+}
+
+void cluster_defaults(Cluster *c, int ranks) {
+    assert(ranks >= 1 && ranks <= CLUSTER_MAX_RANKS);
+    static const double curve[][2] = {{1e3, 2}, {1e5, 6}, {1e7, 15}, {1e9, 20}};
+    memset(c, 0, sizeof *c);
+    snprintf(c->source, sizeof c->source, "defaults");
+    snprintf(c->origin, sizeof c->origin, "defaults");
+    c->nodes = 1;
+    c->ranks_per_node = ranks;
+    c->memory_per_rank_bytes = (int64_t)2 << 30;
+    c->n_gemm = (int)(sizeof curve / sizeof curve[0]);
+    for (int i = 0; i < c->n_gemm; i++) {
+        c->gemm_flops[i] = curve[i][0];
+        c->gemm_gflops[i] = curve[i][1];
+    }
+    c->elementwise_gbps = 5.0;
+    c->kernel_overhead_s = 3e-7;
+    c->intra_node = (ClusterLink){1e-6, 5.0};
+    c->inter_node = (ClusterLink){5e-6, 1.25};
+}
+
+void cluster_free(Cluster *c) {
+    free(c->rank_speed);
+    free(c->name);
+    c->rank_speed = NULL;
+    c->name = NULL;
+}
+
+/* ---- writing ----
+ *
+ * By hand rather than with json_dumps, which writes every real with 17
+ * digits (3e-7 as 2.9999999999999999e-07) and every curve point over four
+ * lines: a calibration cache is meant to be read by people too. */
+
+typedef struct Out {
+    char *s;
+    size_t len, cap;
+    bool failed;
+} Out;
+
+static void out(Out *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void out(Out *o, const char *fmt, ...) {
+    if (o->failed) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(o->s ? o->s + o->len : NULL, o->s ? o->cap - o->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            o->failed = true;
+            return;
+        }
+        if (o->s && (size_t)n < o->cap - o->len) {
+            o->len += (size_t)n;
+            return;
+        }
+        size_t cap = o->cap ? o->cap : 1024;
+        while (cap - o->len <= (size_t)n) cap *= 2;
+        char *s = realloc(o->s, cap);
+        if (!s) {
+            o->failed = true;
+            return;
+        }
+        o->s = s;
+        o->cap = cap;
+    }
+}
+
+/* The shortest of %.15g, %.16g, %.17g that reads back as x. */
+static void out_number(Out *o, double x) {
+    char buf[32];
+    for (int digits = 15; digits <= 17; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, x);
+        if (strtod(buf, NULL) == x) break;
+    }
+    out(o, "%s", buf);
+}
+
+static void out_string(Out *o, const char *s) {
+    out(o, "\"");
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') out(o, "\\%c", ch);
+        else if (ch < 0x20) out(o, "\\u%04x", ch);
+        else out(o, "%c", ch);
+    }
+    out(o, "\"");
+}
+
+static void out_link(Out *o, const char *key, const ClusterLink *l) {
+    out(o, "  \"%s\": {\"latency_s\": ", key);
+    out_number(o, l->latency_s);
+    out(o, ", \"bandwidth_gbps\": ");
+    out_number(o, l->bandwidth_gbps);
+    out(o, "}");
+}
+
+char *cluster_to_json(const Cluster *c) {
+    Out o = {0};
+    out(&o, "{\n  \"format\": \"cleave-cluster\",\n  \"version\": 1,\n");
+    if (c->name) {
+        out(&o, "  \"name\": ");
+        out_string(&o, c->name);
+        out(&o, ",\n");
+    }
+    out(&o, "  \"source\": ");
+    out_string(&o, c->source);
+    out(&o, ",\n  \"nodes\": %d,\n  \"ranks_per_node\": %d,\n  \"memory_per_rank_bytes\": %lld,\n", c->nodes,
+        c->ranks_per_node, (long long)c->memory_per_rank_bytes);
+    out(&o, "  \"compute\": {\n    \"gemm_gflops\": [");
+    for (int i = 0; i < c->n_gemm; i++) {
+        out(&o, "%s[", i ? ", " : "");
+        out_number(&o, c->gemm_flops[i]);
+        out(&o, ", ");
+        out_number(&o, c->gemm_gflops[i]);
+        out(&o, "]");
+    }
+    out(&o, "],\n    \"elementwise_gbps\": ");
+    out_number(&o, c->elementwise_gbps);
+    out(&o, ",\n    \"kernel_overhead_s\": ");
+    out_number(&o, c->kernel_overhead_s);
+    out(&o, "\n  },\n");
+    out_link(&o, "intra_node", &c->intra_node);
+    out(&o, ",\n");
+    out_link(&o, "inter_node", &c->inter_node);
+    if (c->rank_speed) {
+        /* A node's ranks to a line (at most 16 a line). */
+        int n = cluster_ranks(c), per_line = c->ranks_per_node < 16 ? c->ranks_per_node : 16;
+        out(&o, ",\n  \"rank_speed\": [");
+        for (int r = 0; r < n; r++) {
+            out(&o, "%s", r == 0 ? "\n    " : r % per_line == 0 ? ",\n    " : ", ");
+            out_number(&o, c->rank_speed[r]);
+        }
+        out(&o, "\n  ]");
+    }
+    out(&o, "\n}\n");
+    if (o.failed) {
+        free(o.s);
+        return NULL;
+    }
+    return o.s;
+}
+
+/* ---- costs ---- */
+
+int cluster_ranks(const Cluster *c) { return c->nodes * c->ranks_per_node; }
+
+double cluster_rank_speed(const Cluster *c, int rank) {
+    assert(rank >= 0 && rank < cluster_ranks(c));
+    return c->rank_speed ? c->rank_speed[rank] : 1.0;
+}
+
+double cluster_gemm_gflops(const Cluster *c, double flops) {
+    int n = c->n_gemm;
+    assert(n >= 1);
+    const double *f = c->gemm_flops, *g = c->gemm_gflops;
+    if (!(flops > f[0])) return g[0];
+    if (flops >= f[n - 1]) return g[n - 1];
+    int lo = 0, hi = n - 1; /* f[lo] < flops < f[hi] */
+    while (hi - lo > 1) {
+        int m = lo + (hi - lo) / 2;
+        if (f[m] <= flops) lo = m;
+        else hi = m;
+    }
+    double t = log(flops / f[lo]) / log(f[hi] / f[lo]);
+    return g[lo] + t * (g[hi] - g[lo]);
+}
+
+double cluster_gemm_seconds(const Cluster *c, int rank, double flops) {
+    double speed = cluster_rank_speed(c, rank);
+    if (!(flops > 0)) return 0;
+    return flops / (cluster_gemm_gflops(c, flops) * 1e9) / speed;
+}
+
+double cluster_mem_seconds(const Cluster *c, int rank, double bytes) {
+    double speed = cluster_rank_speed(c, rank);
+    if (!(bytes > 0)) return 0;
+    return bytes / (c->elementwise_gbps * 1e9) / speed;
+}
+
+bool cluster_same_node(const Cluster *c, int a, int b) {
+    assert(a >= 0 && a < cluster_ranks(c) && b >= 0 && b < cluster_ranks(c));
+    return a / c->ranks_per_node == b / c->ranks_per_node;
+}
+
+const ClusterLink *cluster_link(const Cluster *c, int a, int b) {
+    return cluster_same_node(c, a, b) ? &c->intra_node : &c->inter_node;
+}
+
+double cluster_p2p_seconds(const Cluster *c, int a, int b, double bytes) {
+    const ClusterLink *l = cluster_link(c, a, b);
+    if (a == b) return 0;
+    return l->latency_s + (bytes > 0 ? bytes / (l->bandwidth_gbps * 1e9) : 0);
+}
+
+double cluster_allreduce_seconds(const Cluster *c, const int *ranks, int n, double bytes) {
+    if (n <= 1) return 0;
+    double chunk = bytes / n, step = 0;
+    for (int i = 0; i < n; i++) {
+        double t = cluster_p2p_seconds(c, ranks[i], ranks[(i + 1) % n], chunk);
+        if (t > step) step = t;
+    }
+    return 2.0 * (n - 1) * step;
+}

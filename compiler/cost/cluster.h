@@ -1,0 +1,146 @@
+/* cluster.h - the machine the cost model prices a plan on: how many nodes
+ * and ranks, how much memory each rank has, how fast a rank computes, and
+ * what a message costs within a node and between nodes.
+ *
+ * Requires: nothing but the cluster file itself (docs/cluster.md, JSON
+ * Schema schemas/cluster.schema.json) or, without one, the stated defaults
+ * below.
+ * Provides: the loaded description and the few formulas every cost
+ * estimate is built from, so that all of them price compute and messages
+ * the same way:
+ *   - a matrix product of F FLOPs on rank r: F / (rate(F) * 1e9) /
+ *     rank_speed[r], rate(F) read off the measured GEMM curve;
+ *   - a memory-bound kernel moving B bytes: B / (elementwise_gbps * 1e9) /
+ *     rank_speed[r];
+ *   - a message of B bytes from a to b: latency + B / (bandwidth * 1e9)
+ *     of the intra-node link when a and b share a node, else of the
+ *     inter-node link (alpha + B / beta);
+ *   - a ring allreduce of B bytes over n ranks: 2 (n - 1) steps, each a
+ *     message of B / n bytes over the slowest link of the ring.
+ * The fixed cost of a kernel call (kernel_overhead_s) is not part of these
+ * helpers: the model adds it once per kernel it counts, whatever the
+ * kernel's kind.
+ *
+ * Ranks are numbered node by node: rank r lives on node
+ * r / ranks_per_node, as mpirun places them by default given a host file
+ * with ranks_per_node slots per node. */
+#ifndef CLEAVE_CLUSTER_H
+#define CLEAVE_CLUSTER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../util/diag.h"
+
+/* Points of the GEMM curve a file may give; a curve is a handful of
+ * measured sizes, so anything near this is a mistake. */
+#define CLUSTER_MAX_GEMM_POINTS 64
+/* nodes * ranks_per_node at most: keeps rank numbers, and per-rank arrays
+ * of the cost model, well inside int. */
+#define CLUSTER_MAX_RANKS (1 << 20)
+
+/* One kind of point-to-point link. */
+typedef struct ClusterLink {
+    double latency_s;      /* alpha: seconds per message, >= 0 */
+    double bandwidth_gbps; /* 1 / beta, in 1e9 bytes per second, > 0 */
+} ClusterLink;
+
+typedef struct Cluster {
+    /* "user" (written by hand), "calibrated" (measured on this machine and
+     * cached) or "defaults" (cluster_defaults); a file without "source"
+     * counts as "user". */
+    char source[16];
+    /* Where it came from, for messages: the file's path (cut at 255
+     * bytes), or "defaults". */
+    char origin[256];
+    char *name; /* malloc'd; NULL when not given */
+    int nodes;
+    int ranks_per_node;
+    int64_t memory_per_rank_bytes;
+    /* GEMM rate by problem size: gemm_gflops[i] GFLOP/s for one product of
+     * gemm_flops[i] FLOPs; sizes strictly ascending, 1..64 points. */
+    int n_gemm;
+    double gemm_flops[CLUSTER_MAX_GEMM_POINTS];
+    double gemm_gflops[CLUSTER_MAX_GEMM_POINTS];
+    double elementwise_gbps;  /* bytes a memory-bound kernel moves per second / 1e9 */
+    double kernel_overhead_s; /* fixed cost of one kernel call, >= 0 */
+    ClusterLink intra_node;
+    ClusterLink inter_node;
+    /* Compute multiplier of each rank (cluster_ranks entries, > 0; 0.5 is
+     * half as fast), malloc'd; NULL means all 1. */
+    double *rank_speed;
+} Cluster;
+
+/* Reads a cluster file.  On failure *c is left holding nothing (no need
+ * to cluster_free it) and d has one line naming the file and the field:
+ * DIAG_IO when the file cannot be read, DIAG_FORMAT for bad JSON (with its
+ * line and column) or a field that is missing, of the wrong type, out of
+ * range or unknown (so a misspelt key is not silently ignored),
+ * DIAG_UNSUPPORTED for another "version", DIAG_LIMIT for counts cleave
+ * cannot hold (more than CLUSTER_MAX_RANKS ranks, 2^63 bytes or more of
+ * memory), DIAG_NOMEM. */
+bool cluster_load(const char *path, Cluster *c, Diag *d);
+/* The same on text in memory; `path` names it in messages and becomes
+ * Cluster.origin.  text need not be NUL-terminated. */
+bool cluster_parse(const char *text, size_t len, const char *path, Cluster *c, Diag *d);
+
+/* Stated defaults for one node of `ranks` (>= 1) ranks, for when there is
+ * neither a cluster file nor a calibration of this machine.  They are
+ * deliberately conservative figures for one core of an ordinary x86-64
+ * machine running cleave's generated code, so that a plan chosen on them
+ * does not count on speed it may not get:
+ *   - GEMM: 2 GFLOP/s for a product of about 1e3 FLOPs (8x8x8: loop
+ *     set-up and edges dominate), 6 at 1e5, 15 at 1e7, 20 from 1e9 up
+ *     (LLVM-vectorised loops without BLAS-grade blocking reach a fraction
+ *     of a core's peak);
+ *   - memory-bound kernels: 5 GB/s, what one core streams from DRAM once
+ *     tensors outgrow the caches;
+ *   - kernel overhead: 0.3 us per call (call, loop set-up, a cache miss
+ *     or two);
+ *   - within the node: 1 us + 5 GB/s per message, shared-memory MPI
+ *     (a copy through a shared segment);
+ *   - between nodes (unused on one node, but filled in): 5 us + 1.25 GB/s,
+ *     10 Gb/s Ethernet over TCP;
+ *   - memory: 2 GiB per rank, which a laptop or a CI runner can give a
+ *     few ranks each.
+ * source and origin are "defaults"; name is NULL.  Allocates nothing. */
+void cluster_defaults(Cluster *c, int ranks);
+/* Frees rank_speed and name; c may be zeroed or already freed. */
+void cluster_free(Cluster *c);
+
+/* JSON text of c in the cluster file format (malloc'd; NULL when out of
+ * memory): cluster_parse reads it back to the same numbers. */
+char *cluster_to_json(const Cluster *c);
+
+/* ---- what the cost model builds on; rank numbers must be in range ---- */
+
+int cluster_ranks(const Cluster *c);
+/* rank_speed[rank], or 1 without rank_speed. */
+double cluster_rank_speed(const Cluster *c, int rank);
+/* GEMM rate in GFLOP/s for one product of `flops` FLOPs at speed 1: linear
+ * in log(flops) between the curve's points, the end points' rates beyond
+ * them (a curve measured up to 1e9 FLOPs says nothing better about 1e12). */
+double cluster_gemm_gflops(const Cluster *c, double flops);
+/* Seconds of a matrix product of `flops` FLOPs on `rank` (0 for flops <= 0). */
+double cluster_gemm_seconds(const Cluster *c, int rank, double flops);
+/* Seconds of a memory-bound kernel moving `bytes` bytes (read and written)
+ * on `rank` (0 for bytes <= 0). */
+double cluster_mem_seconds(const Cluster *c, int rank, double bytes);
+bool cluster_same_node(const Cluster *c, int a, int b);
+/* The link a message from a to b takes. */
+const ClusterLink *cluster_link(const Cluster *c, int a, int b);
+/* Seconds of one message of `bytes` bytes from a to b: latency + bytes /
+ * bandwidth of their link; 0 when a == b (no message is sent). */
+double cluster_p2p_seconds(const Cluster *c, int a, int b, double bytes);
+/* Seconds of a ring allreduce of `bytes` bytes over ranks[0..n), in that
+ * ring order: a reduce-scatter and an allgather of n - 1 steps each, in
+ * every step each rank sends bytes / n to the next (ranks[i] to
+ * ranks[(i + 1) % n]), and a step lasts as long as its slowest link:
+ * 2 (n - 1) * max_i p2p(ranks[i], ranks[i + 1], bytes / n).  0 for n <= 1.
+ * Rings that keep each node's ranks together cross nodes as few times as
+ * possible, but with more than one node some step is still inter-node,
+ * and that bounds every step. */
+double cluster_allreduce_seconds(const Cluster *c, const int *ranks, int n, double bytes);
+
+#endif

@@ -1,0 +1,228 @@
+/* simulate.c - one training step of a plan, rank by rank, on a cluster
+ * (simulate.h).  The walk is comm_check's: every rank advances through
+ * its steps until it must wait for a message or for the other members of
+ * a collective; here each rank also carries a clock. */
+#include "simulate.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "../ops/ops.h"
+#include "node_cost.h"
+
+typedef struct Msg {
+    int src, tag;
+    double arrival, taken; /* taken < 0: not received yet */
+} Msg;
+
+typedef struct Box {
+    Msg *m;
+    int n, cap;
+} Box;
+
+typedef struct Sim {
+    const Plan *p;
+    const Cluster *c;
+    Diag *d;
+    int n;
+    int *pc;
+    double *t;
+    Box *box;
+    double **bucket_done; /* per rank, per bucket: when its sum is complete */
+    SimRank *out;
+} Sim;
+
+double sim_node_seconds(const Cluster *c, int rank, const Node *n) {
+    double bytes = 0;
+    for (int i = 0; i < n->n_in; i++)
+        if (n->in[i] && plan_value_bytes(n->in[i]) > 0) bytes += (double)plan_value_bytes(n->in[i]);
+    for (int k = 0; k < n->n_out; k++)
+        if (n->out[k] && plan_value_bytes(n->out[k]) > 0) bytes += (double)plan_value_bytes(n->out[k]);
+    double t = cluster_mem_seconds(c, rank, bytes);
+    if (n->def && n->def->dense) {
+        double g = cluster_gemm_seconds(c, rank, cost_node_flops(n));
+        if (g > t) t = g;
+    }
+    return t + c->kernel_overhead_s;
+}
+
+static const PlanStep *at(const Sim *S, int r) {
+    const RankPlan *rp = &S->p->ranks[r];
+    return S->pc[r] < rp->n_train ? &rp->train[S->pc[r]] : NULL;
+}
+
+static Msg *find(Box *b, int src, int tag) {
+    for (int i = 0; i < b->n; i++)
+        if (b->m[i].src == src && b->m[i].tag == tag) return &b->m[i];
+    return NULL;
+}
+
+static bool post(Sim *S, int r, const PlanStep *s) {
+    Box *b = &S->box[s->peer];
+    if (b->n == b->cap) {
+        int cap = b->cap ? 2 * b->cap : 16;
+        Msg *m = realloc(b->m, sizeof *m * (size_t)cap);
+        if (!m) return diag_error(S->d, DIAG_NOMEM, "out of memory simulating the plan");
+        b->m = m;
+        b->cap = cap;
+    }
+    double arrive = S->t[r] + cluster_p2p_seconds(S->c, r, s->peer, (double)s->bytes);
+    b->m[b->n++] = (Msg){r, s->tag, arrive, -1};
+    S->out[r].sent_bytes += s->bytes;
+    return true;
+}
+
+/* Members of a collective step's group: ranks[0..*n). */
+static const int *members(const Sim *S, const PlanStep *s, int *n, int *all) {
+    if (s->group >= 0 && s->group < S->p->n_groups) {
+        *n = S->p->groups[s->group].n;
+        return S->p->groups[s->group].ranks;
+    }
+    for (int i = 0; i < S->n; i++) all[i] = i;
+    *n = S->n;
+    return all;
+}
+
+/* A collective runs when every member stands at it; 1: ran, 0: wait. */
+static int collective(Sim *S, const PlanStep *s, int *all) {
+    int n;
+    const int *m = members(S, s, &n, all);
+    double start = 0;
+    for (int i = 0; i < n; i++) {
+        const PlanStep *o = at(S, m[i]);
+        if (!o || o->kind != s->kind || o->group != s->group) return 0;
+        if (S->t[m[i]] > start) start = S->t[m[i]];
+    }
+    int64_t bytes = s->kind == STEP_ALLREDUCE ? s->bytes
+                                              : S->p->ranks[m[0]].buckets[s->bucket].bytes;
+    double done = start + cluster_allreduce_seconds(S->c, m, n, (double)bytes);
+    for (int i = 0; i < n; i++) {
+        int r = m[i];
+        S->out[r].reduced_bytes += bytes;
+        if (s->kind == STEP_ALLREDUCE) {
+            S->out[r].wait_s += done - S->t[r];
+            S->t[r] = done;
+        } else {
+            S->bucket_done[r][s->bucket] = done;
+        }
+        S->pc[r]++;
+    }
+    return 1;
+}
+
+/* Advances rank r by one step; 1: done, 0: must wait, -1: error. */
+static int advance(Sim *S, int r, const PlanStep *s, int *all) {
+    double before = S->t[r];
+    switch (s->kind) {
+    case STEP_COMPUTE: {
+        double dt = sim_node_seconds(S->c, r, s->node);
+        S->t[r] += dt;
+        S->out[r].busy_s += dt;
+        break;
+    }
+    case STEP_ACCUMULATE: {
+        double dt = cluster_mem_seconds(S->c, r, 3.0 * (double)plan_value_bytes(s->value));
+        S->t[r] += dt;
+        S->out[r].busy_s += dt;
+        break;
+    }
+    case STEP_SEND:
+        if (!post(S, r, s)) return -1;
+        break;
+    case STEP_RECV: {
+        Msg *m = find(&S->box[r], s->peer, s->tag);
+        if (!m) return 0;
+        if (m->arrival > S->t[r]) S->t[r] = m->arrival;
+        m->taken = S->t[r];
+        break;
+    }
+    case STEP_SEND_WAIT: {
+        Msg *m = s->peer >= 0 && s->peer < S->n ? find(&S->box[s->peer], r, s->tag) : NULL;
+        if (!m || m->taken < 0) return 0;
+        if (m->taken > S->t[r]) S->t[r] = m->taken;
+        break;
+    }
+    case STEP_ALLREDUCE:
+    case STEP_ALLREDUCE_START:
+        return collective(S, s, all);
+    case STEP_ALLREDUCE_WAIT:
+        if (S->bucket_done[r][s->bucket] > S->t[r]) S->t[r] = S->bucket_done[r][s->bucket];
+        break;
+    }
+    if (s->kind != STEP_COMPUTE && s->kind != STEP_ACCUMULATE) S->out[r].wait_s += S->t[r] - before;
+    S->pc[r]++;
+    return 1;
+}
+
+static void free_sim(Sim *S) {
+    if (S->box)
+        for (int r = 0; r < S->n; r++) free(S->box[r].m);
+    if (S->bucket_done)
+        for (int r = 0; r < S->n; r++) free(S->bucket_done[r]);
+    free(S->box);
+    free(S->bucket_done);
+    free(S->pc);
+    free(S->t);
+}
+
+bool simulate_plan(const Plan *p, const Cluster *c, SimResult *out, Diag *d) {
+    memset(out, 0, sizeof *out);
+    int n = p->n_ranks;
+    if (n > cluster_ranks(c))
+        return diag_error(d, DIAG_USAGE, "the plan needs %d ranks but the cluster (%s) has %d", n, c->origin,
+                          cluster_ranks(c));
+    Sim S = {p, c, d, n, NULL, NULL, NULL, NULL, NULL};
+    S.pc = calloc((size_t)n, sizeof *S.pc);
+    S.t = calloc((size_t)n, sizeof *S.t);
+    S.box = calloc((size_t)n, sizeof *S.box);
+    S.bucket_done = calloc((size_t)n, sizeof *S.bucket_done);
+    S.out = calloc((size_t)n, sizeof *S.out);
+    int *all = malloc(sizeof *all * (size_t)n);
+    bool ok = S.pc && S.t && S.box && S.bucket_done && S.out && all;
+    for (int r = 0; ok && r < n; r++) {
+        S.bucket_done[r] = calloc((size_t)p->ranks[r].n_buckets + 1, sizeof **S.bucket_done);
+        ok = S.bucket_done[r] != NULL;
+    }
+    if (!ok) diag_error(d, DIAG_NOMEM, "out of memory simulating the plan");
+    for (bool moved = true; ok && moved;) {
+        moved = false;
+        for (int r = 0; r < n && ok; r++) {
+            const PlanStep *s;
+            int res = 1;
+            while ((s = at(&S, r)) != NULL && (res = advance(&S, r, s, all)) > 0) moved = true;
+            if (s && res < 0) ok = false;
+        }
+    }
+    for (int r = 0; ok && r < n; r++)
+        if (at(&S, r))
+            ok = diag_error(d, DIAG_INTERNAL, "simulating the plan: rank %d is stuck at step %d", r, S.pc[r]);
+    if (ok) {
+        double end = 0, busy = 0;
+        for (int r = 0; r < n; r++) {
+            S.out[r].end_s = S.t[r];
+            S.out[r].arena_bytes = p->ranks[r].arena_bytes;
+            if (S.t[r] > end) end = S.t[r];
+            busy += S.out[r].busy_s;
+            out->comm_bytes += S.out[r].sent_bytes + S.out[r].reduced_bytes;
+            if (p->ranks[r].arena_bytes > out->peak_bytes) out->peak_bytes = p->ranks[r].arena_bytes;
+        }
+        if (n > 1) {
+            for (int r = 0; r < n; r++) all[r] = r;
+            end += cluster_allreduce_seconds(c, all, n, 16); /* the step's loss */
+        }
+        out->step_s = end;
+        out->bubble = end > 0 ? 1 - busy / (n * end) : 0;
+        out->n_ranks = n;
+        out->ranks = S.out;
+        S.out = NULL;
+    }
+    free(S.out);
+    free(all);
+    free_sim(&S);
+    return ok;
+}
+
+void sim_result_free(SimResult *r) {
+    free(r->ranks);
+    memset(r, 0, sizeof *r);
+}

@@ -1,0 +1,49 @@
+/* simulate.h - the predicted step time of a plan on a cluster.
+ *
+ * Requires: a plan (plan/plan.h, any strategy) and a cluster description
+ * (cost/cluster.h).  Provides: each rank's timeline of one training step,
+ * simulated from its planned steps in order: a kernel takes the time its
+ * FLOPs need at the cluster's matrix-product rate (ops marked dense in the
+ * op table) or the time its bytes need at the memory rate, whichever is
+ * longer, plus a per-kernel overhead; a send arrives alpha + bytes/beta
+ * after it is posted over the link between the two ranks' nodes; a receive
+ * waits for its message; a completion of a send waits until the peer has
+ * received it; a collective starts when the last member reaches it and
+ * takes a ring allreduce's time (non-blocking ones complete in the
+ * background and are waited for); the step ends with the reduction of the
+ * loss over all ranks.  What it leaves out: contention between messages
+ * on a link, caches, and the progress of non-blocking MPI requests only
+ * inside MPI calls. */
+#ifndef CLEAVE_SIMULATE_H
+#define CLEAVE_SIMULATE_H
+
+#include "../plan/plan.h"
+#include "cluster.h"
+
+typedef struct SimRank {
+    double end_s;        /* when the rank's last step ends */
+    double busy_s;       /* computing (kernels, accumulations) */
+    double wait_s;       /* blocked in receives, send completions and collectives */
+    int64_t sent_bytes;  /* point to point, per step */
+    int64_t reduced_bytes; /* allreduced, per step */
+    int64_t arena_bytes; /* everything the rank allocates: a bound that holds */
+} SimRank;
+
+typedef struct SimResult {
+    double step_s;       /* the slowest rank's end, plus the loss reduction */
+    double bubble;       /* 1 - sum of busy / (ranks x step) */
+    int64_t comm_bytes;  /* sent and allreduced bytes of one step, over all ranks */
+    int64_t peak_bytes;  /* the largest arena */
+    int n_ranks;
+    SimRank *ranks;      /* malloc'd, n_ranks */
+} SimResult;
+
+/* Seconds one kernel of node n takes on `rank`. */
+double sim_node_seconds(const Cluster *c, int rank, const Node *n);
+/* Simulates one training step of every rank of p; fails with a Diag when
+ * the plan needs more ranks than the cluster has, or its ranks cannot all
+ * finish (a plan comm_check would reject). */
+bool simulate_plan(const Plan *p, const Cluster *c, SimResult *out, Diag *d);
+void sim_result_free(SimResult *r);
+
+#endif

@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""cleave plan and --strategy auto: the cost model's choice and its report.
+
+Checks that `cleave plan` lists every candidate with its prediction and
+chooses the fastest that fits; that its JSON is the chosen plan in the
+plan format (schemas/plan.schema.json) with the predictions added, and
+that the memory it reports per rank is what the compiled program
+allocates; that a cluster whose ranks are too small marks candidates
+over memory and makes --strategy auto refuse with one line; that a
+slower network makes data parallelism's predicted step longer; that a
+program compiled with --strategy auto trains to the same losses as one
+process; and the errors of the new flags.
+
+usage: test_plan_search.py --cleave BIN [--workdir DIR]
+Ends with "N passed, M failed"; SKIP (exit 0) without mpirun or numpy.
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import harness  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODEL = os.path.join(ROOT, "samples", "mlp.onnx")
+BATCH = 32
+
+
+def cleave(args, *extra):
+    p, _ = harness.run([args.cleave] + list(extra), timeout=600)
+    return p
+
+
+def cluster_file(work, name, memory, inter=None, nodes=1, per_node=2):
+    """A cluster file like samples/clusters/laptop.json with other limits."""
+    with open(os.path.join(ROOT, "samples", "clusters", "laptop.json")) as f:
+        doc = json.load(f)
+    doc.update(nodes=nodes, ranks_per_node=per_node, memory_per_rank_bytes=memory, name=name)
+    if inter:
+        doc["inter_node"] = inter
+    path = os.path.join(work, name + ".json")
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    return path
+
+
+def check_text(rep, args):
+    p = cleave(args, "plan", MODEL, "--batch", str(BATCH), "--ranks", "2")
+    if not rep.check("plan on 2 ranks exits 0", p.returncode == 0, harness.failure(["cleave plan"], p)):
+        return
+    out = p.stdout
+    rep.check("plan says which cluster it used", "stated defaults for one node of 2 ranks" in out, out[:300])
+    rows = [l.split() for l in out.splitlines() if l.startswith("  ") and l.split()[0] in
+            ("dp", "layer", "pipeline", "hybrid", "single")]
+    strategies = {r[0] for r in rows}
+    rep.check("plan lists dp, layer and pipeline candidates", {"dp", "layer", "pipeline"} <= strategies, str(strategies))
+    times = [float(r[5]) for r in rows]
+    rep.check("candidates are listed fastest first", times == sorted(times), str(times))
+    rep.check("the first candidate is the chosen one", rows and rows[0][-1] == "fastest", str(rows[:1]))
+    rep.check("every other candidate says why it lost", all("slower" in " ".join(r) for r in rows[1:]),
+              str([r for r in rows[1:] if "slower" not in " ".join(r)][:2]))
+
+
+def check_json(rep, args, work):
+    plan_path = os.path.join(work, "auto.json")
+    p = cleave(args, "plan", MODEL, "--batch", str(BATCH), "--ranks", "2", "--format", "json")
+    if not rep.check("plan --format json exits 0", p.returncode == 0, harness.failure(["cleave plan"], p)):
+        return None
+    doc = json.loads(p.stdout)
+    with open(plan_path, "w") as f:
+        f.write(p.stdout)
+    try:
+        import jsonschema
+        with open(os.path.join(ROOT, "schemas", "plan.schema.json")) as f:
+            schema = json.load(f)
+        errors = list(jsonschema.Draft202012Validator(schema).iter_errors(doc))
+        rep.check("plan JSON validates against schemas/plan.schema.json", not errors,
+                  "; ".join(e.message for e in errors[:3]))
+    except ImportError:
+        print("SKIP schema validation: python3-jsonschema missing")
+    chosen = doc["prediction"]["chosen"]
+    feasible = [a for a in doc["alternatives"] if a["feasible"]]
+    rep.check("the chosen plan is the fastest feasible alternative",
+              chosen["step_s"] == min(a["step_s"] for a in feasible), str(chosen["step_s"]))
+    rep.equal("the plan JSON is the chosen strategy", doc["strategy"], chosen["strategy"])
+    # The memory the plan reports is what the compiled program allocates.
+    flags = ["--strategy", chosen["strategy"], "--ranks", "2"]
+    if chosen["strategy"] in ("pipeline", "hybrid"):
+        flags += ["--microbatches", str(chosen["microbatches"]), "--schedule", chosen["schedule"]]
+    if chosen["strategy"] == "hybrid":
+        flags += ["--dp", str(chosen["dp"]), "--pp", str(chosen["stages"])]
+    emitted = os.path.join(work, "emitted.json")
+    p = cleave(args, "compile", MODEL, "-o", os.path.join(work, "x.ll"), "--emit", "llvm", "--batch", str(BATCH),
+               "--emit-plan", emitted, *flags)
+    if rep.check("the chosen strategy compiles by hand", p.returncode == 0, harness.failure(["cleave compile"], p)):
+        with open(emitted) as f:
+            arenas = [r["arena_bytes"] for r in json.load(f)["rank_plans"]]
+        rep.equal("predicted memory per rank == the compiled plan's arenas",
+                  [r["arena_bytes"] for r in chosen["ranks"]], arenas)
+    return chosen
+
+
+def check_memory(rep, args, work):
+    tiny = cluster_file(work, "tiny", 1000000)
+    p = cleave(args, "plan", MODEL, "--batch", str(BATCH), "--ranks", "2", "--cluster", tiny)
+    rep.check("plan on a cluster of 1 MB ranks exits 0 and says none fits",
+              p.returncode == 0 and "no plan fits every rank's memory" in p.stdout, p.stdout[-400:] + p.stderr)
+    rep.check("each candidate names the rank over its memory and by how much",
+              "over its memory by" in p.stdout, p.stdout[-400:])
+    p = cleave(args, "compile", MODEL, "-o", os.path.join(work, "never"), "--batch", str(BATCH), "--ranks", "2",
+               "--strategy", "auto", "--cluster", tiny)
+    lines = p.stderr.strip().splitlines()
+    rep.check("--strategy auto on it fails with one line naming the memory", p.returncode != 0 and len(lines) == 1
+              and "no plan fits the memory" in p.stderr, p.stderr)
+    # dp's allreduce gets slower on a slower network between two nodes.
+    preds = []
+    for name, link in (("fast", {"latency_s": 1e-6, "bandwidth_gbps": 10.0}),
+                       ("slow", {"latency_s": 1e-4, "bandwidth_gbps": 0.01})):
+        path = cluster_file(work, name, 1 << 32, inter=link, nodes=2, per_node=1)
+        p = cleave(args, "plan", MODEL, "--batch", str(BATCH), "--ranks", "2", "--strategy", "dp", "--cluster", path,
+                   "--format", "json")
+        ok = rep.check("plan --strategy dp on the %s network" % name, p.returncode == 0, p.stderr)
+        preds.append(json.loads(p.stdout)["prediction"]["chosen"]["step_s"] if ok else None)
+    if None not in preds:
+        rep.check("a slower network predicts a longer dp step (%.3g s vs %.3g s)" % tuple(preds), preds[1] > preds[0])
+
+
+def check_auto_trains(rep, args, work):
+    import numpy as np
+    rng = np.random.default_rng(7)
+    x = rng.random((128, 1, 28, 28), dtype=np.float32)
+    y = rng.integers(0, 10, 128).astype(np.int64)
+    np.save(os.path.join(work, "x.npy"), x)
+    np.save(os.path.join(work, "y.npy"), y)
+    losses = {}
+    for name, flags, np_ in (("single", [], 1), ("auto", ["--ranks", "2", "--strategy", "auto"], 2)):
+        prog = os.path.join(work, name)
+        p = cleave(args, "compile", MODEL, "-o", prog, "--batch", str(BATCH), "--optimizer", "adam", "--lr", "0.001",
+                   *flags)
+        if not rep.check("%s: compiles" % name, p.returncode == 0, p.stderr[-400:]):
+            return
+        metrics = prog + ".jsonl"
+        argv = [prog, "--data", "input=" + os.path.join(work, "x.npy"), "--data",
+                "labels=" + os.path.join(work, "y.npy"), "--steps", "6", "--metrics", metrics, "--log-every", "0"]
+        p, _ = harness.run(harness.mpirun(np_, argv), env=harness.mpi_env(OMPI_MCA_rmaps_base_oversubscribe="1"),
+                           timeout=300)
+        if not rep.check("%s: trains" % name, p.returncode == 0, harness.failure(argv, p)):
+            return
+        losses[name] = harness.read_losses(metrics)
+    ok, detail = harness.compare(losses["auto"], losses["single"], 1e-5, 1e-7)
+    rep.check("--strategy auto trains to the single-process losses", ok, detail)
+
+
+def check_errors(rep, args, work):
+    cases = [
+        (["plan", MODEL, "--batch", "8", "--ranks", "2", "--cluster", os.path.join(work, "missing.json")],
+         "missing.json"),
+        (["plan", MODEL, "--batch", "8", "--ranks", "2", "--format", "yaml"], "--format must be text or json"),
+        (["compile", MODEL, "-o", os.path.join(work, "n"), "--batch", "8", "--ranks", "2", "--strategy", "auto",
+          "--stages", "a"], "does not go with --strategy auto"),
+        (["plan", MODEL, "--batch", "8", "--ranks", "4", "--cluster", cluster_file(work, "two", 1 << 32)],
+         "has 2 ranks"),
+    ]
+    for argv, want in cases:
+        p = cleave(args, *argv)
+        lines = p.stderr.strip().splitlines()
+        rep.check("error: %s" % want, p.returncode != 0 and len(lines) == 1 and want in p.stderr, p.stderr[-300:])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cleave", required=True)
+    ap.add_argument("--workdir")
+    args = ap.parse_args()
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        print("SKIP: numpy not available")
+        return 0
+    if not shutil.which("mpirun"):
+        print("SKIP: mpirun not available")
+        return 0
+    rep = harness.Report()
+    if not rep.executable(args.cleave):
+        return rep.summary()
+    with harness.workdir(args.workdir, "cleave_plan_") as work:
+        rep.guarded("plan text", lambda: check_text(rep, args))
+        rep.guarded("plan json", lambda: check_json(rep, args, work))
+        rep.guarded("memory and network", lambda: check_memory(rep, args, work))
+        rep.guarded("auto trains", lambda: check_auto_trains(rep, args, work))
+        rep.guarded("errors", lambda: check_errors(rep, args, work))
+    return rep.summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
