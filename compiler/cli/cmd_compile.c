@@ -57,7 +57,7 @@ static const char compile_help[] =
     "  -v, --verbose        report the stages and the planned memory\n";
 
 static const char plan_help[] =
-    "usage: cleave plan MODEL.onnx --batch B --ranks N [--cluster FILE] [--format text|json]\n"
+    "usage: cleave plan MODEL.onnx --batch B --ranks N [--cluster FILE] [--format text|json|dot|svg]\n"
     "                  [training and strategy options of cleave compile]\n"
     "\n"
     "Plans every way to split the training of the model over N ranks (data,\n"
@@ -65,7 +65,9 @@ static const char plan_help[] =
     "predicts each one's step time, bubble, communication and memory per rank on\n"
     "the cluster (FILE, see docs/cluster.md; without it, stated defaults for one\n"
     "node), and shows the one --strategy auto would compile and why the others\n"
-    "lost.  Giving --strategy other than auto shows that plan's prediction only.\n";
+    "lost.  Giving --strategy other than auto shows that plan's prediction only.\n"
+    "json: the chosen plan in the plan format with the predictions; dot: its\n"
+    "forward graph cut into stages (Graphviz); svg: its simulated per-rank timeline.\n";
 
 typedef struct CompileFlags {
     CompileOptions o;
@@ -122,8 +124,8 @@ static int parse_flags(const char *cmd, int argc, char **argv, CompileFlags *f) 
             o.cluster = v;
         } else if (plan && strcmp(a, "--format") == 0) {
             NEED_VALUE();
-            if (strcmp(v, "text") && strcmp(v, "json"))
-                status = cli_usage(cmd, "--format must be text or json, got '%s'", v);
+            if (strcmp(v, "text") && strcmp(v, "json") && strcmp(v, "dot") && strcmp(v, "svg"))
+                status = cli_usage(cmd, "--format must be text, json, dot or svg, got '%s'", v);
             f->format = v;
         } else if (strcmp(a, "-o") == 0) {
             NEED_VALUE();

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "../cost/simulate.h"
 #include "../plan/plan.h"
 
 static void layout_text(const Candidate *c, char *buf, size_t len) {
@@ -121,18 +122,136 @@ static int print_json(const CompileOptions *o, const Search *s) {
     return 0;
 }
 
+/* s with the characters that end a quoted DOT string or XML text escaped. */
+static void put_escaped(const char *s, bool xml) {
+    for (; *s; s++) {
+        if (xml && *s == '<') fputs("&lt;", stdout);
+        else if (xml && *s == '>') fputs("&gt;", stdout);
+        else if (xml && *s == '&') fputs("&amp;", stdout);
+        else if (!xml && (*s == '"' || *s == '\\')) printf("\\%c", *s);
+        else putchar(*s);
+    }
+}
+
+/* The partitioned forward graph: one box per stage (or one for every
+ * rank's replica), edges labelled with the bytes that cross stages. */
+static void print_dot(const Plan *p) {
+    const Graph *g = p->g;
+    printf("digraph plan {\n  rankdir=LR;\n  node [shape=box, fontsize=10];\n");
+    int stages = p->n_stages ? p->n_stages : 1;
+    for (int st = 0; st < stages; st++) {
+        printf("  subgraph cluster_%d {\n    label=\"stage %d", st, st);
+        if (p->n_stages) printf(" (%.3g GFLOP)", p->stage_flops[st] / 1e9);
+        printf("\";\n");
+        GRAPH_FOR_NODES(g, n) {
+            if (n->phase != PHASE_FORWARD) continue;
+            int ns = p->n_stages ? p->node_stage[n->id] : 0;
+            if (ns != st) continue;
+            printf("    n%d [label=\"", n->id);
+            put_escaped(n->name, false);
+            printf("\\n%s\"];\n", n->op_type);
+        }
+        printf("  }\n");
+    }
+    GRAPH_FOR_NODES(g, n) {
+        if (n->phase != PHASE_FORWARD) continue;
+        for (int k = 0; k < n->n_in; k++) {
+            const Value *v = n->in[k];
+            const Node *pr = v ? v->producer : NULL;
+            if (!pr || pr->dead || pr->phase != PHASE_FORWARD) continue;
+            bool cross = p->n_stages && p->node_stage[pr->id] != p->node_stage[n->id];
+            if (cross)
+                printf("  n%d -> n%d [color=red, label=\"%.3g MB\"];\n", pr->id, n->id,
+                       (double)plan_value_bytes(v) / 1e6);
+            else
+                printf("  n%d -> n%d;\n", pr->id, n->id);
+        }
+    }
+    printf("}\n");
+}
+
+/* The simulated timeline of every rank as a Gantt chart. */
+static void print_svg(const Plan *p, const SimResult *r, const char *title) {
+    enum { MAX_ROWS = 64, ROW = 18, LEFT = 90, WIDTH = 1000, TOP = 40 };
+    int rows = r->n_ranks < MAX_ROWS ? r->n_ranks : MAX_ROWS;
+    double scale = r->step_s > 0 ? (WIDTH - LEFT - 20) / r->step_s : 0;
+    int height = TOP + rows * ROW + 40;
+    printf("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" "
+           "font-size=\"11\">\n", WIDTH, height);
+    printf("<text x=\"10\" y=\"16\" font-size=\"13\">");
+    put_escaped(title, true);
+    printf("</text>\n");
+    printf("<text x=\"10\" y=\"32\">predicted step %.3f ms, bubble %.1f%%%s; forward <tspan fill=\"#4e79a7\">"
+           "&#9632;</tspan> backward <tspan fill=\"#f28e2b\">&#9632;</tspan> update <tspan fill=\"#59a14f\">"
+           "&#9632;</tspan> waiting <tspan fill=\"#e15759\">&#9632;</tspan></text>\n",
+           r->step_s * 1e3, r->bubble * 100, rows < r->n_ranks ? " (first 64 ranks)" : "");
+    for (int k = 0; k < rows; k++) {
+        int y = TOP + k * ROW;
+        const RankPlan *rp = &p->ranks[k];
+        if (p->n_stages)
+            printf("<text x=\"4\" y=\"%d\">rank %d s%d r%d</text>\n", y + 12, k, rp->stage, rp->replica);
+        else
+            printf("<text x=\"4\" y=\"%d\">rank %d</text>\n", y + 12, k);
+    }
+    for (int i = 0; i < r->n_events; i++) {
+        const SimEvent *e = &r->events[i];
+        if (e->rank >= rows) continue;
+        const char *color = e->kind == 'F' ? "#4e79a7" : e->kind == 'B' ? "#f28e2b" : e->kind == 'U' ? "#59a14f"
+                                                                                                      : "#e15759";
+        printf("<rect x=\"%.2f\" y=\"%d\" width=\"%.2f\" height=\"%d\" fill=\"%s\"/>\n", LEFT + e->t0 * scale,
+               TOP + e->rank * ROW + 2, (e->t1 - e->t0) * scale, ROW - 4, color);
+    }
+    int axis = TOP + rows * ROW + 14;
+    for (int t = 0; t <= 4; t++)
+        printf("<text x=\"%.1f\" y=\"%d\">%.3g ms</text>\n", LEFT + t * (WIDTH - LEFT - 20) / 4.0, axis,
+               r->step_s * 1e3 * t / 4);
+    printf("</svg>\n");
+}
+
+/* dot or svg of the chosen plan (or the one o names). */
+static int print_drawing(const CompileOptions *o, const Search *s, bool svg) {
+    const Candidate *best = &s->c[s->best];
+    Diag d = {0};
+    CompileOptions x = *o;
+    if (strcmp(o->strategy, "auto") == 0) search_options(o, best, &x);
+    Graph *g;
+    TrainGraph t;
+    Plan p;
+    if (!driver_build_plan(&x, &g, &t, &p, &d)) return cli_fail(&d);
+    bool ok = true;
+    if (!svg) {
+        print_dot(&p);
+    } else {
+        Cluster cl;
+        ok = o->cluster ? cluster_load(o->cluster, &cl, &d) : (cluster_defaults(&cl, (int)p.n_ranks), true);
+        SimResult r;
+        if (ok && (ok = simulate_plan(&p, &cl, &r, &d))) {
+            char title[400];
+            char lay[160];
+            layout_text(best, lay, sizeof lay);
+            snprintf(title, sizeof title, "%s: %s on %d ranks", o->model, lay, p.n_ranks);
+            print_svg(&p, &r, title);
+            sim_result_free(&r);
+        }
+        if (ok || o->cluster == NULL) cluster_free(&cl);
+    }
+    graph_free(g);
+    return ok ? 0 : cli_fail(&d);
+}
+
 int plan_report(const CompileOptions *o, const char *format) {
     Diag d = {0};
     Search s;
     bool ok = strcmp(o->strategy, "auto") == 0 ? driver_search(o, o->cluster, &s, &d) : driver_predict(o, &s, &d);
     if (!ok) return cli_fail(&d);
     int status = 0;
-    if (strcmp(format, "json") == 0) {
+    bool drawing = strcmp(format, "dot") == 0 || strcmp(format, "svg") == 0;
+    if (strcmp(format, "json") == 0 || drawing) {
         if (s.best < 0) {
             diag_error(&d, DIAG_USAGE, "%s: no plan fits the memory of the ranks (%s)", o->model, s.cluster);
             status = cli_fail(&d);
         } else {
-            status = print_json(o, &s);
+            status = drawing ? print_drawing(o, &s, strcmp(format, "svg") == 0) : print_json(o, &s);
         }
     } else {
         print_text(o, &s);

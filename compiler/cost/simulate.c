@@ -30,7 +30,33 @@ typedef struct Sim {
     Box *box;
     double **bucket_done; /* per rank, per bucket: when its sum is complete */
     SimRank *out;
+    SimEvent *ev;
+    int n_ev, cap_ev;
+    bool ev_failed;
 } Sim;
+
+/* Records an interval of rank r's timeline (dropped when empty). */
+static void event(Sim *S, int r, double t0, double t1, char kind) {
+    if (t1 <= t0 || S->ev_failed) return;
+    if (S->n_ev == S->cap_ev) {
+        int cap = S->cap_ev ? 2 * S->cap_ev : 256;
+        SimEvent *e = realloc(S->ev, sizeof *e * (size_t)cap);
+        if (!e) {
+            S->ev_failed = true;
+            return;
+        }
+        S->ev = e;
+        S->cap_ev = cap;
+    }
+    S->ev[S->n_ev++] = (SimEvent){r, t0, t1, kind};
+}
+
+static char compute_kind(const PlanStep *s) {
+    if (s->micro < 0 && s->kind != STEP_COMPUTE) return 'U';
+    if (s->kind != STEP_COMPUTE) return 'B'; /* accumulations */
+    NodePhase ph = s->node->phase;
+    return ph == PHASE_OPTIMIZER || s->micro < 0 ? 'U' : ph == PHASE_BACKWARD ? 'B' : 'F';
+}
 
 double sim_node_seconds(const Cluster *c, int rank, const Node *n) {
     double bytes = 0;
@@ -101,6 +127,7 @@ static int collective(Sim *S, const PlanStep *s, int *all) {
         S->out[r].reduced_bytes += bytes;
         if (s->kind == STEP_ALLREDUCE) {
             S->out[r].wait_s += done - S->t[r];
+            event(S, r, S->t[r], done, 'W');
             S->t[r] = done;
         } else {
             S->bucket_done[r][s->bucket] = done;
@@ -116,12 +143,14 @@ static int advance(Sim *S, int r, const PlanStep *s, int *all) {
     switch (s->kind) {
     case STEP_COMPUTE: {
         double dt = sim_node_seconds(S->c, r, s->node);
+        event(S, r, S->t[r], S->t[r] + dt, compute_kind(s));
         S->t[r] += dt;
         S->out[r].busy_s += dt;
         break;
     }
     case STEP_ACCUMULATE: {
         double dt = cluster_mem_seconds(S->c, r, 3.0 * (double)plan_value_bytes(s->value));
+        event(S, r, S->t[r], S->t[r] + dt, compute_kind(s));
         S->t[r] += dt;
         S->out[r].busy_s += dt;
         break;
@@ -149,7 +178,10 @@ static int advance(Sim *S, int r, const PlanStep *s, int *all) {
         if (S->bucket_done[r][s->bucket] > S->t[r]) S->t[r] = S->bucket_done[r][s->bucket];
         break;
     }
-    if (s->kind != STEP_COMPUTE && s->kind != STEP_ACCUMULATE) S->out[r].wait_s += S->t[r] - before;
+    if (s->kind != STEP_COMPUTE && s->kind != STEP_ACCUMULATE) {
+        S->out[r].wait_s += S->t[r] - before;
+        event(S, r, before, S->t[r], 'W');
+    }
     S->pc[r]++;
     return 1;
 }
@@ -171,7 +203,7 @@ bool simulate_plan(const Plan *p, const Cluster *c, SimResult *out, Diag *d) {
     if (n > cluster_ranks(c))
         return diag_error(d, DIAG_USAGE, "the plan needs %d ranks but the cluster (%s) has %d", n, c->origin,
                           cluster_ranks(c));
-    Sim S = {p, c, d, n, NULL, NULL, NULL, NULL, NULL};
+    Sim S = {.p = p, .c = c, .d = d, .n = n};
     S.pc = calloc((size_t)n, sizeof *S.pc);
     S.t = calloc((size_t)n, sizeof *S.t);
     S.box = calloc((size_t)n, sizeof *S.box);
@@ -215,8 +247,14 @@ bool simulate_plan(const Plan *p, const Cluster *c, SimResult *out, Diag *d) {
         out->n_ranks = n;
         out->ranks = S.out;
         S.out = NULL;
+        if (!S.ev_failed) {
+            out->events = S.ev;
+            out->n_events = S.n_ev;
+            S.ev = NULL;
+        }
     }
     free(S.out);
+    free(S.ev);
     free(all);
     free_sim(&S);
     return ok;
@@ -224,5 +262,6 @@ bool simulate_plan(const Plan *p, const Cluster *c, SimResult *out, Diag *d) {
 
 void sim_result_free(SimResult *r) {
     free(r->ranks);
+    free(r->events);
     memset(r, 0, sizeof *r);
 }

@@ -29,6 +29,13 @@ typedef struct SimRank {
     int64_t arena_bytes; /* everything the rank allocates: a bound that holds */
 } SimRank;
 
+/* One interval of a rank's simulated timeline. */
+typedef struct SimEvent {
+    int rank;
+    double t0, t1;
+    char kind; /* 'F' forward, 'B' backward, 'U' update (optimizer, once-per-step sums), 'W' waiting */
+} SimEvent;
+
 typedef struct SimResult {
     double step_s;       /* the slowest rank's end, plus the loss reduction */
     double bubble;       /* 1 - sum of busy / (ranks x step) */
@@ -36,6 +43,8 @@ typedef struct SimResult {
     int64_t peak_bytes;  /* the largest arena */
     int n_ranks;
     SimRank *ranks;      /* malloc'd, n_ranks */
+    int n_events;
+    SimEvent *events;    /* malloc'd, in the order simulated (NULL when out of memory) */
 } SimResult;
 
 /* Seconds one kernel of node n takes on `rank`. */

@@ -9,7 +9,8 @@ allocates; that a cluster whose ranks are too small marks candidates
 over memory and makes --strategy auto refuse with one line; that a
 slower network makes data parallelism's predicted step longer; that a
 program compiled with --strategy auto trains to the same losses as one
-process; and the errors of the new flags.
+process; that --format dot and svg draw the stages and the simulated
+timeline; and the errors of the new flags.
 
 usage: test_plan_search.py --cleave BIN [--workdir DIR]
 Ends with "N passed, M failed"; SKIP (exit 0) without mpirun or numpy.
@@ -154,11 +155,31 @@ def check_auto_trains(rep, args, work):
     rep.check("--strategy auto trains to the single-process losses", ok, detail)
 
 
+def check_drawings(rep, args):
+    """dot: the forward graph cut into stages; svg: the simulated timeline."""
+    import xml.dom.minidom
+    flags = ["plan", MODEL, "--batch", str(BATCH), "--ranks", "2", "--strategy", "pipeline", "--microbatches", "4"]
+    p = cleave(args, *(flags + ["--format", "dot"]))
+    if rep.check("plan --format dot exits 0", p.returncode == 0, p.stderr[-300:]):
+        rep.check("dot has a box per stage and a red edge where a value crosses them",
+                  "subgraph cluster_0" in p.stdout and "subgraph cluster_1" in p.stdout and "color=red" in p.stdout,
+                  p.stdout[:300])
+    p = cleave(args, *(flags + ["--format", "svg"]))
+    if rep.check("plan --format svg exits 0", p.returncode == 0, p.stderr[-300:]):
+        try:
+            doc = xml.dom.minidom.parseString(p.stdout)
+            rects = doc.getElementsByTagName("rect")
+            rep.check("svg is well-formed with a bar per simulated interval (%d)" % len(rects), len(rects) >= 8)
+            rep.check("svg draws one row per rank", "rank 0 s0 r0" in p.stdout and "rank 1 s1 r0" in p.stdout)
+        except Exception as e:  # a malformed document is the failure reported
+            rep.check("svg is well-formed XML", False, str(e))
+
+
 def check_errors(rep, args, work):
     cases = [
         (["plan", MODEL, "--batch", "8", "--ranks", "2", "--cluster", os.path.join(work, "missing.json")],
          "missing.json"),
-        (["plan", MODEL, "--batch", "8", "--ranks", "2", "--format", "yaml"], "--format must be text or json"),
+        (["plan", MODEL, "--batch", "8", "--ranks", "2", "--format", "yaml"], "--format must be text, json, dot or svg"),
         (["compile", MODEL, "-o", os.path.join(work, "n"), "--batch", "8", "--ranks", "2", "--strategy", "auto",
           "--stages", "a"], "does not go with --strategy auto"),
         (["plan", MODEL, "--batch", "8", "--ranks", "4", "--cluster", cluster_file(work, "two", 1 << 32)],
@@ -191,6 +212,7 @@ def main():
         rep.guarded("plan json", lambda: check_json(rep, args, work))
         rep.guarded("memory and network", lambda: check_memory(rep, args, work))
         rep.guarded("auto trains", lambda: check_auto_trains(rep, args, work))
+        rep.guarded("drawings", lambda: check_drawings(rep, args))
         rep.guarded("errors", lambda: check_errors(rep, args, work))
     return rep.summary()
 
