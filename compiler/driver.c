@@ -9,6 +9,7 @@
 #include "ir/shapes.h"
 #include "codegen/cg.h"
 #include "ops/ops.h"
+#include "cost/simulate.h"
 #include "plan/pipeline.h"
 
 bool driver_check_supported(Graph *g, Diag *d) {
@@ -150,6 +151,27 @@ static void report_plan(const Plan *p, const CompileOptions *o) {
             (double)arena / (1 << 20));
 }
 
+static double node_seconds(const Node *n, void *cluster) { return sim_node_seconds(cluster, 0, n); }
+
+/* The staged plan, its stages balanced by FLOPs or (--balance time) by the
+ * predicted time of their nodes on the cluster. */
+static bool staged_plan(const CompileOptions *o, const Layout *l, Graph *g, TrainGraph *t, Plan *p, Diag *d) {
+    Cluster cl;
+    StageWeight w = {node_seconds, &cl};
+    bool timed = o->balance_time && o->n_cuts == 0;
+    if (timed) {
+        if (o->cluster) {
+            if (!cluster_load(o->cluster, &cl, d)) return false;
+        } else {
+            cluster_defaults(&cl, l->ranks);
+        }
+    }
+    bool ok = plan_hybrid_weighted(g, t, o->batch, l->replicas, l->stages, l->microbatches, l->schedule, o->cuts,
+                                   o->n_cuts, o->bucket_mb, timed ? &w : NULL, p, d);
+    if (timed) cluster_free(&cl);
+    return ok;
+}
+
 bool driver_build_plan(const CompileOptions *o, Graph **gp, TrainGraph *t, Plan *p, Diag *d) {
     *gp = NULL;
     Layout l;
@@ -167,8 +189,7 @@ bool driver_build_plan(const CompileOptions *o, Graph **gp, TrainGraph *t, Plan 
     bool ok = train_build(g, &to, t, d) && ir_verify(g, d);
     if (ok) {
         if (l.staged)
-            ok = plan_hybrid(g, t, o->batch, l.replicas, l.stages, l.microbatches, l.schedule, o->cuts, o->n_cuts,
-                             o->bucket_mb, p, d);
+            ok = staged_plan(o, &l, g, t, p, d);
         else if (l.dp)
             ok = plan_dp(g, t, o->batch, l.ranks, o->bucket_mb, p, d);
         else

@@ -33,6 +33,7 @@ typedef struct CompileOptions {
     const char *const *cuts;
     int n_cuts;
     const char *cluster; /* --strategy auto: the cluster file (NULL: defaults) */
+    bool balance_time;   /* stages balanced by predicted time on `cluster`, not FLOPs (--balance time) */
     TrainOptions train;
     bool verbose;
 } CompileOptions;

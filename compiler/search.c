@@ -37,6 +37,7 @@ static CompileOptions options_for(const CompileOptions *o, const Candidate *c) {
     x.plan_out = NULL;
     x.dp = x.pp = x.microbatches = 0;
     x.schedule = NULL;
+    x.balance_time = true; /* the search's stages are balanced on the model's own prediction */
     if (strcmp(c->strategy, "hybrid") == 0) {
         x.dp = c->dp;
         x.pp = c->stages;

@@ -50,6 +50,8 @@ static const char compile_help[] =
     "  --stages NODE,...    the first node of every stage after the first (default:\n"
     "                       stages balanced by FLOPs)\n"
     "  --dp D --pp P        hybrid: replicas and stages (D x P = --ranks)\n"
+    "  --balance flops|time stages balanced by FLOPs (default) or by the time the cost\n"
+    "                       model predicts for their nodes on --cluster (what auto does)\n"
     "  --strategy auto      plan every strategy, predict each on the cluster, compile\n"
     "                       the fastest that fits (see cleave plan)\n"
     "  --cluster FILE       the cluster auto plans for (docs/cluster.md; default: stated\n"
@@ -122,6 +124,11 @@ static int parse_flags(const char *cmd, int argc, char **argv, CompileFlags *f) 
         } else if (strcmp(a, "--cluster") == 0) {
             NEED_VALUE();
             o.cluster = v;
+        } else if (strcmp(a, "--balance") == 0) {
+            NEED_VALUE();
+            if (strcmp(v, "time") && strcmp(v, "flops"))
+                status = cli_usage(cmd, "--balance must be time or flops, got '%s'", v);
+            o.balance_time = strcmp(v, "time") == 0;
         } else if (plan && strcmp(a, "--format") == 0) {
             NEED_VALUE();
             if (strcmp(v, "text") && strcmp(v, "json") && strcmp(v, "dot") && strcmp(v, "svg"))

@@ -599,6 +599,13 @@ static bool fill_plan(Ctx *c, const StageSplit *sp, int64_t batch) {
 
 bool plan_hybrid(Graph *g, const TrainGraph *t, int64_t batch, int dp, int n_stages, int microbatches,
                  const char *schedule, const char *const *cuts, int n_cuts, double bucket_mb, Plan *p, Diag *d) {
+    return plan_hybrid_weighted(g, t, batch, dp, n_stages, microbatches, schedule, cuts, n_cuts, bucket_mb, NULL, p,
+                                d);
+}
+
+bool plan_hybrid_weighted(Graph *g, const TrainGraph *t, int64_t batch, int dp, int n_stages, int microbatches,
+                          const char *schedule, const char *const *cuts, int n_cuts, double bucket_mb,
+                          const StageWeight *weight, Plan *p, Diag *d) {
     memset(p, 0, sizeof *p);
     SchedKind sched;
     if (!schedule_parse(schedule, &sched, d)) return false;
@@ -614,7 +621,7 @@ bool plan_hybrid(Graph *g, const TrainGraph *t, int64_t batch, int dp, int n_sta
         return diag_error(d, DIAG_USAGE, "--batch %lld does not divide into %d replica%s x %d micro-batch%s",
                           (long long)batch, dp, dp == 1 ? "" : "s", microbatches, microbatches == 1 ? "" : "es");
     StageSplit sp;
-    if (!stages_split(g, n_stages, cuts, n_cuts, &sp, d)) return false;
+    if (!stages_split_weighted(g, n_stages, cuts, n_cuts, weight, &sp, d)) return false;
     Ctx c = {g, t, p, d, n_stages, microbatches, dp, sched};
     c.bucket_bytes = (int64_t)(bucket_mb * 1048576.0);
     p->bucket_mb = bucket_mb;

@@ -104,6 +104,13 @@ typedef struct StageSplit {
     double *flops; /* per stage: FLOPs of every node it runs for one micro-batch */
 } StageSplit;
 
+/* What a node weighs when stages are balanced: its predicted seconds
+ * (cost/simulate.h) when node_seconds is set, else its FLOPs. */
+typedef struct StageWeight {
+    double (*node_seconds)(const Node *n, void *ctx);
+    void *ctx;
+} StageWeight;
+
 /* Splits the forward nodes into n_stages stages: at the user's cut points
  * when n_cuts > 0 (cuts[k] names the first node of stage k + 1, so there
  * are n_stages - 1 of them, in order), otherwise balanced: the most
@@ -113,6 +120,9 @@ typedef struct StageSplit {
  * cut at fault: unknown node, not a forward node, out of order, a stage
  * left empty, or more stages than forward nodes. */
 bool stages_split(Graph *g, int n_stages, const char *const *cuts, int n_cuts, StageSplit *s, Diag *d);
+/* The same with weights (NULL: FLOPs). */
+bool stages_split_weighted(Graph *g, int n_stages, const char *const *cuts, int n_cuts, const StageWeight *w,
+                           StageSplit *s, Diag *d);
 /* The same, as a stage per forward node: stage_of_node has g->n_nodes
  * entries, by node id; other nodes get -1.  The graph must not gain
  * forward nodes afterwards. */
@@ -191,6 +201,10 @@ bool plan_pipeline(Graph *g, const TrainGraph *t, int64_t batch, int n_stages, i
  * STEP_ALLREDUCE_WAIT precedes the once-per-step work. */
 bool plan_hybrid(Graph *g, const TrainGraph *t, int64_t batch, int dp, int n_stages, int microbatches,
                  const char *schedule, const char *const *cuts, int n_cuts, double bucket_mb, Plan *p, Diag *d);
+/* The same with the stages balanced by `weight` (NULL: FLOPs). */
+bool plan_hybrid_weighted(Graph *g, const TrainGraph *t, int64_t batch, int dp, int n_stages, int microbatches,
+                          const char *schedule, const char *const *cuts, int n_cuts, double bucket_mb,
+                          const StageWeight *weight, Plan *p, Diag *d);
 
 /* ---- memory (memplan_pipeline.c) ---- */
 

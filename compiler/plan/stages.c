@@ -323,6 +323,11 @@ static bool user_cuts(Graph *g, Node **order, int n_fwd, int n_stages, const cha
 /* ---- the split ---- */
 
 bool stages_split(Graph *g, int n_stages, const char *const *cuts, int n_cuts, StageSplit *s, Diag *d) {
+    return stages_split_weighted(g, n_stages, cuts, n_cuts, NULL, s, d);
+}
+
+bool stages_split_weighted(Graph *g, int n_stages, const char *const *cuts, int n_cuts, const StageWeight *wt,
+                           StageSplit *s, Diag *d) {
     memset(s, 0, sizeof *s);
     if (n_stages < 1)
         return diag_error(d, DIAG_USAGE, "%s: the number of pipeline stages must be at least 1, not %d", g->path,
@@ -336,21 +341,25 @@ bool stages_split(Graph *g, int n_stages, const char *const *cuts, int n_cuts, S
                           g->path, n_fwd, n_fwd == 1 ? "" : "s", n_stages, n_fwd);
     int *begin = ARENA_ARRAY(&g->arena, int, n_stages + 1);
     double *flops = ARENA_ARRAY(&g->arena, double, n_stages);
-    double *w = calloc((size_t)n_fwd, sizeof *w);
+    double *w = calloc((size_t)n_fwd, sizeof *w), *fl = calloc((size_t)n_fwd, sizeof *fl);
     int *pos = malloc(sizeof *pos * (size_t)(g->n_nodes + 1));
-    if (!begin || !flops || !w || !pos) {
+    if (!begin || !flops || !w || !fl || !pos) {
         free(w);
+        free(fl);
         free(pos);
         return diag_error(d, DIAG_NOMEM, "%s: out of memory", g->path);
     }
-    /* Each forward node weighs its own FLOPs and those of every node that
-     * goes with it; what goes with the loss weighs on the last node. */
+    /* Each forward node weighs its own FLOPs (or predicted time) and those
+     * of every node that goes with it; what goes with the loss weighs on
+     * the last node. */
     for (int i = 0; i < g->n_nodes; i++) pos[i] = -1;
     for (int i = 0; i < n_fwd; i++) pos[order[i]->id] = i;
     GRAPH_FOR_NODES(g, n) {
         const Node *h = home_node(g, n);
         int at = h && pos[h->id] >= 0 ? pos[h->id] : n_fwd - 1;
-        w[at] += node_flops(n);
+        double f = node_flops(n), x = wt && wt->node_seconds ? wt->node_seconds(n, wt->ctx) : f;
+        w[at] += x > 0 && isfinite(x) ? x : 0;
+        fl[at] += f;
     }
     assert(n_cuts <= 0 || cuts);
     bool ok = n_cuts > 0 ? user_cuts(g, order, n_fwd, n_stages, cuts, n_cuts, begin, d)
@@ -359,9 +368,10 @@ bool stages_split(Graph *g, int n_stages, const char *const *cuts, int n_cuts, S
     if (ok)
         for (int k = 0; k < n_stages; k++) {
             flops[k] = 0;
-            for (int i = begin[k]; i < begin[k + 1]; i++) flops[k] += w[i];
+            for (int i = begin[k]; i < begin[k + 1]; i++) flops[k] += fl[i];
         }
     free(w);
+    free(fl);
     free(pos);
     if (!ok) return false;
     *s = (StageSplit){n_stages, n_fwd, order, begin, flops};

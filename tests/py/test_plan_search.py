@@ -89,6 +89,8 @@ def check_json(rep, args, work):
     rep.equal("the plan JSON is the chosen strategy", doc["strategy"], chosen["strategy"])
     # The memory the plan reports is what the compiled program allocates.
     flags = ["--strategy", chosen["strategy"], "--ranks", "2"]
+    if chosen["strategy"] in ("layer", "pipeline", "hybrid"):
+        flags += ["--balance", "time"]  # the search balances stages on predicted time
     if chosen["strategy"] in ("pipeline", "hybrid"):
         flags += ["--microbatches", str(chosen["microbatches"]), "--schedule", chosen["schedule"]]
     if chosen["strategy"] == "hybrid":
