@@ -278,6 +278,9 @@ typedef struct RtArgs {
     int64_t log_every; /* 0: only the final line */
     bool check_replicas;
     bool help;
+    /* --calibrate-comm OUT.json (rt_calibrate.c): time messages, no
+     * training; no other option may be given with it */
+    const char *calibrate_comm;
 } RtArgs;
 
 bool rt_args_parse(int argc, char **argv, RtArgs *a, RtErr *e);
@@ -293,6 +296,14 @@ bool rt_args_check_writable(const char *flag, const char *path, RtErr *e);
  * steps and collectives run: --steps, --epochs, --shuffle, --lr,
  * --eval-data given, --predict given, --check-replicas. */
 uint64_t rt_args_fingerprint(const RtArgs *a);
+
+/* ---- --calibrate-comm: rt_calibrate.c ------------------------------------ */
+
+/* Collective over every rank, in place of a run: ranks 0 and 1 time a
+ * ping-pong and rank 0 writes to path {"latency_s", "bandwidth_gbps",
+ * "same_node", "hosts", "ranks", "points"}.  Fails on every rank (an
+ * `every` error) with fewer than 2 ranks or when path cannot be written. */
+bool rt_calibrate_comm(const char *path, RtErr *e);
 
 /* ---- data files: rt_data.c, rt_npy.c, rt_idx.c --------------------------- */
 

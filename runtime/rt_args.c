@@ -94,7 +94,7 @@ bool rt_args_parse(int argc, char **argv, RtArgs *a, RtErr *e) {
         flag[flen] = 0;
         static const char *const known[] = {"--data", "--eval-data", "--steps", "--epochs", "--lr",
                                             "--shuffle", "--metrics", "--save", "--predict",
-                                            "--log-every", "--trace"};
+                                            "--log-every", "--trace", "--calibrate-comm"};
         bool is_known = false;
         for (size_t k = 0; k < sizeof known / sizeof *known; k++) is_known |= strcmp(flag, known[k]) == 0;
         if (!is_known) return rt_usage_error(e, "unknown option '%s' (see --help)", flag);
@@ -133,12 +133,21 @@ bool rt_args_parse(int argc, char **argv, RtArgs *a, RtErr *e) {
             ok = set_once(&a->save, flag, value, e);
         } else if (strcmp(flag, "--trace") == 0) {
             ok = set_once(&a->trace, flag, value, e);
+        } else if (strcmp(flag, "--calibrate-comm") == 0) {
+            ok = set_once(&a->calibrate_comm, flag, value, e);
         } else {
             ok = set_once(&a->predict, flag, value, e);
         }
         if (!ok) return false;
     }
     if (a->help) return true;
+    /* A calibration trains nothing: a training flag with it is a mistake. */
+    if (a->calibrate_comm) {
+        if (a->n_data || a->n_eval || a->steps || a->epochs || a->has_lr || a->shuffle || have_log_every ||
+            a->metrics || a->save || a->predict || a->trace || a->check_replicas)
+            return rt_usage_error(e, "--calibrate-comm takes no other option");
+        return true;
+    }
     if (a->n_data == 0) return rt_usage_error(e, "no --data given (see --help)");
     if (!a->steps && !a->epochs) return rt_usage_error(e, "give --steps K or --epochs E");
     if (a->steps && a->epochs) return rt_usage_error(e, "give --steps or --epochs, not both");

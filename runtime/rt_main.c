@@ -206,6 +206,15 @@ int main(int argc, char **argv) {
     RtArgs args;
     RtMeta meta;
     bool ok = rt_args_parse(argc, argv, &args, &e);
+    /* A calibration runs on any number of ranks, whatever the program was
+     * compiled for, so it skips the start-up checks of a training run. */
+    if (ok && !args.help && args.calibrate_comm) {
+        ok = rt_calibrate_comm(args.calibrate_comm, &e);
+        rt_args_free(&args);
+        if (!ok) rt_die(&e);
+        rt_comm_finalize();
+        return 0;
+    }
     bool help = ok && args.help;
     bool have_meta = ok && !help && rt_meta_parse_rank(prog.meta, prog.meta_len, rt_rank(), &meta, &e);
     /* Every rank gets here, whatever went wrong so far: the ranks compare

@@ -1,0 +1,570 @@
+/* cmd_calibrate.c - `cleave calibrate`: measures this machine and writes a
+ * cluster file ("source": "calibrated", docs/cluster.md) for the cost
+ * model.
+ *
+ * Compute is measured on the kernels cleave itself generates, built and
+ * run in this process (as the unit tests do), because the cost model
+ * prices those kernels, not a BLAS.  Messages are measured by a generated
+ * program under mpirun (the runtime's --calibrate-comm), because the
+ * compiler is not an MPI program.  Whatever cannot be measured keeps its
+ * stated default (cluster_defaults), and the summary says which. */
+#include <errno.h>
+#include <ftw.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "onnx.pb-c.h"
+#include "../codegen/cg.h"
+#include "../cost/cluster.h"
+#include "../driver.h"
+#include "../ir/shapes.h"
+#include "../ops/ops.h"
+#include "../plan/plan.h"
+
+static const char calibrate_help[] =
+    "usage: cleave calibrate -o CLUSTER.json [--ranks-per-node R] [--nodes N]\n"
+    "                        [--memory-per-rank BYTES] [--hostfile FILE] [--quick]\n"
+    "\n"
+    "Measures this machine and writes a cluster file (\"source\": \"calibrated\") for\n"
+    "cleave plan --cluster and cleave compile --strategy auto --cluster:\n"
+    "  compute    GEMM rate of generated MatMul kernels of several sizes, the\n"
+    "             bandwidth of an element-wise Add, the cost of a tiny kernel call\n"
+    "  intra_node latency and bandwidth between 2 ranks (mpirun -np 2)\n"
+    "  inter_node the same across nodes, only with --hostfile; otherwise defaults\n"
+    "\n"
+    "  -o FILE                the cluster file to write\n"
+    "  --ranks-per-node R     ranks on each node (default: this machine's CPUs)\n"
+    "  --nodes N              nodes (default 1)\n"
+    "  --memory-per-rank B    bytes per rank (default: physical memory / R)\n"
+    "  --hostfile FILE        mpirun host file of 2 or more nodes: measure inter_node\n"
+    "  --quick                fewer sizes and shorter timing (a few seconds)\n";
+
+typedef struct Opts {
+    const char *out, *hostfile;
+    int64_t nodes, ranks_per_node, memory;
+    bool quick;
+} Opts;
+
+/* ---- compute: kernels built and run in this process ---------------------- */
+
+typedef struct Kernel {
+    Graph *g;
+    CgJit *jit;
+    void (*eval)(char *);
+    char *arena;
+} Kernel;
+
+static void kernel_free(Kernel *k) {
+    cg_jit_free(k->jit);
+    free(k->arena);
+    graph_free(k->g);
+    memset(k, 0, sizeof *k);
+}
+
+/* A graph of one node `op` over two float inputs of shape dims. */
+static Graph *one_op_graph(const char *op, int rank, const int64_t *dims) {
+    Graph *g = graph_new("calibrate");
+    if (!g) return NULL;
+    g->opsets = ARENA_NEW(&g->arena, Opset);
+    g->inputs = ARENA_ARRAY(&g->arena, Value *, 2);
+    g->outputs = ARENA_ARRAY(&g->arena, Value *, 1);
+    Node *n = graph_add_node(g, NULL, op, "", 2, 1);
+    Value *y = graph_add_value(g, "y");
+    if (!g->opsets || !g->inputs || !g->outputs || !n || !y) {
+        graph_free(g);
+        return NULL;
+    }
+    g->opsets[0] = (Opset){"", 13};
+    g->n_opsets = 1;
+    n->def = op_lookup("", op);
+    for (int i = 0; i < 2; i++) {
+        Value *v = graph_add_value(g, i ? "b" : "a");
+        if (!v) {
+            graph_free(g);
+            return NULL;
+        }
+        v->kind = VAL_INPUT;
+        v->dtype = v->file_dtype = DT_FLOAT;
+        v->rank = rank;
+        for (int j = 0; j < rank; j++) v->dims[j] = dim_const(dims[j]);
+        g->inputs[g->n_inputs++] = v;
+        n->in[i] = v;
+    }
+    y->producer = n;
+    y->is_output = true;
+    n->out[0] = y;
+    g->outputs[g->n_outputs++] = y;
+    return g;
+}
+
+/* Compiles g (taken over) as the compiler would, O3 included, into k, with
+ * every input filled with 0.5 so no kernel runs on denormals. */
+static bool kernel_build(Graph *g, Kernel *k, Diag *d) {
+    memset(k, 0, sizeof *k);
+    k->g = g;
+    if (!g) return diag_error(d, DIAG_NOMEM, "out of memory");
+    ShapeOptions so = {.batch = 0, .fold = true};
+    Plan p;
+    if (!ir_verify(g, d) || !ir_infer_shapes(g, &so, d)) return false;
+    ir_prune(g);
+    if (!plan_forward(g, &p, d)) return false;
+    CgOptions co = {.emit = "obj"};
+    CgModule *m = cg_build(&p, &co, d);
+    if (!m) return false;
+    k->jit = cg_jit(m, d);
+    cg_module_free(m);
+    if (!k->jit) return false;
+    k->eval = (void (*)(char *))cg_jit_lookup(k->jit, "cleave_eval_step", d);
+    const unsigned char *init = cg_jit_lookup(k->jit, "cleave_init", d);
+    if (!k->eval || !init) return false;
+    const RankPlan *rp = &p.ranks[0];
+    size_t bytes = (size_t)((rp->arena_bytes + 63) / 64 * 64 + 64);
+    k->arena = aligned_alloc(64, bytes);
+    if (!k->arena) return diag_error(d, DIAG_NOMEM, "out of memory for a %zu-byte arena", bytes);
+    memset(k->arena, 0, bytes);
+    memcpy(k->arena, init, (size_t)rp->init_bytes);
+    for (int i = 0; i < g->n_inputs; i++) {
+        float *x = (float *)(k->arena + rp->offset[g->inputs[i]->id]);
+        for (int64_t j = 0, n = value_numel(g->inputs[i]); j < n; j++) x[j] = 0.5f;
+    }
+    return true;
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Seconds of one call: the median over `reps` repetitions of as many calls
+ * as fill min_s (one call warms caches and pages first). */
+static double time_kernel(Kernel *k, double min_s, int reps) {
+    k->eval(k->arena);
+    long calls = 1;
+    for (;;) {
+        double t0 = now_s();
+        for (long i = 0; i < calls; i++) k->eval(k->arena);
+        double t = now_s() - t0;
+        if (t >= min_s || calls > (1L << 40)) break;
+        /* aim a little past min_s so the next round is usually the last */
+        double scale = t > 0 ? 1.2 * min_s / t : 16;
+        calls = (long)((double)calls * (scale < 2 ? 2 : scale > 16 ? 16 : scale));
+    }
+    double per[16];
+    if (reps > 16) reps = 16;
+    for (int r = 0; r < reps; r++) {
+        double t0 = now_s();
+        for (long i = 0; i < calls; i++) k->eval(k->arena);
+        per[r] = (now_s() - t0) / (double)calls;
+    }
+    qsort(per, (size_t)reps, sizeof *per, cmp_double);
+    return per[reps / 2];
+}
+
+/* Builds one op over inputs of shape dims and times it. */
+static bool time_op(const char *op, int rank, const int64_t *dims, double min_s, int reps, double *s, Diag *d) {
+    Kernel k;
+    bool ok = kernel_build(one_op_graph(op, rank, dims), &k, d);
+    if (ok) *s = time_kernel(&k, min_s, reps);
+    kernel_free(&k);
+    return ok;
+}
+
+static bool measure_compute(Cluster *c, bool quick, Diag *d) {
+    static const int64_t full[] = {16, 32, 64, 128, 256, 512}, short_[] = {16, 64, 256};
+    const int64_t *sizes = quick ? short_ : full;
+    int n_sizes = quick ? 3 : 6, reps = quick ? 3 : 7;
+    double min_s = quick ? 0.01 : 0.05;
+    c->n_gemm = 0;
+    for (int i = 0; i < n_sizes; i++) {
+        int64_t n = sizes[i], dims[2] = {n, n};
+        double s;
+        if (!time_op("MatMul", 2, dims, min_s, reps, &s, d)) return false;
+        double flops = 2.0 * (double)n * (double)n * (double)n;
+        c->gemm_flops[c->n_gemm] = flops;
+        c->gemm_gflops[c->n_gemm++] = flops / s / 1e9;
+        fprintf(stderr, "cleave: calibrate: MatMul %lldx%lld: %.3g s per call, %.2f GFLOP/s\n", (long long)n,
+                (long long)n, s, flops / s / 1e9);
+        /* a larger size would spend far more time than it teaches */
+        if (s > 0.5) break;
+    }
+    /* Vectors well past the last-level cache: the rate from memory. */
+    int64_t len = quick ? (int64_t)1 << 22 : (int64_t)1 << 23, one = 1;
+    double s;
+    if (!time_op("Add", 1, &len, min_s, reps, &s, d)) return false;
+    c->elementwise_gbps = 3.0 * 4.0 * (double)len / s / 1e9;
+    if (!time_op("Add", 1, &one, min_s, reps, &s, d)) return false;
+    c->kernel_overhead_s = s;
+    return true;
+}
+
+/* ---- communication: a generated program under mpirun --------------------- */
+
+/* A one-MatMul model ([1,4] x [4,2]) for the probe program: any program
+ * will do, since --calibrate-comm runs none of it. */
+static bool write_probe_model(const char *path, Diag *d) {
+    static float w[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    static int64_t wdims[2] = {4, 2};
+    Onnx__TensorShapeProto__Dimension dx[2], dy[2];
+    Onnx__TensorShapeProto__Dimension *px[2] = {&dx[0], &dx[1]}, *py[2] = {&dy[0], &dy[1]};
+    int64_t xd[2] = {1, 4}, yd[2] = {1, 2};
+    for (int i = 0; i < 2; i++) {
+        onnx__tensor_shape_proto__dimension__init(&dx[i]);
+        onnx__tensor_shape_proto__dimension__init(&dy[i]);
+        dx[i].value_case = dy[i].value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE;
+        dx[i].dim_value = xd[i];
+        dy[i].dim_value = yd[i];
+    }
+    Onnx__TensorShapeProto sx = ONNX__TENSOR_SHAPE_PROTO__INIT, sy = ONNX__TENSOR_SHAPE_PROTO__INIT;
+    sx.n_dim = sy.n_dim = 2;
+    sx.dim = px;
+    sy.dim = py;
+    Onnx__TypeProto__Tensor tx = ONNX__TYPE_PROTO__TENSOR__INIT, ty = ONNX__TYPE_PROTO__TENSOR__INIT;
+    tx.has_elem_type = ty.has_elem_type = 1;
+    tx.elem_type = ty.elem_type = ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT;
+    tx.shape = &sx;
+    ty.shape = &sy;
+    Onnx__TypeProto typx = ONNX__TYPE_PROTO__INIT, typy = ONNX__TYPE_PROTO__INIT;
+    typx.value_case = typy.value_case = ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE;
+    typx.tensor_type = &tx;
+    typy.tensor_type = &ty;
+    Onnx__ValueInfoProto vx = ONNX__VALUE_INFO_PROTO__INIT, vy = ONNX__VALUE_INFO_PROTO__INIT;
+    vx.name = "x";
+    vx.type = &typx;
+    vy.name = "y";
+    vy.type = &typy;
+    Onnx__ValueInfoProto *ins[1] = {&vx}, *outs[1] = {&vy};
+    Onnx__TensorProto wt = ONNX__TENSOR_PROTO__INIT;
+    wt.name = "w";
+    wt.has_data_type = 1;
+    wt.data_type = ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT;
+    wt.n_dims = 2;
+    wt.dims = wdims;
+    wt.n_float_data = 8;
+    wt.float_data = w;
+    Onnx__TensorProto *inits[1] = {&wt};
+    char *node_in[2] = {"x", "w"}, *node_out[1] = {"y"};
+    Onnx__NodeProto mm = ONNX__NODE_PROTO__INIT;
+    mm.op_type = "MatMul";
+    mm.n_input = 2;
+    mm.input = node_in;
+    mm.n_output = 1;
+    mm.output = node_out;
+    Onnx__NodeProto *nodes[1] = {&mm};
+    Onnx__GraphProto gr = ONNX__GRAPH_PROTO__INIT;
+    gr.name = "probe";
+    gr.n_node = 1;
+    gr.node = nodes;
+    gr.n_initializer = 1;
+    gr.initializer = inits;
+    gr.n_input = 1;
+    gr.input = ins;
+    gr.n_output = 1;
+    gr.output = outs;
+    Onnx__OperatorSetIdProto opset = ONNX__OPERATOR_SET_ID_PROTO__INIT;
+    opset.domain = "";
+    opset.has_version = 1;
+    opset.version = 13;
+    Onnx__OperatorSetIdProto *opsets[1] = {&opset};
+    Onnx__ModelProto model = ONNX__MODEL_PROTO__INIT;
+    model.has_ir_version = 1;
+    model.ir_version = 8;
+    model.n_opset_import = 1;
+    model.opset_import = opsets;
+    model.graph = &gr;
+
+    size_t len = onnx__model_proto__get_packed_size(&model);
+    uint8_t *buf = malloc(len);
+    if (!buf) return diag_error(d, DIAG_NOMEM, "out of memory");
+    onnx__model_proto__pack(&model, buf);
+    FILE *f = fopen(path, "wb");
+    bool ok = f && fwrite(buf, 1, len, f) == len;
+    if (f && fclose(f) != 0) ok = false;
+    free(buf);
+    return ok || diag_error(d, DIAG_IO, "%s: cannot write: %s", path, strerror(errno));
+}
+
+static bool on_path(const char *prog) {
+    const char *path = getenv("PATH");
+    if (!path) return false;
+    for (const char *p = path; *p;) {
+        const char *colon = strchr(p, ':');
+        size_t len = colon ? (size_t)(colon - p) : strlen(p);
+        char full[4096];
+        snprintf(full, sizeof full, "%.*s/%s", (int)len, p, prog);
+        if (len && access(full, X_OK) == 0) return true;
+        p += len + (colon != NULL);
+    }
+    return false;
+}
+
+/* Runs argv with stdout and stderr into log; the exit status, or -1 when it
+ * could not start or ran past timeout_s (then its process group is
+ * killed: mpirun and the ranks it started). */
+static int run_logged(char *const argv[], const char *log, double timeout_s) {
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        setpgid(0, 0);
+        FILE *f = freopen(log, "w", stdout);
+        if (f) dup2(fileno(stdout), STDERR_FILENO);
+        /* mpirun refuses root unless told; containers and CI often are */
+        if (geteuid() == 0) {
+            setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+            setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+        }
+        execvp(argv[0], argv);
+        _exit(127);
+    }
+    double end = now_s() + timeout_s;
+    for (;;) {
+        int st;
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        if (r < 0) return -1;
+        if (now_s() > end) {
+            kill(-pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            return -1;
+        }
+        nanosleep(&(struct timespec){0, 20000000L}, NULL);
+    }
+}
+
+/* The last non-empty line of a log, for a note. */
+static void last_line(const char *log, char *out, size_t size) {
+    snprintf(out, size, "no output");
+    FILE *f = fopen(log, "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        if (line[0]) snprintf(out, size, "%.380s", line);
+    }
+    fclose(f);
+}
+
+/* One probe run: true with *link and *same_node filled, or false with why
+ * in note (the caller keeps the defaults). */
+static bool probe_link(const char *prog, const char *dir, const char *hostfile, ClusterLink *link, bool *same_node,
+                       char *note, size_t note_size) {
+    char out[4200], log[4200];
+    snprintf(out, sizeof out, "%s/comm%s.json", dir, hostfile ? "-inter" : "");
+    snprintf(log, sizeof log, "%s/mpirun%s.log", dir, hostfile ? "-inter" : "");
+    char *argv[16];
+    int n = 0;
+    argv[n++] = "mpirun";
+    argv[n++] = "--oversubscribe";
+    argv[n++] = "-np";
+    argv[n++] = "2";
+    if (hostfile) {
+        /* one rank per node: ranks 0 and 1 on different nodes */
+        argv[n++] = "--hostfile";
+        argv[n++] = (char *)hostfile;
+        argv[n++] = "--map-by";
+        argv[n++] = "node";
+    }
+    argv[n++] = (char *)prog;
+    argv[n++] = "--calibrate-comm";
+    argv[n++] = out;
+    argv[n] = NULL;
+    int status = run_logged(argv, log, 120);
+    if (status != 0) {
+        char why[400];
+        last_line(log, why, sizeof why);
+        snprintf(note, note_size, "mpirun %s (%s)", status < 0 ? "did not finish" : "failed", why);
+        return false;
+    }
+    json_error_t err;
+    json_t *j = json_load_file(out, 0, &err);
+    json_t *lat = json_object_get(j, "latency_s"), *bw = json_object_get(j, "bandwidth_gbps");
+    json_t *same = json_object_get(j, "same_node");
+    bool ok = json_is_number(lat) && json_is_number(bw) && json_is_boolean(same) && json_number_value(lat) >= 0 &&
+              json_number_value(bw) > 0;
+    if (ok) {
+        link->latency_s = json_number_value(lat);
+        link->bandwidth_gbps = json_number_value(bw);
+        *same_node = json_is_true(same);
+    } else {
+        snprintf(note, note_size, "the probe wrote no usable %.400s", out);
+    }
+    json_decref(j);
+    return ok;
+}
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st, (void)flag, (void)ftw;
+    remove(path);
+    return 0;
+}
+
+typedef struct CommResult {
+    bool intra, inter; /* measured */
+    char intra_note[600], inter_note[600];
+} CommResult;
+
+static void measure_comm(Cluster *c, const Opts *o, CommResult *r) {
+    snprintf(r->inter_note, sizeof r->inter_note, "no --hostfile");
+    if (!on_path("mpirun")) {
+        snprintf(r->intra_note, sizeof r->intra_note, "mpirun not found on PATH");
+        return;
+    }
+    const char *tmp = getenv("TMPDIR");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/cleave-calibrate-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(dir)) {
+        snprintf(r->intra_note, sizeof r->intra_note, "cannot make a folder in %s: %s", tmp && *tmp ? tmp : "/tmp",
+                 strerror(errno));
+        return;
+    }
+    char model[4200], prog[4200];
+    snprintf(model, sizeof model, "%s/probe.onnx", dir);
+    snprintf(prog, sizeof prog, "%s/probe", dir);
+    fprintf(stderr, "cleave: calibrate: compiling a probe program for mpirun\n");
+    CompileOptions co = {.model = model, .output = prog, .emit = "exe", .strategy = "single", .batch = 1,
+                         .ranks = 1, .train = {.loss = LOSS_MSE, .optimizer = OPT_SGD, .lr = 0.01f}};
+    Diag d = {0};
+    if (!write_probe_model(model, &d) || !driver_compile(&co, &d)) {
+        snprintf(r->intra_note, sizeof r->intra_note, "compiling the probe program failed: %.500s", d.msg);
+    } else {
+        bool same = true;
+        r->intra = probe_link(prog, dir, NULL, &c->intra_node, &same, r->intra_note, sizeof r->intra_note);
+        if (o->hostfile) {
+            ClusterLink l;
+            if (!probe_link(prog, dir, o->hostfile, &l, &same, r->inter_note, sizeof r->inter_note))
+                ;
+            else if (same)
+                snprintf(r->inter_note, sizeof r->inter_note, "both ranks of %s ran on one node", o->hostfile);
+            else
+                c->inter_node = l, r->inter = true;
+        }
+    }
+    nftw(dir, remove_entry, 8, FTW_DEPTH | FTW_PHYS);
+}
+
+/* ---- the command ---------------------------------------------------------- */
+
+/* Fails now, before a minute of measuring, when -o could not be written. */
+static bool check_writable(const char *path, Diag *d) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return diag_error(d, DIAG_IO, "%s: is a folder", path);
+    if (stat(path, &st) == 0)
+        return access(path, W_OK) == 0 || diag_error(d, DIAG_IO, "%s: not writable: %s", path, strerror(errno));
+    const char *slash = strrchr(path, '/');
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%.*s", slash ? (slash == path ? 1 : (int)(slash - path)) : 1, slash ? path : ".");
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return diag_error(d, DIAG_IO, "%s: folder %s does not exist", path, dir);
+    if (access(dir, W_OK | X_OK) != 0)
+        return diag_error(d, DIAG_IO, "%s: cannot create files in %s: %s", path, dir, strerror(errno));
+    return true;
+}
+
+static int parse_opts(int argc, char **argv, Opts *o) {
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            fputs(calibrate_help, stdout);
+            return 0;
+        }
+        if (strcmp(a, "--quick") == 0) {
+            o->quick = true;
+            continue;
+        }
+        bool known = strcmp(a, "-o") == 0 || strcmp(a, "--ranks-per-node") == 0 || strcmp(a, "--nodes") == 0 ||
+                     strcmp(a, "--memory-per-rank") == 0 || strcmp(a, "--hostfile") == 0;
+        if (!known) return cli_usage("calibrate", "unknown option '%s'", a);
+        if (i + 1 >= argc) return cli_usage("calibrate", "%s needs a value", a);
+        const char *v = argv[++i];
+        if (strcmp(a, "-o") == 0) o->out = v;
+        else if (strcmp(a, "--hostfile") == 0) o->hostfile = v;
+        else if (strcmp(a, "--nodes") == 0 && !cli_parse_i64(v, 1, CLUSTER_MAX_RANKS, &o->nodes))
+            return cli_usage("calibrate", "--nodes needs an integer from 1 to %d, got '%s'", CLUSTER_MAX_RANKS, v);
+        else if (strcmp(a, "--ranks-per-node") == 0 && !cli_parse_i64(v, 1, CLUSTER_MAX_RANKS, &o->ranks_per_node))
+            return cli_usage("calibrate", "--ranks-per-node needs an integer from 1 to %d, got '%s'",
+                             CLUSTER_MAX_RANKS, v);
+        else if (strcmp(a, "--memory-per-rank") == 0 && !cli_parse_i64(v, 1, INT64_MAX, &o->memory))
+            return cli_usage("calibrate", "--memory-per-rank needs a positive number of bytes, got '%s'", v);
+    }
+    if (!o->out || !*o->out) return cli_usage("calibrate", "no output file: give -o CLUSTER.json");
+    if (o->nodes * o->ranks_per_node > CLUSTER_MAX_RANKS)
+        return cli_usage("calibrate", "--nodes x --ranks-per-node is more than %d ranks", CLUSTER_MAX_RANKS);
+    return -1;
+}
+
+int cmd_calibrate(int argc, char **argv) {
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    Opts o = {.nodes = 1, .ranks_per_node = cpus > 0 ? cpus : 1};
+    int status = parse_opts(argc, argv, &o);
+    if (status >= 0) return status;
+    const char *memory_from = "--memory-per-rank";
+    if (!o.memory) {
+        /* the machine's memory shared by its ranks */
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        o.memory = pages > 0 && page > 0 ? (int64_t)pages * page / o.ranks_per_node : 0;
+        memory_from = o.memory > 0 ? "physical memory / ranks per node" : "default";
+    }
+    Diag d = {0};
+    if (!check_writable(o.out, &d)) return cli_fail(&d);
+
+    Cluster c;
+    cluster_defaults(&c, (int)o.ranks_per_node);
+    c.nodes = (int)o.nodes;
+    c.ranks_per_node = (int)o.ranks_per_node;
+    if (o.memory > 0) c.memory_per_rank_bytes = o.memory;
+    snprintf(c.source, sizeof c.source, "calibrated");
+    if (!measure_compute(&c, o.quick, &d)) return cli_fail(&d);
+    CommResult comm = {0};
+    measure_comm(&c, &o, &comm);
+
+    char host[256] = "this machine";
+    gethostname(host, sizeof host);
+    host[sizeof host - 1] = 0;
+    char name[512];
+    snprintf(name, sizeof name, "calibrated on %s%s", host, o.quick ? " (--quick)" : "");
+    c.name = strdup(name);
+    char *text = cluster_to_json(&c);
+    if (!c.name || !text) {
+        free(text);
+        cluster_free(&c);
+        diag_error(&d, DIAG_NOMEM, "out of memory");
+        return cli_fail(&d);
+    }
+    FILE *f = fopen(o.out, "w");
+    bool ok = f && fputs(text, f) >= 0;
+    if (f && fclose(f) != 0) ok = false;
+    free(text);
+    if (!ok) {
+        cluster_free(&c);
+        diag_error(&d, DIAG_IO, "%s: cannot write: %s", o.out, strerror(errno));
+        return cli_fail(&d);
+    }
+
+    fprintf(stderr, "cleave: calibrate: wrote %s (%d node%s x %d ranks, %lld bytes per rank: %s)\n", o.out,
+            c.nodes, c.nodes > 1 ? "s" : "", c.ranks_per_node, (long long)c.memory_per_rank_bytes, memory_from);
+    fprintf(stderr, "  gemm_gflops       measured:");
+    for (int i = 0; i < c.n_gemm; i++) fprintf(stderr, " %.3g FLOPs %.2f;", c.gemm_flops[i], c.gemm_gflops[i]);
+    fprintf(stderr, "\n  elementwise_gbps  measured: %.2f GB/s\n", c.elementwise_gbps);
+    fprintf(stderr, "  kernel_overhead_s measured: %.3g s\n", c.kernel_overhead_s);
+    fprintf(stderr, "  intra_node        %s: %.3g s + %.3g GB/s%s%s%s\n", comm.intra ? "measured" : "default",
+            c.intra_node.latency_s, c.intra_node.bandwidth_gbps, comm.intra ? "" : " (", comm.intra ? "" : comm.intra_note,
+            comm.intra ? "" : ")");
+    fprintf(stderr, "  inter_node        %s: %.3g s + %.3g GB/s%s%s%s\n", comm.inter ? "measured" : "default",
+            c.inter_node.latency_s, c.inter_node.bandwidth_gbps, comm.inter ? "" : " (", comm.inter ? "" : comm.inter_note,
+            comm.inter ? "" : ")");
+    cluster_free(&c);
+    return 0;
+}
