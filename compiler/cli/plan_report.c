@@ -86,16 +86,21 @@ static json_t *candidate_json(const Candidate *c, const Candidate *best) {
                      (json_int_t)c->comm_bytes, "peak_bytes", (json_int_t)c->peak_bytes, "ranks", ranks);
 }
 
+/* The plan of the search's best candidate (auto), or the one o names. */
+static bool chosen_plan(const CompileOptions *o, const Search *s, Graph **g, TrainGraph *t, Plan *p, Diag *d) {
+    CompileOptions x = *o;
+    if (strcmp(o->strategy, "auto") == 0) search_options(o, &s->c[s->best], &x);
+    return driver_build_plan(&x, g, t, p, d);
+}
+
 /* The chosen plan in the plan format, with the predictions added. */
 static int print_json(const CompileOptions *o, const Search *s) {
     const Candidate *best = s->best >= 0 ? &s->c[s->best] : NULL;
     Diag d = {0};
-    CompileOptions x = *o;
-    if (strcmp(o->strategy, "auto") == 0) search_options(o, best, &x);
     Graph *g;
     TrainGraph t;
     Plan p;
-    if (!driver_build_plan(&x, &g, &t, &p, &d)) return cli_fail(&d);
+    if (!chosen_plan(o, s, &g, &t, &p, &d)) return cli_fail(&d);
     char *text = plan_to_json(&p, &o->train);
     json_t *root = text ? json_loads(text, 0, NULL) : NULL;
     free(text);
@@ -212,12 +217,10 @@ static void print_svg(const Plan *p, const SimResult *r, const char *title) {
 static int print_drawing(const CompileOptions *o, const Search *s, bool svg) {
     const Candidate *best = &s->c[s->best];
     Diag d = {0};
-    CompileOptions x = *o;
-    if (strcmp(o->strategy, "auto") == 0) search_options(o, best, &x);
     Graph *g;
     TrainGraph t;
     Plan p;
-    if (!driver_build_plan(&x, &g, &t, &p, &d)) return cli_fail(&d);
+    if (!chosen_plan(o, s, &g, &t, &p, &d)) return cli_fail(&d);
     bool ok = true;
     if (!svg) {
         print_dot(&p);
