@@ -160,11 +160,9 @@ static bool staged_plan(const CompileOptions *o, const Layout *l, Graph *g, Trai
     StageWeight w = {node_seconds, &cl};
     bool timed = o->balance_time && o->n_cuts == 0;
     if (timed) {
-        if (o->cluster) {
-            if (!cluster_load(o->cluster, &cl, d)) return false;
-        } else {
-            cluster_defaults(&cl, l->ranks);
-        }
+        char which[1100];
+        if (o->cluster ? !cluster_load(o->cluster, &cl, d) : !cluster_machine(&cl, l->ranks, which, sizeof which, d))
+            return false;
     }
     bool ok = plan_hybrid_weighted(g, t, o->batch, l->replicas, l->stages, l->microbatches, l->schedule, o->cuts,
                                    o->n_cuts, o->bucket_mb, timed ? &w : NULL, p, d);

@@ -132,10 +132,8 @@ static bool open_cluster(const char *path, int ranks, Cluster *cl, Search *s, Di
         if (!cluster_load(path, cl, d)) return false;
         snprintf(s->cluster, sizeof s->cluster, "%s (%d node%s x %d ranks)", cl->origin, cl->nodes,
                  cl->nodes > 1 ? "s" : "", cl->ranks_per_node);
-    } else {
-        cluster_defaults(cl, ranks);
-        snprintf(s->cluster, sizeof s->cluster, "stated defaults for one node of %d rank%s (no --cluster given)",
-                 ranks, ranks > 1 ? "s" : "");
+    } else if (!cluster_machine(cl, ranks, s->cluster, sizeof s->cluster, d)) {
+        return false;
     }
     s->memory_per_rank = cl->memory_per_rank_bytes;
     return true;

@@ -30,7 +30,7 @@
 #include "../plan/plan.h"
 
 static const char calibrate_help[] =
-    "usage: cleave calibrate -o CLUSTER.json [--ranks-per-node R] [--nodes N]\n"
+    "usage: cleave calibrate (-o CLUSTER.json | --cache) [--ranks-per-node R] [--nodes N]\n"
     "                        [--memory-per-rank BYTES] [--hostfile FILE] [--quick]\n"
     "\n"
     "Measures this machine and writes a cluster file (\"source\": \"calibrated\") for\n"
@@ -41,6 +41,9 @@ static const char calibrate_help[] =
     "  inter_node the same across nodes, only with --hostfile; otherwise defaults\n"
     "\n"
     "  -o FILE                the cluster file to write\n"
+    "  --cache                store it as this machine's calibration, which cleave plan\n"
+    "                         and --strategy auto use when no --cluster is given\n"
+    "                         ($CLEAVE_CLUSTER_CACHE, else ~/.cache/cleave/cluster.json)\n"
     "  --ranks-per-node R     ranks on each node (default: this machine's CPUs)\n"
     "  --nodes N              nodes (default 1)\n"
     "  --memory-per-rank B    bytes per rank (default: physical memory / R)\n"
@@ -50,7 +53,8 @@ static const char calibrate_help[] =
 typedef struct Opts {
     const char *out, *hostfile;
     int64_t nodes, ranks_per_node, memory;
-    bool quick;
+    bool quick, cache;
+    char cache_path[1024];
 } Opts;
 
 /* ---- compute: kernels built and run in this process ---------------------- */
@@ -484,6 +488,10 @@ static int parse_opts(int argc, char **argv, Opts *o) {
             o->quick = true;
             continue;
         }
+        if (strcmp(a, "--cache") == 0) {
+            o->cache = true;
+            continue;
+        }
         bool known = strcmp(a, "-o") == 0 || strcmp(a, "--ranks-per-node") == 0 || strcmp(a, "--nodes") == 0 ||
                      strcmp(a, "--memory-per-rank") == 0 || strcmp(a, "--hostfile") == 0;
         if (!known) return cli_usage("calibrate", "unknown option '%s'", a);
@@ -499,7 +507,13 @@ static int parse_opts(int argc, char **argv, Opts *o) {
         else if (strcmp(a, "--memory-per-rank") == 0 && !cli_parse_i64(v, 1, INT64_MAX, &o->memory))
             return cli_usage("calibrate", "--memory-per-rank needs a positive number of bytes, got '%s'", v);
     }
-    if (!o->out || !*o->out) return cli_usage("calibrate", "no output file: give -o CLUSTER.json");
+    if (o->cache && o->out) return cli_usage("calibrate", "give -o FILE or --cache, not both");
+    if (o->cache) {
+        if (!cluster_cache_path(o->cache_path, sizeof o->cache_path))
+            return cli_usage("calibrate", "--cache: set HOME or CLEAVE_CLUSTER_CACHE to say where the cache goes");
+        o->out = o->cache_path;
+    }
+    if (!o->out || !*o->out) return cli_usage("calibrate", "no output file: give -o CLUSTER.json or --cache");
     if (o->nodes * o->ranks_per_node > CLUSTER_MAX_RANKS)
         return cli_usage("calibrate", "--nodes x --ranks-per-node is more than %d ranks", CLUSTER_MAX_RANKS);
     return -1;
@@ -518,6 +532,7 @@ int cmd_calibrate(int argc, char **argv) {
         memory_from = o.memory > 0 ? "physical memory / ranks per node" : "default";
     }
     Diag d = {0};
+    if (o.cache && !cluster_cache_dir(o.out, &d)) return cli_fail(&d);
     if (!check_writable(o.out, &d)) return cli_fail(&d);
 
     Cluster c;

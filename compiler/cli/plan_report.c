@@ -226,7 +226,8 @@ static int print_drawing(const CompileOptions *o, const Search *s, bool svg) {
         print_dot(&p);
     } else {
         Cluster cl;
-        ok = o->cluster ? cluster_load(o->cluster, &cl, &d) : (cluster_defaults(&cl, (int)p.n_ranks), true);
+        char which[1100];
+        ok = o->cluster ? cluster_load(o->cluster, &cl, &d) : cluster_machine(&cl, p.n_ranks, which, sizeof which, &d);
         SimResult r;
         if (ok && (ok = simulate_plan(&p, &cl, &r, &d))) {
             char title[400];
@@ -236,7 +237,7 @@ static int print_drawing(const CompileOptions *o, const Search *s, bool svg) {
             print_svg(&p, &r, title);
             sim_result_free(&r);
         }
-        if (ok || o->cluster == NULL) cluster_free(&cl);
+        if (ok) cluster_free(&cl);
     }
     graph_free(g);
     return ok ? 0 : cli_fail(&d);

@@ -106,6 +106,20 @@ bool cluster_parse(const char *text, size_t len, const char *path, Cluster *c, D
  *     few ranks each.
  * source and origin are "defaults"; name is NULL.  Allocates nothing. */
 void cluster_defaults(Cluster *c, int ranks);
+/* ---- this machine (cluster_machine.c) ---- */
+
+/* Where `cleave calibrate --cache` stores this machine's calibration:
+ * $CLEAVE_CLUSTER_CACHE, else $XDG_CACHE_HOME/cleave/cluster.json, else
+ * $HOME/.cache/cleave/cluster.json.  False when none can be formed. */
+bool cluster_cache_path(char *buf, size_t len);
+/* Creates the folders leading to path. */
+bool cluster_cache_dir(const char *path, Diag *d);
+/* The cluster to assume without a cluster file: the cached calibration
+ * (with at least `ranks` ranks on its one node), else cluster_defaults;
+ * `which` says which, for people.  Fails only on a cached file that does
+ * not load. */
+bool cluster_machine(Cluster *c, int ranks, char *which, size_t which_len, Diag *d);
+
 /* Frees rank_speed and name; c may be zeroed or already freed. */
 void cluster_free(Cluster *c);
 

@@ -83,6 +83,32 @@ def main():
     rep.check("the plan report names the calibrated file", "calibrated.json" in p.stdout + p.stderr,
               p.stdout[-800:])
 
+    # --cache: this machine's calibration, used when no --cluster is given.
+    cache = os.path.join(args.workdir, "cache", "nested", "cluster.json")
+    shutil.rmtree(os.path.join(args.workdir, "cache"), ignore_errors=True)
+    env = harness.mpi_env(CLEAVE_CLUSTER_CACHE=cache)
+    cmd = [args.cleave, "calibrate", "--quick", "--cache", "--ranks-per-node", "2"]
+    p, _ = harness.run(cmd, env=env, timeout=120)
+    rep.check("calibrate --cache writes $CLEAVE_CLUSTER_CACHE, creating its folders",
+              p.returncode == 0 and os.path.exists(cache), harness.failure(cmd, p))
+    plan = [args.cleave, "plan", MLP, "--batch", "32", "--ranks", "2"]
+    p, _ = harness.run(plan, env=env, timeout=120)
+    rep.check("without --cluster, plan uses the cached calibration and says so",
+              p.returncode == 0 and "this machine's calibration (%s)" % cache in p.stdout, p.stdout[:400] + p.stderr)
+    p, _ = harness.run(plan + ["--ranks", "4"], env=env, timeout=120)
+    rep.check("more ranks than the calibration's share its node", p.returncode == 0, p.stderr[-300:])
+    p, _ = harness.run(plan, env=harness.mpi_env(CLEAVE_CLUSTER_CACHE=cache + ".absent"), timeout=120)
+    rep.check("without a cache, plan says it uses the stated defaults",
+              p.returncode == 0 and "stated defaults" in p.stdout and "no calibration cached" in p.stdout,
+              p.stdout[:400])
+    with open(cache, "w") as f:
+        f.write("{ not json")
+    p, _ = harness.run(plan, env=env, timeout=120)
+    lines = p.stderr.strip().splitlines()
+    rep.check("a broken cache is one line naming it and what to do",
+              p.returncode != 0 and len(lines) == 1 and cache in p.stderr and "calibrate --cache" in p.stderr,
+              p.stderr[-400:])
+
     def one_line_error(label, cmd, env=None, want_status=None):
         p, _ = harness.run(cmd, env=env, timeout=60)
         lines = error_lines(p.stderr, env is not None)
@@ -92,6 +118,8 @@ def main():
 
     one_line_error("calibrate without -o: one line, status 2", [args.cleave, "calibrate", "--quick"],
                    want_status=2)
+    one_line_error("calibrate with -o and --cache: one line, status 2",
+                   [args.cleave, "calibrate", "--quick", "--cache", "-o", out], want_status=2)
     one_line_error("calibrate -o into a missing folder: one line",
                    [args.cleave, "calibrate", "--quick", "-o", os.path.join(args.workdir, "no", "such", "x.json")])
     one_line_error("calibrate -o a folder: one line", [args.cleave, "calibrate", "--quick", "-o", args.workdir])
