@@ -165,8 +165,8 @@ static bool get_tensor_list(json_t *root, json_t *prog, const char *key, TensorK
         if (prog && !off && kind == KIND_PARAM && !keep_absent) continue;
         int k = *n_out;
         if (!get_tensor(o, off, where, kind, m, &(*out)[k], e)) return false;
+        *n_out = k + 1; /* counted before anything else can fail, so rt_meta_free frees its name */
         if (kind == KIND_PARAM && !member(o, "trainable", where, JSON_TRUE, e)) return false;
-        *n_out = k + 1;
         for (int j = 0; j < k; j++)
             if (strcmp((*out)[j].name, (*out)[k].name) == 0)
                 return rt_error(e, BAD "%s: name \"%s\" is used twice", key, (*out)[k].name);

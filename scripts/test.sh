@@ -27,7 +27,7 @@ echo "== tests under ASan+UBSan"
 # for its libraries (runtime/rt_main.c); the file here serves the same for
 # the runtime's own tests.
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
-  LSAN_OPTIONS=suppressions="$root/tests/runtime/lsan.supp" \
+  LSAN_OPTIONS=suppressions="$root/tests/runtime/lsan.supp":print_suppressions=0 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 CLEAVE_TEST_STRIDE=6 CK_TIMEOUT_MULTIPLIER=4 \
   ctest --output-on-failure --timeout 3000)
 
