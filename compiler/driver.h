@@ -73,8 +73,8 @@ typedef struct Search {
 
 /* Plans every strategy, factorisation D x P = o->ranks, micro-batch count
  * and schedule that applies to o, simulates each on the cluster
- * (cluster_path, or this machine's defaults when NULL) and orders them. */
-bool driver_search(const CompileOptions *o, const char *cluster_path, Search *s, Diag *d);
+ * (o->cluster, or this machine's calibration or the stated defaults when NULL) and orders them. */
+bool driver_search(const CompileOptions *o, Search *s, Diag *d);
 void search_free(Search *s);
 /* The prediction for o's own strategy alone (one candidate). */
 bool driver_predict(const CompileOptions *o, Search *s, Diag *d);
@@ -86,7 +86,6 @@ bool driver_choose(const CompileOptions *o, CompileOptions *chosen, Diag *d);
 
 /* The program description the runtime reads (runtime/rt_abi.h),
  * malloc'd JSON text; NULL when out of memory (program_meta.c). */
-struct Plan;
 char *program_meta(const struct Plan *p, const CompileOptions *o);
 
 /* Fails naming the first node whose op is unsupported. */

@@ -179,12 +179,12 @@ static int by_prediction(const void *a, const void *b) {
     return x->step_s < y->step_s ? -1 : x->step_s > y->step_s;
 }
 
-bool driver_search(const CompileOptions *o, const char *cluster_path, Search *s, Diag *d) {
+bool driver_search(const CompileOptions *o, Search *s, Diag *d) {
     memset(s, 0, sizeof *s);
     s->best = -1;
     Cluster cl;
     int N = (int)(o->ranks > 0 ? o->ranks : 1);
-    if (!open_cluster(cluster_path, N, &cl, s, d)) return false;
+    if (!open_cluster(o->cluster, N, &cl, s, d)) return false;
     bool ok = true;
     if (N > cluster_ranks(&cl))
         ok = diag_error(d, DIAG_USAGE, "--ranks %d: the cluster (%s) has %d ranks", N, cl.origin, cluster_ranks(&cl));
@@ -234,7 +234,7 @@ void search_options(const CompileOptions *o, const Candidate *c, CompileOptions 
 bool driver_choose(const CompileOptions *o, CompileOptions *chosen, Diag *d) {
     if (o->n_cuts) return diag_error(d, DIAG_USAGE, "--stages chooses the stages by hand; it does not go with --strategy auto");
     Search s;
-    if (!driver_search(o, o->cluster, &s, d)) return false;
+    if (!driver_search(o, &s, d)) return false;
     bool ok = s.best >= 0;
     if (!ok) {
         diag_error(d, DIAG_USAGE, "%s: no plan fits the memory of the ranks (%s): the closest, %s, has %s", o->model,

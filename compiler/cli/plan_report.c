@@ -246,7 +246,7 @@ static int print_drawing(const CompileOptions *o, const Search *s, bool svg) {
 int plan_report(const CompileOptions *o, const char *format) {
     Diag d = {0};
     Search s;
-    bool ok = strcmp(o->strategy, "auto") == 0 ? driver_search(o, o->cluster, &s, &d) : driver_predict(o, &s, &d);
+    bool ok = strcmp(o->strategy, "auto") == 0 ? driver_search(o, &s, &d) : driver_predict(o, &s, &d);
     if (!ok) return cli_fail(&d);
     int status = 0;
     bool drawing = strcmp(format, "dot") == 0 || strcmp(format, "svg") == 0;

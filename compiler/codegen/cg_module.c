@@ -79,31 +79,25 @@ static void call_ext(Cg *c, const char *name, LLVMTypeRef *pts, LLVMValueRef *ar
     LLVMBuildCall2(c->b, fty, fn, args, (unsigned)n, "");
 }
 
-/* A runtime entry point taking one i32 (or none, arg < 0): RT_ABI collectives. */
-static void call_rt(Cg *c, const char *name, int arg) {
-    LLVMTypeRef pt = c->t_i32;
-    LLVMValueRef a = LLVMConstInt(c->t_i32, (unsigned long long)(arg >= 0 ? arg : 0), 0);
-    call_ext(c, name, &pt, &a, arg >= 0 ? 1 : 0);
-}
-
 static LLVMValueRef at_offset(Cg *c, LLVMValueRef arena, int64_t offset) {
     LLVMValueRef off = cg_i64(c, offset);
     return LLVMBuildInBoundsGEP2(c->b, c->t_i8, arena, &off, 1, "");
 }
 
-/* cleave_rt_send / cleave_rt_recv (peer, tag, buffer, bytes) and
- * cleave_rt_group_allreduce (group, buffer, float count). */
-static void call_rt_buf(Cg *c, const char *name, int a, int b, LLVMValueRef buf, int64_t n) {
-    LLVMTypeRef pts[4] = {c->t_i32, c->t_i32, c->t_ptr, c->t_i64};
-    LLVMValueRef args[4] = {LLVMConstInt(c->t_i32, (unsigned long long)a, 0),
-                            LLVMConstInt(c->t_i32, (unsigned long long)b, 0), buf, cg_i64(c, n)};
-    if (b < 0) { /* no second int */
-        pts[1] = pts[2], pts[2] = pts[3];
-        args[1] = args[2], args[2] = args[3];
-        call_ext(c, name, pts, args, 3);
-        return;
+/* Calls a runtime entry point (RT_ABI): n i32 arguments, then, when buf is
+ * not NULL, a pointer and an i64 (a buffer and its size). */
+static void call_rt(Cg *c, const char *name, int n, const int *ints, LLVMValueRef buf, int64_t size) {
+    LLVMTypeRef pts[4];
+    LLVMValueRef args[4];
+    for (int i = 0; i < n; i++) {
+        pts[i] = c->t_i32;
+        args[i] = LLVMConstInt(c->t_i32, (unsigned long long)(int64_t)ints[i], 1);
     }
-    call_ext(c, name, pts, args, 4);
+    if (buf) {
+        pts[n] = c->t_ptr, args[n++] = buf;
+        pts[n] = c->t_i64, args[n++] = cg_i64(c, size);
+    }
+    call_ext(c, name, pts, args, n);
 }
 
 static void call_kernel(Cg *c, const CgKernel *k, LLVMValueRef *args) {
@@ -124,12 +118,12 @@ static void build_step_fn(Cg *c, const char *name, const PlanStep *steps, int n)
     int in_flight = 0;
     for (int s = 0; s < n; s++) {
         if (steps[s].kind == STEP_ALLREDUCE_START) {
-            call_rt(c, "cleave_rt_allreduce_start", steps[s].bucket);
+            call_rt(c, "cleave_rt_allreduce_start", 1, &steps[s].bucket, NULL, 0);
             in_flight++;
             continue;
         }
         if (steps[s].kind == STEP_ALLREDUCE_WAIT) {
-            call_rt(c, "cleave_rt_allreduce_wait", steps[s].bucket);
+            call_rt(c, "cleave_rt_allreduce_wait", 1, &steps[s].bucket, NULL, 0);
             in_flight--;
             continue;
         }
@@ -138,7 +132,7 @@ static void build_step_fn(Cg *c, const char *name, const PlanStep *steps, int n)
         LLVMValueRef args[CG_MAX_BUFS];
         for (int i = 0; i < k->n_bufs; i++) args[i] = at_offset(c, arena, c->rp->offset[k->bufs[i]->id]);
         call_kernel(c, k, args);
-        if (in_flight > 0) call_rt(c, "cleave_rt_progress", -1);
+        if (in_flight > 0) call_rt(c, "cleave_rt_progress", 0, NULL, NULL, 0);
     }
     LLVMBuildRetVoid(c->b);
 }
@@ -187,26 +181,22 @@ static bool build_staged_step_fn(Cg *c, const char *name, const RankPlan *rp, co
     int unit = -1, unit_micro = -2;
     for (int s = 0; s < n; s++) {
         const PlanStep *st = &steps[s];
+        int peer_tag[2] = {st->peer, st->tag};
         if (st->kind == STEP_SEND_WAIT) { /* between units: not part of either */
-            LLVMTypeRef pts[2] = {c->t_i32, c->t_i32};
-            LLVMValueRef a[2] = {LLVMConstInt(c->t_i32, (unsigned long long)st->peer, 0),
-                                 LLVMConstInt(c->t_i32, (unsigned long long)st->tag, 0)};
-            call_ext(c, "cleave_rt_send_wait", pts, a, 2);
+            call_rt(c, "cleave_rt_send_wait", 2, peer_tag, NULL, 0);
             continue;
         }
         int u = (int)plan_step_unit(p, st);
         if (u != unit || st->micro != unit_micro) {
-            LLVMTypeRef pts[2] = {c->t_i32, c->t_i32};
-            LLVMValueRef a[2] = {LLVMConstInt(c->t_i32, (unsigned long long)u, 0),
-                                 LLVMConstInt(c->t_i32, (unsigned long long)(int64_t)st->micro, 1)};
-            call_ext(c, "cleave_rt_unit", pts, a, 2);
+            int unit_args[2] = {u, st->micro};
+            call_rt(c, "cleave_rt_unit", 2, unit_args, NULL, 0);
             unit = u;
             unit_micro = st->micro;
         }
         if (st->kind == STEP_ALLREDUCE_START || st->kind == STEP_ALLREDUCE_WAIT) {
             /* hybrid: a gradient bucket summed over the stage's replicas */
-            call_rt(c, st->kind == STEP_ALLREDUCE_START ? "cleave_rt_allreduce_start" : "cleave_rt_allreduce_wait",
-                    st->bucket);
+            call_rt(c, st->kind == STEP_ALLREDUCE_START ? "cleave_rt_allreduce_start" : "cleave_rt_allreduce_wait", 1,
+                    &st->bucket, NULL, 0);
             continue;
         }
         if (st->kind == STEP_COMPUTE) {
@@ -221,7 +211,7 @@ static bool build_staged_step_fn(Cg *c, const char *name, const RankPlan *rp, co
                 args[i] = at_offset(c, arena, off);
             }
             call_kernel(c, k, args);
-            call_rt(c, "cleave_rt_progress", -1);
+            call_rt(c, "cleave_rt_progress", 0, NULL, NULL, 0);
             continue;
         }
         int64_t off = pipeline_buffer(p, rp, st->value, st->micro);
@@ -230,13 +220,13 @@ static bool build_staged_step_fn(Cg *c, const char *name, const RankPlan *rp, co
                               s, st->value->name, st->micro);
         switch (st->kind) {
         case STEP_SEND:
-            call_rt_buf(c, "cleave_rt_send", st->peer, st->tag, at_offset(c, arena, off), st->bytes);
+            call_rt(c, "cleave_rt_send", 2, peer_tag, at_offset(c, arena, off), st->bytes);
             break;
         case STEP_RECV:
-            call_rt_buf(c, "cleave_rt_recv", st->peer, st->tag, at_offset(c, arena, off), st->bytes);
+            call_rt(c, "cleave_rt_recv", 2, peer_tag, at_offset(c, arena, off), st->bytes);
             break;
         case STEP_ALLREDUCE:
-            call_rt_buf(c, "cleave_rt_group_allreduce", st->group, -1, at_offset(c, arena, off), st->bytes / 4);
+            call_rt(c, "cleave_rt_group_allreduce", 1, &st->group, at_offset(c, arena, off), st->bytes / 4);
             break;
         case STEP_ACCUMULATE: {
             int64_t acc = pipeline_buffer(p, rp, st->value, -1);
