@@ -21,8 +21,9 @@
  * {"abi": 1, "plan_hash": "hex",   hash of the plan; every rank of a run
  *                                   must hold the same program
  *  "ranks": N,                      ranks the program is compiled for
- *  "rank_programs": 1,
+ *  "rank_programs": 1,              (staged programs: one per stage, below)
  *  "strategy": "single"|"dp",       "dp": data parallelism over N ranks
+ *                                   ("layer", "pipeline", "hybrid": below)
  *                                   (absent: "single", N must be 1)
  *  "batch": B,                      global batch: rows of one optimizer step
  *  "local_batch": L,                rows each rank computes, B / N under
