@@ -11,6 +11,7 @@
 #include "ops/ops.h"
 #include "cost/simulate.h"
 #include "plan/pipeline.h"
+#include "plan_file.h"
 
 bool driver_check_supported(Graph *g, Diag *d) {
     GRAPH_FOR_NODES(g, n) {
@@ -201,6 +202,17 @@ bool driver_build_plan(const CompileOptions *o, Graph **gp, TrainGraph *t, Plan 
     return true;
 }
 
+/* A plan file's derived fields that its decisions do not give are
+ * recomputed, and the user is told which, so an edit there is not lost
+ * without a word (docs/plan.md, "Editing a plan"). */
+static void check_plan_file(const PlanFile *f, const char *derived) {
+    char where[512];
+    if (plan_file_compare(f, derived, where, sizeof where))
+        fprintf(stderr, "cleave: note: %s: %s is not what the plan's decisions (strategy, replicas, stages, "
+                "stage_table first_node, microbatches, schedule, bucket_mb, batch, loss, optimizer) give; the fields "
+                "derived from them are recomputed\n", f->path, where);
+}
+
 bool driver_compile(const CompileOptions *o, Diag *d) {
     CompileOptions chosen;
     if (o->strategy && strcmp(o->strategy, "auto") == 0) {
@@ -210,12 +222,17 @@ bool driver_compile(const CompileOptions *o, Diag *d) {
     Graph *g;
     TrainGraph t;
     Plan p;
-    if (!driver_build_plan(o, &g, &t, &p, d)) return false;
+    if (!driver_build_plan(o, &g, &t, &p, d)) {
+        if (o->plan_file) plan_file_reword(o->plan_file, d);
+        return false;
+    }
     bool ok = true;
     char *meta = NULL;
-    if (o->plan_out) {
+    if (o->plan_out || o->plan_file) {
         char *text = plan_to_json(&p, &o->train);
-        ok = text ? write_text(o->plan_out, text, d) : diag_error(d, DIAG_NOMEM, "out of memory");
+        ok = text != NULL || diag_error(d, DIAG_NOMEM, "out of memory");
+        if (ok && o->plan_out) ok = write_text(o->plan_out, text, d);
+        if (ok && o->plan_file) check_plan_file(o->plan_file, text);
         free(text);
     }
     if (ok) {

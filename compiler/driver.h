@@ -36,6 +36,9 @@ typedef struct CompileOptions {
     bool balance_time;   /* stages balanced by predicted time on `cluster`, not FLOPs (--balance time) */
     TrainOptions train;
     bool verbose;
+    /* --plan FILE: the decisions above came from this plan file, whose
+     * derived fields are checked against the plan they give (plan_file.h) */
+    const struct PlanFile *plan_file;
 } CompileOptions;
 
 /* The whole pipeline: front end, training graph, plan, codegen, link.

@@ -6,6 +6,7 @@
 
 #include "cli.h"
 #include "../driver.h"
+#include "../plan_file.h"
 #include "plan_report.h"
 
 static const char compile_help[] =
@@ -56,6 +57,10 @@ static const char compile_help[] =
     "                       the fastest that fits (see cleave plan)\n"
     "  --cluster FILE       the cluster auto plans for (docs/cluster.md; default: stated\n"
     "                       defaults for one node of N ranks)\n"
+    "  --plan FILE          compile the plan in FILE (cleave plan --format json or\n"
+    "                       --emit-plan, perhaps edited): its strategy, stages,\n"
+    "                       micro-batches, schedule, batch, loss and optimizer replace\n"
+    "                       the flags that set them (MODEL defaults to the plan's)\n"
     "  -v, --verbose        report the stages and the planned memory\n";
 
 static const char plan_help[] =
@@ -75,7 +80,20 @@ typedef struct CompileFlags {
     CompileOptions o;
     const char *format;
     char *freeze_copy, *stages_copy;
+    const char *plan_in;  /* --plan FILE */
+    const char *decision; /* the first flag given that a plan file also decides */
 } CompileFlags;
+
+/* Flags whose value a plan file states (plan_file.c reads them there). */
+static bool plan_decides(const char *flag) {
+    static const char *const names[] = {"--batch", "--loss", "--optimizer", "--lr", "--momentum", "--weight-decay",
+                                        "--beta1", "--beta2", "--eps", "--nesterov", "--ranks", "--strategy",
+                                        "--microbatches", "--dp", "--pp", "--schedule", "--stages", "--bucket-mb",
+                                        "--balance", "--cluster"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(flag, names[i]) == 0) return true;
+    return false;
+}
 
 static bool parse_f(const char *s, float *out) {
     if (!s || !*s) return false;
@@ -118,6 +136,7 @@ static int parse_flags(const char *cmd, int argc, char **argv, CompileFlags *f) 
 #define NEED_VALUE()                                                        \
     if (!v) { status = cli_usage(cmd, "%s needs a value", a); break; } \
     i++;
+        if (!f->decision && plan_decides(a)) f->decision = a;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             fputs(plan ? plan_help : compile_help, stdout);
             status = 0;
@@ -134,6 +153,9 @@ static int parse_flags(const char *cmd, int argc, char **argv, CompileFlags *f) 
             if (strcmp(v, "text") && strcmp(v, "json") && strcmp(v, "dot") && strcmp(v, "svg"))
                 status = cli_usage(cmd, "--format must be text, json, dot or svg, got '%s'", v);
             f->format = v;
+        } else if (!plan && strcmp(a, "--plan") == 0) {
+            NEED_VALUE();
+            f->plan_in = v;
         } else if (strcmp(a, "-o") == 0) {
             NEED_VALUE();
             o.output = v;
@@ -238,7 +260,12 @@ static int parse_flags(const char *cmd, int argc, char **argv, CompileFlags *f) 
         }
 #undef NEED_VALUE
     }
-    if (status < 0) {
+    if (status < 0 && f->plan_in) {
+        if (f->decision)
+            status = cli_usage(cmd, "%s does not go with --plan: the plan file decides it (edit the file)", f->decision);
+        else if (!o.output)
+            status = cli_usage(cmd, "no output given (-o PROG)");
+    } else if (status < 0) {
         if (!o.model) status = cli_usage(cmd, "no model given");
         else if (!o.output && !plan) status = cli_usage(cmd, "no output given (-o PROG)");
         else if (!o.batch) status = cli_usage(cmd, "--batch is required");
@@ -262,10 +289,15 @@ static void free_flags(CompileFlags *f) {
 int cmd_compile(int argc, char **argv) {
     CompileFlags f = {0};
     int status = parse_flags("compile", argc, argv, &f);
+    PlanFile pf = {0};
     if (status < 0) {
         Diag d = {0};
-        status = driver_compile(&f.o, &d) ? 0 : cli_fail(&d);
+        bool ok = !f.plan_in || plan_file_load(f.plan_in, &f.o, &pf, &d);
+        if (ok && f.plan_in) f.o.plan_file = &pf;
+        status = ok && driver_compile(&f.o, &d) ? 0 : cli_fail(&d);
     }
+    if (pf.cuts) f.o.cuts = NULL; /* the plan file's, freed with it (--stages cannot come with --plan) */
+    plan_file_free(&pf);
     free_flags(&f);
     return status;
 }

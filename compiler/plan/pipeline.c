@@ -800,6 +800,7 @@ char *pipeline_plan_to_json(const Plan *p) {
             for (int i = 0; i < p->groups[k].n; i++) json_array_append_new(m, json_integer(p->groups[k].ranks[i]));
             json_array_append_new(groups, m);
         }
+        json_object_set_new(root, "bucket_mb", json_real(p->bucket_mb));
         json_object_set_new(root, "stages", json_integer(p->n_stages));
         json_object_set_new(root, "microbatches", json_integer(p->microbatches));
         json_object_set_new(root, "micro_batch", json_integer(p->micro_batch));
