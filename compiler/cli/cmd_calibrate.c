@@ -539,6 +539,7 @@ int cmd_calibrate(int argc, char **argv) {
     cluster_defaults(&c, (int)o.ranks_per_node);
     c.nodes = (int)o.nodes;
     c.ranks_per_node = (int)o.ranks_per_node;
+    c.cores_per_node = cpus > 0 && cpus <= CLUSTER_MAX_RANKS ? (int)cpus : 0; /* this node's, taken for every node */
     if (o.memory > 0) c.memory_per_rank_bytes = o.memory;
     snprintf(c.source, sizeof c.source, "calibrated");
     if (!measure_compute(&c, o.quick, &d)) return cli_fail(&d);

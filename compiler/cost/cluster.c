@@ -170,7 +170,7 @@ static bool read_rank_speed(Reader *R, json_t *root, Cluster *c) {
 
 static bool read_root(Reader *R, json_t *root, Cluster *c) {
     static const char *const known[] = {
-        "format",  "version",    "name",       "source",     "nodes", "ranks_per_node", "memory_per_rank_bytes",
+        "format", "version", "name", "source", "nodes", "ranks_per_node", "cores_per_node", "memory_per_rank_bytes",
         "compute", "intra_node", "inter_node", "rank_speed", NULL,
     };
     if (!json_is_object(root)) return fail(R, DIAG_FORMAT, "the top level must be an object");
@@ -209,6 +209,11 @@ static bool read_root(Reader *R, json_t *root, Cluster *c) {
                     (long long)nodes, (long long)per_node, CLUSTER_MAX_RANKS);
     c->nodes = (int)nodes;
     c->ranks_per_node = (int)per_node;
+    if (json_object_get(root, "cores_per_node")) {
+        int64_t cores;
+        if (!read_int(R, root, "cores_per_node", CLUSTER_MAX_RANKS, &cores)) return false;
+        c->cores_per_node = (int)cores;
+    }
     return read_int(R, root, "memory_per_rank_bytes", INT64_MAX, &c->memory_per_rank_bytes) &&
            read_compute(R, root, c) && read_link(R, root, "intra_node", &c->intra_node) &&
            read_link(R, root, "inter_node", &c->inter_node) && read_rank_speed(R, root, c);
@@ -356,6 +361,7 @@ char *cluster_to_json(const Cluster *c) {
     out_string(&o, c->source);
     out(&o, ",\n  \"nodes\": %d,\n  \"ranks_per_node\": %d,\n  \"memory_per_rank_bytes\": %lld,\n", c->nodes,
         c->ranks_per_node, (long long)c->memory_per_rank_bytes);
+    if (c->cores_per_node > 0) out(&o, "  \"cores_per_node\": %d,\n", c->cores_per_node);
     out(&o, "  \"compute\": {\n    \"gemm_gflops\": [");
     for (int i = 0; i < c->n_gemm; i++) {
         out(&o, "%s[", i ? ", " : "");
@@ -425,6 +431,13 @@ double cluster_mem_seconds(const Cluster *c, int rank, double bytes) {
     double speed = cluster_rank_speed(c, rank);
     if (!(bytes > 0)) return 0;
     return bytes / (c->elementwise_gbps * 1e9) / speed;
+}
+
+double cluster_core_share(const Cluster *c, int rank, int used) {
+    int per = c->ranks_per_node, node = rank / per;
+    int here = used - node * per < per ? used - node * per : per;
+    if (c->cores_per_node <= 0 || here <= c->cores_per_node) return 1.0;
+    return (double)c->cores_per_node / here;
 }
 
 bool cluster_same_node(const Cluster *c, int a, int b) {

@@ -57,6 +57,9 @@ typedef struct Cluster {
     char *name; /* malloc'd; NULL when not given */
     int nodes;
     int ranks_per_node;
+    /* Cores each node gives its ranks; 0 (not stated) means one core per
+     * rank.  Fewer cores than ranks time-share them (cluster_core_share). */
+    int cores_per_node;
     int64_t memory_per_rank_bytes;
     /* GEMM rate by problem size: gemm_gflops[i] GFLOP/s for one product of
      * gemm_flops[i] FLOPs; sizes strictly ascending, 1..64 points. */
@@ -141,6 +144,12 @@ double cluster_gemm_seconds(const Cluster *c, int rank, double flops);
 /* Seconds of a memory-bound kernel moving `bytes` bytes (read and written)
  * on `rank` (0 for bytes <= 0). */
 double cluster_mem_seconds(const Cluster *c, int rank, double bytes);
+/* The part of a core rank `rank` gets when ranks 0 .. used - 1 run: 1
+ * while its node has a core for each of them, else cores / ranks on the
+ * node (they time-share: Open MPI's waiting ranks poll, so a rank waiting
+ * for a message still takes its turn on a core).  Compute times are
+ * divided by it. */
+double cluster_core_share(const Cluster *c, int rank, int used);
 bool cluster_same_node(const Cluster *c, int a, int b);
 /* The link a message from a to b takes. */
 const ClusterLink *cluster_link(const Cluster *c, int a, int b);

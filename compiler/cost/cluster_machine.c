@@ -18,12 +18,28 @@ bool cluster_cache_path(char *buf, size_t len) {
     return false;
 }
 
+/* The cores this process may run on: ranks beyond them time-share. */
+static int machine_cores(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n >= 1 && n <= CLUSTER_MAX_RANKS ? (int)n : 0;
+}
+
+/* ", sharing its C cores" when the ranks outnumber this machine's cores. */
+static void sharing(const Cluster *c, int ranks, char *buf, size_t len) {
+    if (c->cores_per_node > 0 && ranks > c->cores_per_node)
+        snprintf(buf, len, ", sharing this machine's %d core%s", c->cores_per_node, c->cores_per_node > 1 ? "s" : "");
+    else
+        buf[0] = 0;
+}
+
 bool cluster_machine(Cluster *c, int ranks, char *which, size_t which_len, Diag *d) {
-    char path[1024];
+    char path[1024], shared[64];
     if (!cluster_cache_path(path, sizeof path) || access(path, F_OK) != 0) {
         cluster_defaults(c, ranks);
-        snprintf(which, which_len, "stated defaults for one node of %d rank%s (no --cluster given, no calibration "
-                 "cached)", ranks, ranks > 1 ? "s" : "");
+        c->cores_per_node = machine_cores();
+        sharing(c, ranks, shared, sizeof shared);
+        snprintf(which, which_len, "stated defaults for one node of %d rank%s%s (no --cluster given, no calibration "
+                 "cached)", ranks, ranks > 1 ? "s" : "", shared);
         return true;
     }
     if (!cluster_load(path, c, d)) {
@@ -41,7 +57,9 @@ bool cluster_machine(Cluster *c, int ranks, char *which, size_t which_len, Diag 
         c->nodes = 1;
         c->ranks_per_node = ranks;
     }
-    snprintf(which, which_len, "this machine's calibration (%s)", path);
+    if (c->cores_per_node <= 0) c->cores_per_node = machine_cores(); /* a calibration from before it was measured */
+    sharing(c, ranks, shared, sizeof shared);
+    snprintf(which, which_len, "this machine's calibration (%s)%s", path, shared);
     return true;
 }
 

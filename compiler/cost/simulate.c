@@ -142,14 +142,15 @@ static int advance(Sim *S, int r, const PlanStep *s, int *all) {
     double before = S->t[r];
     switch (s->kind) {
     case STEP_COMPUTE: {
-        double dt = sim_node_seconds(S->c, r, s->node);
+        double dt = sim_node_seconds(S->c, r, s->node) / cluster_core_share(S->c, r, S->n);
         event(S, r, S->t[r], S->t[r] + dt, compute_kind(s));
         S->t[r] += dt;
         S->out[r].busy_s += dt;
         break;
     }
     case STEP_ACCUMULATE: {
-        double dt = cluster_mem_seconds(S->c, r, 3.0 * (double)plan_value_bytes(s->value));
+        double dt = cluster_mem_seconds(S->c, r, 3.0 * (double)plan_value_bytes(s->value)) /
+                    cluster_core_share(S->c, r, S->n);
         event(S, r, S->t[r], S->t[r] + dt, compute_kind(s));
         S->t[r] += dt;
         S->out[r].busy_s += dt;

@@ -62,6 +62,7 @@ def main():
         print("SKIP: python3-jsonschema not installed: schema check")
     rep.equal("source", doc.get("source"), "calibrated")
     rep.equal("ranks_per_node", doc.get("ranks_per_node"), 2)
+    rep.equal("cores_per_node (this machine's CPUs)", doc.get("cores_per_node"), os.cpu_count())
     curve = doc["compute"]["gemm_gflops"]
     rep.check("the GEMM curve has a point per --quick size", len(curve) >= 2, curve)
     rep.check("GEMM sizes ascend", all(a[0] < b[0] for a, b in zip(curve, curve[1:])), curve)

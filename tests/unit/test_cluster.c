@@ -103,6 +103,7 @@ static void same_cluster(const Cluster *a, const Cluster *b) {
     ck_assert(a->intra_node.bandwidth_gbps == b->intra_node.bandwidth_gbps);
     ck_assert(a->inter_node.latency_s == b->inter_node.latency_s);
     ck_assert(a->inter_node.bandwidth_gbps == b->inter_node.bandwidth_gbps);
+    ck_assert_int_eq(a->cores_per_node, b->cores_per_node);
     ck_assert(!a->rank_speed == !b->rank_speed);
     for (int r = 0; a->rank_speed && r < cluster_ranks(a); r++) ck_assert(a->rank_speed[r] == b->rank_speed[r]);
 }
@@ -251,6 +252,34 @@ START_TEST(link_choice) {
 }
 END_TEST
 
+/* Ranks beyond a node's cores time-share them: compute slows by ranks /
+ * cores on that node only, counting the ranks the plan uses. */
+START_TEST(core_sharing) {
+    Cluster c = load_base();
+    ck_assert_int_eq(c.cores_per_node, 0); /* not stated: a core per rank */
+    ck_assert(cluster_core_share(&c, 3, 12) == 1.0);
+    c.cores_per_node = 2;
+    ck_assert(cluster_core_share(&c, 0, 1) == 1.0);  /* one rank on node 0 */
+    ck_assert(cluster_core_share(&c, 1, 2) == 1.0);  /* two ranks, two cores */
+    ck_assert(cluster_core_share(&c, 0, 3) == 2.0 / 3);
+    ck_assert(cluster_core_share(&c, 3, 4) == 0.5);
+    ck_assert(cluster_core_share(&c, 3, 12) == 0.5);
+    ck_assert(cluster_core_share(&c, 4, 5) == 1.0);  /* node 1 runs rank 4 alone */
+    ck_assert(cluster_core_share(&c, 9, 11) == 2.0 / 3); /* node 2 runs 8, 9, 10 */
+    /* written and read back with the field */
+    char *text = cluster_to_json(&c);
+    ck_assert_ptr_nonnull(text);
+    ck_assert_ptr_nonnull(strstr(text, "\"cores_per_node\": 2"));
+    Cluster back;
+    Diag d = {0};
+    ck_assert_msg(cluster_parse(text, strlen(text), "back.json", &back, &d), "%s", d.msg);
+    ck_assert_int_eq(back.cores_per_node, 2);
+    free(text);
+    cluster_free(&back);
+    cluster_free(&c);
+}
+END_TEST
+
 START_TEST(ring_allreduce) {
     Cluster c = load_base();
     /* Node 0 only, 4 MB over 4 ranks: chunks of 1 MB, each hop intra-node
@@ -392,8 +421,12 @@ START_TEST(malformed_files) {
         {"[1, 1, 1, 1, 1, 0.5, 1, 1, 1, 1, 1, 1]", "{}", DIAG_FORMAT,
          "\"rank_speed\" must be an array of positive numbers"},
         {"\"nodes\"", "\"nodse\"", DIAG_FORMAT,
-         "unknown field \"nodse\" (known: format, version, name, source, nodes, ranks_per_node, "
+         "unknown field \"nodse\" (known: format, version, name, source, nodes, ranks_per_node, cores_per_node, "
          "memory_per_rank_bytes, compute, intra_node, inter_node, rank_speed)"},
+        {"\"ranks_per_node\": 4,", "\"ranks_per_node\": 4, \"cores_per_node\": 0,", DIAG_FORMAT,
+         "\"cores_per_node\" must be a positive integer"},
+        {"\"ranks_per_node\": 4,", "\"ranks_per_node\": 4, \"cores_per_node\": 2.5,", DIAG_FORMAT,
+         "\"cores_per_node\" must be a positive integer"},
         {"\"elementwise_gbps\"", "\"elementwise_gpbs\"", DIAG_FORMAT,
          "unknown field \"compute\".\"elementwise_gpbs\" (known: gemm_gflops, elementwise_gbps, kernel_overhead_s)"},
         {",\n \"inter_node\": {\"latency_s\": 1e-5, \"bandwidth_gbps\": 1}", "", DIAG_FORMAT,
@@ -583,6 +616,7 @@ int main(void) {
     tcase_add_test(tc, stated_defaults);
     tcase_add_test(tc, link_choice);
     tcase_add_test(tc, ring_allreduce);
+    tcase_add_test(tc, core_sharing);
     tcase_add_test(tc, gemm_curve_and_memory_kernels);
     tcase_add_test(tc, malformed_files);
     tcase_add_test(tc, accepted_variants);
