@@ -154,16 +154,46 @@ static void report_plan(const Plan *p, const CompileOptions *o) {
 
 static double node_seconds(const Node *n, void *cluster) { return sim_node_seconds(cluster, 0, n); }
 
+/* Stage j and j + 1 of replica 0 run on ranks j and j + 1 (pipeline.c). */
+static void boundary_link(int j, double *latency_s, double *sec_per_byte, void *cluster) {
+    const Cluster *c = cluster;
+    const ClusterLink *link = j + 1 < cluster_ranks(c) ? cluster_link(c, j, j + 1) : &c->intra_node;
+    *latency_s = link->latency_s;
+    *sec_per_byte = 1.0 / (link->bandwidth_gbps * 1e9);
+}
+
+/* Bytes a rank holds per byte of the parameters it updates: the weight,
+ * its gradient, the accumulator of micro-batch gradients, and the
+ * optimizer's state (a velocity; Adam's two moments). */
+static double param_copies(const TrainOptions *t, int microbatches) {
+    double state = t->optimizer == OPT_ADAM ? 2 : t->optimizer == OPT_MOMENTUM ? 1 : 0;
+    return 2 + (microbatches > 1) + state;
+}
+
 /* The staged plan, its stages balanced by FLOPs or (--balance time) by the
- * predicted time of their nodes on the cluster. */
+ * predicted time of their nodes, the values crossing their boundaries and
+ * their memory on the cluster. */
 static bool staged_plan(const CompileOptions *o, const Layout *l, Graph *g, TrainGraph *t, Plan *p, Diag *d) {
     Cluster cl;
+    double act[64];
     StageWeight w = {node_seconds, &cl};
     bool timed = o->balance_time && o->n_cuts == 0;
     if (timed) {
         char which[1100];
         if (o->cluster ? !cluster_load(o->cluster, &cl, d) : !cluster_machine(&cl, l->ranks, which, sizeof which, d))
             return false;
+        /* The activations stage s keeps: every micro-batch's under GPipe,
+         * at most P - s under 1F1B.  Beyond 64 stages, compute alone. */
+        if (l->stages <= 64) {
+            for (int s = 0; s < l->stages; s++) {
+                int keep = strcmp(l->schedule, "1f1b") == 0 ? l->stages - s : l->microbatches;
+                act[s] = keep < l->microbatches ? keep : l->microbatches;
+            }
+            w.boundary_link = boundary_link;
+            w.memory_limit = (double)cl.memory_per_rank_bytes;
+            w.param_copies = param_copies(&o->train, l->microbatches);
+            w.act_copies = act;
+        }
     }
     bool ok = plan_hybrid_weighted(g, t, o->batch, l->replicas, l->stages, l->microbatches, l->schedule, o->cuts,
                                    o->n_cuts, o->bucket_mb, timed ? &w : NULL, p, d);

@@ -118,11 +118,14 @@ static bool plan_and_simulate(const CompileOptions *o, const Cluster *cl, Candid
     return ok;
 }
 
-/* Plans and simulates one candidate; false when it does not apply. */
-static bool evaluate(const CompileOptions *o, const Cluster *cl, Candidate *c) {
+/* Plans and simulates one candidate; false when it does not apply, with
+ * the reason in *why unless it already holds one. */
+static bool evaluate(const CompileOptions *o, const Cluster *cl, Candidate *c, Diag *why) {
     CompileOptions x = options_for(o, c);
     Diag d = {0};
-    return plan_and_simulate(&x, cl, c, &d);
+    if (plan_and_simulate(&x, cl, c, &d)) return true;
+    if (!diag_failed(why)) *why = d;
+    return false;
 }
 
 /* The cluster file at path, or the defaults for one node of `ranks`;
@@ -192,11 +195,18 @@ bool driver_search(const CompileOptions *o, Search *s, Diag *d) {
     Candidate *all = ok ? calloc(CAP, sizeof *all) : NULL;
     if (ok && !all) ok = diag_error(d, DIAG_NOMEM, "out of memory");
     int n = ok ? enumerate(o, all, CAP) : 0, kept = 0;
+    Diag first = {0}; /* why the first candidate could not be planned */
     for (int i = 0; i < n; i++)
-        if (evaluate(o, &cl, &all[i])) all[kept++] = all[i];
-    if (ok && kept == 0)
+        if (evaluate(o, &cl, &all[i], &first)) all[kept++] = all[i];
+    /* When nothing plans, the cause is usually the model or the training
+     * options, not the split: say it as the first candidate met it. */
+    if (ok && kept == 0 && diag_failed(&first)) {
+        *d = first;
+        ok = false;
+    } else if (ok && kept == 0) {
         ok = diag_error(d, DIAG_USAGE, "%s: no way to split batch %lld over %d ranks could be planned", o->model,
                         (long long)o->batch, N);
+    }
     if (ok) {
         qsort(all, (size_t)kept, sizeof *all, by_prediction);
         s->c = all;

@@ -427,20 +427,43 @@ static int send_done_at(const Ctx *c, const Seq *q, int i, bool train) {
 /* Inserts the STEP_SEND_WAIT of every send (send_done_at), in send order
  * where several fall at the same place. */
 static bool insert_send_waits(Ctx *c, Seq *q, bool train) {
-    int *at = malloc(sizeof *at * (size_t)(q->n + 1));
-    if (!at) return nomem(c);
-    for (int i = 0; i < q->n; i++) at[i] = q->s[i].kind == STEP_SEND ? send_done_at(c, q, i, train) : -1;
+    /* Sends bucketed by the step their wait precedes (a counting sort,
+     * stable, so waits at one place keep the sends' order). */
+    size_t n1 = (size_t)q->n + 1;
+    int *at = malloc(sizeof *at * n1), *first = calloc(n1 + 1, sizeof *first), *order = malloc(sizeof *order * n1);
+    if (!at || !first || !order) {
+        free(at);
+        free(first);
+        free(order);
+        return nomem(c);
+    }
+    for (int i = 0; i < q->n; i++) {
+        at[i] = q->s[i].kind == STEP_SEND ? send_done_at(c, q, i, train) : -1;
+        if (at[i] >= 0 && at[i] < q->n) first[at[i] + 1]++;
+    }
+    for (int j = 0; j < q->n; j++) first[j + 1] += first[j];
+    int *fill = calloc(n1, sizeof *fill);
+    if (!fill) {
+        free(at);
+        free(first);
+        free(order);
+        return nomem(c);
+    }
+    for (int i = 0; i < q->n; i++)
+        if (at[i] >= 0 && at[i] < q->n) order[first[at[i]] + fill[at[i]]++] = i;
     Seq out = {0};
     for (int j = 0; j < q->n; j++) {
-        for (int i = 0; i < j; i++)
-            if (at[i] == j) {
-                PlanStep w = q->s[i];
-                w.kind = STEP_SEND_WAIT;
-                emit(&out, w);
-            }
+        for (int k = first[j]; k < first[j + 1]; k++) {
+            PlanStep w = q->s[order[k]];
+            w.kind = STEP_SEND_WAIT;
+            emit(&out, w);
+        }
         emit(&out, q->s[j]);
     }
     free(at);
+    free(first);
+    free(order);
+    free(fill);
     free(q->s);
     *q = out;
     return !out.failed || nomem(c);
@@ -483,6 +506,26 @@ static bool make_buckets(Ctx *c, RankPlan *rp, int s) {
     rp->buckets = bk;
     rp->n_buckets = nb;
     return true;
+}
+
+/* Replicas of a stage run the same steps on the same values, only with
+ * other peers, so their memory plans are the same: planned once for
+ * replica 0 and shared (thousands of replicas in `cleave plan` on a large
+ * cluster).  test_pipeline_plan checks that planning each gives the same. */
+static void share_memplan(const RankPlan *first, RankPlan *rp) {
+    rp->inst = first->inst;
+    rp->offset = first->offset;
+    rp->init_bytes = first->init_bytes;
+    rp->arena_bytes = first->arena_bytes;
+    rp->transient_naive = first->transient_naive;
+    rp->inplace = first->inplace;
+    rp->peak_act_bytes = first->peak_act_bytes;
+    rp->peak_act_step = first->peak_act_step;
+    rp->send_pinned_bytes = first->send_pinned_bytes;
+    for (int b = 0; b < rp->n_buckets && b < first->n_buckets; b++) {
+        rp->buckets[b].offset = first->buckets[b].offset;
+        rp->buckets[b].bytes = first->buckets[b].bytes;
+    }
 }
 
 static PlanStep *to_arena(Ctx *c, Seq *q) {
@@ -547,7 +590,8 @@ static bool build_ranks(Ctx *c) {
                  check_dataflow(c, rp, rp->eval, rp->n_eval, rp->holds, avail, "eval");
             rp->n_held = 0;
             for (int v = 0; v < nv; v++) rp->n_held += rp->holds[v] != 0;
-            ok = ok && pipeline_memplan(p, rp, c->d);
+            if (ok && r > 0) share_memplan(&p->ranks[rank_of(c, 0, s)], rp);
+            else ok = ok && pipeline_memplan(p, rp, c->d);
         }
     free(units);
     free(got);

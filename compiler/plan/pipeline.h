@@ -105,11 +105,38 @@ typedef struct StageSplit {
 } StageSplit;
 
 /* What a node weighs when stages are balanced: its predicted seconds
- * (cost/simulate.h) when node_seconds is set, else its FLOPs. */
+ * (cost/simulate.h) when node_seconds is set, else its FLOPs.  With
+ * boundary_link set as well, stages also pay for the values crossing
+ * their boundaries and must fit memory_limit (stages_balance_costs). */
 typedef struct StageWeight {
     double (*node_seconds)(const Node *n, void *ctx);
     void *ctx;
+    /* The link between stage j and j + 1: seconds per message and per byte. */
+    void (*boundary_link)(int j, double *latency_s, double *sec_per_byte, void *ctx);
+    double memory_limit;    /* bytes a stage's rank may hold; 0: no limit */
+    double param_copies;    /* bytes held per parameter byte: weight, gradient, accumulator, optimizer state */
+    const double *act_copies; /* per stage: micro-batches whose activations it keeps at once */
 } StageWeight;
+
+/* The split's costs, position by position in forward order (stages_dp.c).
+ * cut_bytes[x] and cut_values[x] (n + 1 entries) are the bytes and number
+ * of values produced before position x and read from x on. */
+typedef struct StageCosts {
+    int n;
+    const double *seconds;    /* compute of each position, per micro-batch */
+    const double *cut_bytes, *cut_values;
+    const double *latency, *sec_per_byte; /* per boundary, k - 1 entries */
+    const double *param_bytes, *act_bytes; /* per position; NULL: none */
+    double memory_limit, param_copies;
+    const double *act_copies; /* per stage */
+} StageCosts;
+/* Splits into k non-empty stages minimising the costliest stage (its
+ * compute plus, per micro-batch, the crossing values both ways at each of
+ * its boundaries), then the sum of squared stage costs, among splits whose
+ * stages fit memory_limit.  Returns 1 with begin (k + 1 entries) set, 0
+ * when no split fits memory (begin: the best split ignoring memory), -1
+ * when the graph is too large for this O(k n^2) search or out of memory. */
+int stages_balance_costs(const StageCosts *c, int k, int *begin);
 
 /* Splits the forward nodes into n_stages stages: at the user's cut points
  * when n_cuts > 0 (cuts[k] names the first node of stage k + 1, so there

@@ -326,6 +326,66 @@ bool stages_split(Graph *g, int n_stages, const char *const *cuts, int n_cuts, S
     return stages_split_weighted(g, n_stages, cuts, n_cuts, NULL, s, d);
 }
 
+/* The costs stages_balance_costs weighs, position by position: what
+ * crosses each boundary, the parameters each position brings (with the
+ * first forward node reading them) and the activations it produces. */
+static int balance_with_costs(Graph *g, Node **order, int n_fwd, const int *pos, const double *w, int n_stages,
+                              const StageWeight *wt, int *begin) {
+    size_t n1 = (size_t)n_fwd + 1, k1 = (size_t)n_stages;
+    double *buf = calloc(4 * n1 + 2 * k1, sizeof *buf);
+    int *reach = malloc(sizeof *reach * ((size_t)g->n_values + 1)); /* furthest reader of each value; -1 unread */
+    int status = -1;
+    if (!buf || !reach) goto done;
+    double *cut_bytes = buf, *cut_values = buf + n1, *params = buf + 2 * n1, *acts = buf + 3 * n1,
+           *lat = buf + 4 * n1, *spb = lat + k1;
+    for (int i = 0; i < g->n_values; i++) reach[i] = -1;
+    GRAPH_FOR_NODES(g, n) {
+        const Node *h = home_node(g, n);
+        int at = h && pos[h->id] >= 0 ? pos[h->id] : n_fwd - 1;
+        for (int k = 0; k < n->n_in; k++)
+            if (n->in[k] && reach[n->in[k]->id] < at) reach[n->in[k]->id] = at;
+    }
+    /* A value made at p and read up to q crosses boundaries p + 1 .. q:
+     * differences here, summed below. */
+    for (int i = 0; i < g->n_values; i++) {
+        const Value *v = g->values[i];
+        const Node *pr = live_producer(v);
+        if (!is_forward(pr) || pos[pr->id] < 0 || reach[v->id] <= pos[pr->id]) continue;
+        int p = pos[pr->id], q = reach[v->id];
+        double bytes = (double)plan_value_bytes(v);
+        cut_bytes[p + 1] += bytes;
+        cut_bytes[q + 1] -= bytes;
+        cut_values[p + 1] += 1;
+        cut_values[q + 1] -= 1;
+    }
+    for (size_t x = 1; x < n1; x++) {
+        cut_bytes[x] += cut_bytes[x - 1];
+        cut_values[x] += cut_values[x - 1];
+    }
+    /* reach[] is reused as "already counted" for the parameters, which go
+     * with the first position reading them. */
+    for (int i = 0; i < g->n_values; i++) reach[i] = 0;
+    for (int i = 0; i < n_fwd; i++) {
+        const Node *n = order[i];
+        for (int k = 0; k < n->n_out; k++)
+            if (n->out[k] && plan_value_bytes(n->out[k]) > 0) acts[i] += (double)plan_value_bytes(n->out[k]);
+        for (int k = 0; k < n->n_in; k++) {
+            const Value *v = n->in[k];
+            if (!v || v->kind != VAL_INITIALIZER || reach[v->id]) continue;
+            reach[v->id] = 1;
+            params[i] += (double)plan_value_bytes(v);
+        }
+    }
+    for (int j = 0; j + 1 < n_stages; j++) wt->boundary_link(j, &lat[j], &spb[j], wt->ctx);
+    StageCosts c = {n_fwd, w, cut_bytes, cut_values, lat, spb, params, acts, wt->memory_limit, wt->param_copies,
+                    wt->act_copies};
+    status = stages_balance_costs(&c, n_stages, begin);
+done:
+    free(buf);
+    free(reach);
+    return status;
+}
+
 bool stages_split_weighted(Graph *g, int n_stages, const char *const *cuts, int n_cuts, const StageWeight *wt,
                            StageSplit *s, Diag *d) {
     memset(s, 0, sizeof *s);
@@ -362,7 +422,13 @@ bool stages_split_weighted(Graph *g, int n_stages, const char *const *cuts, int 
         fl[at] += f;
     }
     assert(n_cuts <= 0 || cuts);
+    /* With the cost model's links, stages also pay for what crosses their
+     * boundaries and must fit memory; graphs too large for that search
+     * are balanced on compute alone. */
+    bool costed = n_cuts <= 0 && wt && wt->boundary_link &&
+                  balance_with_costs(g, order, n_fwd, pos, w, n_stages, wt, begin) >= 0;
     bool ok = n_cuts > 0 ? user_cuts(g, order, n_fwd, n_stages, cuts, n_cuts, begin, d)
+              : costed   ? true
                          : (stages_balance(w, n_fwd, n_stages, begin) ||
                             diag_error(d, DIAG_NOMEM, "%s: out of memory balancing %d stages", g->path, n_stages));
     if (ok)

@@ -220,6 +220,116 @@ START_TEST(balance_weights) {
 }
 END_TEST
 
+/* ---- stages balanced on compute, communication and memory ---- */
+
+/* Cost of stage j over [x, i) as stages_dp.c defines it, written out
+ * independently: compute, plus both directions of every crossing value at
+ * each of its boundaries. */
+static double costed_part(const StageCosts *c, int k, int j, int x, int i) {
+    double t = 0;
+    for (int p = x; p < i; p++) t += c->seconds[p];
+    if (j > 0) t += 2 * (c->cut_values[x] * c->latency[j - 1] + c->cut_bytes[x] * c->sec_per_byte[j - 1]);
+    if (j < k - 1) t += 2 * (c->cut_values[i] * c->latency[j] + c->cut_bytes[i] * c->sec_per_byte[j]);
+    return t;
+}
+
+static bool costed_fits(const StageCosts *c, int j, int x, int i) {
+    double b = 0;
+    for (int p = x; p < i; p++) b += c->param_copies * c->param_bytes[p] + c->act_copies[j] * c->act_bytes[p];
+    return !(c->memory_limit > 0) || b <= c->memory_limit;
+}
+
+/* Every split of n positions into k non-empty parts: the least bottleneck
+ * and, within it, the least sum of squares, over splits that fit memory. */
+static void costed_brute(const StageCosts *c, int k, int j, int x, double mx, double sq, double *bm, double *bs) {
+    int n = c->n;
+    if (j == k) {
+        if (x != n) return;
+        if (mx < *bm - 1e-12 || (fabs(mx - *bm) <= 1e-12 && sq < *bs)) {
+            *bm = mx;
+            *bs = sq;
+        }
+        return;
+    }
+    for (int i = x + 1; i <= n - (k - j - 1); i++) {
+        if (!costed_fits(c, j, x, i)) continue;
+        double part = costed_part(c, k, j, x, i);
+        costed_brute(c, k, j + 1, i, fmax(mx, part), sq + part * part, bm, bs);
+    }
+}
+
+START_TEST(balance_with_communication_and_memory) {
+    uint64_t rng = 11;
+    int checked = 0, over = 0;
+    for (int trial = 0; trial < 600; trial++) {
+        int n = 2 + trial % 9, k = 1 + (trial / 9) % 4;
+        if (k > n) continue;
+        double sec[12], cb[13], cv[13], lat[4], spb[4], par[12], act[12], actc[4];
+        for (int i = 0; i < n; i++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            sec[i] = (double)((rng >> 33) % 100);
+            par[i] = (double)((rng >> 20) % 50);
+            act[i] = (double)((rng >> 40) % 30);
+        }
+        for (int x = 0; x <= n; x++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            cb[x] = x == 0 || x == n ? 0 : (double)((rng >> 33) % 1000);
+            cv[x] = x == 0 || x == n ? 0 : (double)(1 + (rng >> 50) % 3);
+        }
+        for (int j = 0; j < 4; j++) {
+            lat[j] = 1 + j;
+            spb[j] = trial % 2 ? 0.05 : 0.001 * (j + 1);
+            actc[j] = 4 - j;
+        }
+        StageCosts c = {n, sec, cb, cv, lat, spb, par, act, trial % 3 == 0 ? 0 : 150 + trial % 200, 3, actc};
+        int begin[6];
+        int status = stages_balance_costs(&c, k, begin);
+        double bm = INFINITY, bs = INFINITY;
+        costed_brute(&c, k, 0, 0, 0, 0, &bm, &bs);
+        if (!isfinite(bm)) {
+            /* nothing fits: the split that would be best without the limit */
+            ck_assert_int_eq(status, 0);
+            c.memory_limit = 0;
+            costed_brute(&c, k, 0, 0, 0, 0, &bm, &bs);
+            over++;
+        } else {
+            ck_assert_int_eq(status, 1);
+        }
+        ck_assert_int_eq(begin[0], 0);
+        ck_assert_int_eq(begin[k], n);
+        double mx = 0, sq = 0;
+        for (int j = 0; j < k; j++) {
+            ck_assert_int_lt(begin[j], begin[j + 1]); /* never an empty stage */
+            if (status == 1) ck_assert(costed_fits(&c, j, begin[j], begin[j + 1]));
+            double part = costed_part(&c, k, j, begin[j], begin[j + 1]);
+            mx = fmax(mx, part);
+            sq += part * part;
+        }
+        ck_assert_msg(fabs(mx - bm) < 1e-9 * fmax(1, bm), "trial %d: bottleneck %g, best %g", trial, mx, bm);
+        ck_assert_msg(fabs(sq - bs) < 1e-9 * fmax(1, bs), "trial %d: squares %g, best %g", trial, sq, bs);
+        checked++;
+    }
+    ck_assert_int_gt(checked, 400);
+    ck_assert_int_gt(over, 5); /* the limits above do leave some cases with no fitting split */
+
+    /* Equal compute, an expensive boundary in the middle: the cut moves
+     * off it even though the stages become uneven. */
+    double sec[6] = {10, 10, 10, 10, 10, 10}, cb[7] = {0, 0, 0, 1e6, 0, 0, 0}, cv[7] = {0, 1, 1, 1, 1, 1, 0};
+    double lat[1] = {0}, spb[1] = {1e-5}, actc[2] = {1, 1};
+    StageCosts c = {6, sec, cb, cv, lat, spb, NULL, NULL, 0, 0, actc};
+    int begin[3];
+    ck_assert_int_eq(stages_balance_costs(&c, 2, begin), 1);
+    ck_assert_int_ne(begin[1], 3);
+    /* and with free links, the even split */
+    spb[0] = 0;
+    ck_assert_int_eq(stages_balance_costs(&c, 2, begin), 1);
+    ck_assert_int_eq(begin[1], 3);
+    /* too many stages, or none */
+    ck_assert_int_eq(stages_balance_costs(&c, 7, begin), -1);
+    ck_assert_int_eq(stages_balance_costs(&c, 0, begin), -1);
+}
+END_TEST
+
 /* Graphs too large for the quadratic pass: still the least bottleneck,
  * found here by bisection over integer weights. */
 START_TEST(balance_large) {
@@ -1123,7 +1233,9 @@ START_TEST(layer_memory_against_single_rank) {
 }
 END_TEST
 
-/* Replicas of a stage run one program: the same layout. */
+/* Replicas of a stage run one program: the same layout.  The planner
+ * plans replica 0's memory and shares it; planning each replica's own
+ * steps from scratch must give the same. */
 START_TEST(hybrid_replicas_share_a_layout) {
     TG k;
     skip_graph(&k, true);
@@ -1133,7 +1245,16 @@ START_TEST(hybrid_replicas_share_a_layout) {
     check_memory(&p);
     size_t cells = (size_t)k.g->n_values * 3;
     for (int s = 0; s < 3; s++) {
-        const RankPlan *a = &p.ranks[s], *b = &p.ranks[3 + s];
+        const RankPlan *a = &p.ranks[s];
+        RankPlan own = p.ranks[3 + s], *b = &own;
+        ck_assert_ptr_eq(own.inst, a->inst); /* shared */
+        own.inst = NULL;
+        own.offset = NULL;
+        ck_assert_msg(pipeline_memplan(&p, b, &d), "%s", d.msg);
+        ck_assert_ptr_ne(own.inst, a->inst);
+        ck_assert(memcmp(a->offset, b->offset, sizeof *a->offset * (size_t)k.g->n_values) == 0);
+        ck_assert_int_eq(a->send_pinned_bytes, b->send_pinned_bytes);
+        ck_assert_int_eq(a->transient_naive, b->transient_naive);
         ck_assert_int_eq(a->arena_bytes, b->arena_bytes);
         ck_assert_int_eq(a->init_bytes, b->init_bytes);
         ck_assert_int_eq(a->peak_act_bytes, b->peak_act_bytes);
@@ -1400,6 +1521,7 @@ int main(void) {
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, balance_weights);
     tcase_add_test(tc, balance_large);
+    tcase_add_test(tc, balance_with_communication_and_memory);
     tcase_add_test(tc, balance_mlp);
     tcase_add_test(tc, balance_deep_chain);
     tcase_add_test(tc, user_cuts);
