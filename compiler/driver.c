@@ -76,6 +76,9 @@ static bool layout(const CompileOptions *o, Layout *l, Diag *d) {
     bool layer = is_strategy(o, "layer"), pipe = is_strategy(o, "pipeline"), hybrid = is_strategy(o, "hybrid");
     l->dp = is_strategy(o, "dp");
     l->staged = layer || pipe || hybrid;
+    if (o->placement && !hybrid && strcmp(o->placement, "by_replica"))
+        return diag_error(d, DIAG_USAGE, "--placement %s needs --strategy hybrid (with one replica or one stage the "
+                          "placements are the same)", o->placement);
     if (!l->staged) {
         if (o->microbatches || o->schedule || o->n_cuts || o->dp || o->pp)
             return diag_error(d, DIAG_USAGE, "--microbatches, --schedule, --stages, --dp and --pp need --strategy "
@@ -135,7 +138,7 @@ static void report_plan(const Plan *p, const CompileOptions *o) {
         if (p->ranks[r].arena_bytes > arena) arena = p->ranks[r].arena_bytes;
     if (o->verbose)
         for (int r = 0; r < (p->n_stages ? p->n_stages : 1); r++) {
-            const RankPlan *rp = &p->ranks[r];
+            const RankPlan *rp = plan_stage_rank(p, r);
             fprintf(stderr,
                     "cleave: %s: program %d: %d train steps, %d eval steps; arena %lld bytes: %lld persistent, "
                     "%lld transient (%lld without reuse; %d outputs computed in place)\n",
@@ -152,12 +155,21 @@ static void report_plan(const Plan *p, const CompileOptions *o) {
             (double)arena / (1 << 20));
 }
 
-static double node_seconds(const Node *n, void *cluster) { return sim_node_seconds(cluster, 0, n); }
+/* What stage balancing prices on: the cluster and where the stages sit. */
+typedef struct Pricing {
+    Cluster cl;
+    int replicas;
+    bool by_stage;
+} Pricing;
 
-/* Stage j and j + 1 of replica 0 run on ranks j and j + 1 (pipeline.c). */
-static void boundary_link(int j, double *latency_s, double *sec_per_byte, void *cluster) {
-    const Cluster *c = cluster;
-    const ClusterLink *link = j + 1 < cluster_ranks(c) ? cluster_link(c, j, j + 1) : &c->intra_node;
+static double node_seconds(const Node *n, void *ctx) { return sim_node_seconds(&((Pricing *)ctx)->cl, 0, n); }
+
+/* The link between stage j and j + 1 of replica 0 (plan_rank_of). */
+static void boundary_link(int j, double *latency_s, double *sec_per_byte, void *ctx) {
+    const Pricing *pr = ctx;
+    const Cluster *c = &pr->cl;
+    int a = pr->by_stage ? j * pr->replicas : j, b = pr->by_stage ? (j + 1) * pr->replicas : j + 1;
+    const ClusterLink *link = b < cluster_ranks(c) ? cluster_link(c, a, b) : &c->intra_node;
     *latency_s = link->latency_s;
     *sec_per_byte = 1.0 / (link->bandwidth_gbps * 1e9);
 }
@@ -174,13 +186,15 @@ static double param_copies(const TrainOptions *t, int microbatches) {
  * predicted time of their nodes, the values crossing their boundaries and
  * their memory on the cluster. */
 static bool staged_plan(const CompileOptions *o, const Layout *l, Graph *g, TrainGraph *t, Plan *p, Diag *d) {
-    Cluster cl;
+    Placement place = o->placement && strcmp(o->placement, "by_stage") == 0 ? PLACE_BY_STAGE : PLACE_BY_REPLICA;
+    Pricing pr = {.replicas = l->replicas, .by_stage = place == PLACE_BY_STAGE};
+    Cluster *cl = &pr.cl;
     double act[64];
-    StageWeight w = {node_seconds, &cl};
+    StageWeight w = {node_seconds, &pr};
     bool timed = o->balance_time && o->n_cuts == 0;
     if (timed) {
         char which[1100];
-        if (o->cluster ? !cluster_load(o->cluster, &cl, d) : !cluster_machine(&cl, l->ranks, which, sizeof which, d))
+        if (o->cluster ? !cluster_load(o->cluster, cl, d) : !cluster_machine(cl, l->ranks, which, sizeof which, d))
             return false;
         /* The activations stage s keeps: every micro-batch's under GPipe,
          * at most P - s under 1F1B.  Beyond 64 stages, compute alone. */
@@ -190,14 +204,14 @@ static bool staged_plan(const CompileOptions *o, const Layout *l, Graph *g, Trai
                 act[s] = keep < l->microbatches ? keep : l->microbatches;
             }
             w.boundary_link = boundary_link;
-            w.memory_limit = (double)cl.memory_per_rank_bytes;
+            w.memory_limit = (double)cl->memory_per_rank_bytes;
             w.param_copies = param_copies(&o->train, l->microbatches);
             w.act_copies = act;
         }
     }
     bool ok = plan_hybrid_weighted(g, t, o->batch, l->replicas, l->stages, l->microbatches, l->schedule, o->cuts,
-                                   o->n_cuts, o->bucket_mb, timed ? &w : NULL, p, d);
-    if (timed) cluster_free(&cl);
+                                   o->n_cuts, o->bucket_mb, timed ? &w : NULL, place, p, d);
+    if (timed) cluster_free(cl);
     return ok;
 }
 
@@ -239,8 +253,8 @@ static void check_plan_file(const PlanFile *f, const char *derived) {
     char where[512];
     if (plan_file_compare(f, derived, where, sizeof where))
         fprintf(stderr, "cleave: note: %s: %s is not what the plan's decisions (strategy, replicas, stages, "
-                "stage_table first_node, microbatches, schedule, bucket_mb, batch, loss, optimizer) give; the fields "
-                "derived from them are recomputed\n", f->path, where);
+                "stage_table first_node, microbatches, schedule, placement, bucket_mb, batch, loss, optimizer) give; the "
+                "fields derived from them are recomputed\n", f->path, where);
 }
 
 bool driver_compile(const CompileOptions *o, Diag *d) {

@@ -30,6 +30,7 @@ typedef struct CompileOptions {
      * from the ranks) */
     int64_t microbatches, dp, pp;
     const char *schedule;
+    const char *placement; /* "by_replica" (NULL: the default) or "by_stage": how (replica, stage) map to ranks */
     const char *const *cuts;
     int n_cuts;
     const char *cluster; /* --strategy auto: the cluster file (NULL: defaults) */
@@ -57,6 +58,7 @@ typedef struct Candidate {
     char strategy[16];   /* single, dp, layer, pipeline, hybrid */
     int dp, stages, microbatches;
     char schedule[8];    /* layer, gpipe, 1f1b; "" without stages */
+    bool by_stage;       /* hybrid: placement by_stage (a stage's replicas on consecutive ranks) */
     bool feasible;       /* planned, and fits every rank's memory */
     char why[256];       /* infeasible: why; otherwise empty */
     double step_s, bubble; /* predicted */

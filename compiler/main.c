@@ -15,6 +15,7 @@ static const char main_help[] =
     "  plan MODEL.onnx      how to split training over N ranks, as the cost model sees it\n"
     "  ops                  the operators cleave supports\n"
     "  trace-stats FILE     busy, idle and bubble per rank from a program's --trace\n"
+    "  report --plan P --trace T   a plan's prediction against a program's --trace\n"
     "  calibrate -o FILE    measure this machine into a cluster file for plan --cluster\n"
     "\n"
     "  cleave <command> --help   options of a command\n"
@@ -39,6 +40,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "plan") == 0) return cmd_plan(argc - 2, argv + 2);
     if (strcmp(cmd, "ops") == 0) return cmd_ops(argc - 2, argv + 2);
     if (strcmp(cmd, "trace-stats") == 0) return cmd_trace_stats(argc - 2, argv + 2);
+    if (strcmp(cmd, "report") == 0) return cmd_report(argc - 2, argv + 2);
     if (strcmp(cmd, "calibrate") == 0) return cmd_calibrate(argc - 2, argv + 2);
     fprintf(stderr, "cleave: unknown command '%s' (see 'cleave --help')\n", cmd);
     return 2;

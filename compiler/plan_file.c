@@ -2,7 +2,7 @@
  * `cleave plan --format json` or `--emit-plan`, perhaps edited by hand.
  *
  * A plan file holds decisions (strategy, ranks, replicas, stages and where
- * they begin, micro-batches, schedule, bucket size, batch, loss and
+ * they begin, micro-batches, schedule, placement, bucket size, batch, loss and
  * optimizer) and what follows from them (every rank's steps, buffers,
  * transfers, tags).  Only the decisions are read: the rest is derived again
  * by the same planner, so a hand edit cannot produce a plan that deadlocks
@@ -173,6 +173,13 @@ bool plan_file_load(const char *path, CompileOptions *o, PlanFile *f, Diag *d) {
                           "pipeline for more", path);
     if (staged && strcmp(strategy, "layer") && strcmp(schedule, "layer") == 0)
         return diag_error(d, DIAG_FORMAT, "%s: schedule layer needs strategy layer; %s takes gpipe or 1f1b", path, strategy);
+    const char *placement = NULL;
+    if (!get_str(f, f->root, "", "placement", false, &placement, d)) return false;
+    if (placement && strcmp(placement, "by_replica") && strcmp(placement, "by_stage"))
+        return diag_error(d, DIAG_FORMAT, "%s: placement must be by_replica or by_stage, got '%s'", path, placement);
+    if (placement && strcmp(placement, "by_stage") == 0 && strcmp(strategy, "hybrid"))
+        return diag_error(d, DIAG_FORMAT, "%s: placement by_stage needs strategy hybrid", path);
+    o->placement = placement && strcmp(strategy, "hybrid") == 0 ? placement : NULL;
     return staged ? read_stages(f, o, stages, d) : true;
 }
 

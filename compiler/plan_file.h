@@ -2,7 +2,7 @@
  *
  * Requires: a JSON plan in the format of docs/plan.md.  Provides: the
  * compile options its decisions stand for (strategy, ranks, replicas,
- * stages and their first nodes, micro-batches, schedule, bucket size,
+ * stages and their first nodes, micro-batches, schedule, placement, bucket size,
  * batch, loss, optimizer), and a check of its derived fields against the
  * plan those options give. */
 #ifndef CLEAVE_PLAN_FILE_H

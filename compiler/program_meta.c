@@ -85,7 +85,7 @@ static void set_slot(json_t *obj, const char *key, const Plan *p, const RankPlan
 static json_t *stage_program(const Plan *p, int s) {
     const Graph *g = p->g;
     const TrainGraph *t = p->t;
-    const RankPlan *rp = &p->ranks[s];
+    const RankPlan *rp = plan_stage_rank(p, s);
     json_t *prog = json_pack("{s:i, s:I, s:I, s:I, s:I}", "stage", s, "arena_bytes", (json_int_t)rp->arena_bytes,
                              "init_bytes", (json_int_t)rp->init_bytes, "init_offset",
                              (json_int_t)plan_init_offset(p, s), "peak_activation_bytes",
@@ -140,7 +140,7 @@ static char *staged_meta(const Plan *p, const CompileOptions *o) {
         /* The first stage holding a weight is the one --save reads. */
         int owner = -1;
         for (int s = 0; s < p->n_stages && owner < 0; s++)
-            if (p->ranks[s].holds[v->id]) owner = s;
+            if (plan_stage_rank(p, s)->holds[v->id]) owner = s;
         json_array_append_new(params, json_pack("{s:s, s:s, s:o, s:b, s:i}", "name", v->name, "dtype", "float32",
                                                 "shape", shape_json(v, 0), "trainable", t->grads[i] != NULL,
                                                 "stage", owner));
@@ -157,6 +157,7 @@ static char *staged_meta(const Plan *p, const CompileOptions *o) {
         p->schedule, "tag_bound", p->tag_bound, "lr", "value", (double)o->train.lr, "inputs", inputs, "output",
         "name", t->output->name, "shape", shape_json(t->output, output_rows(p, t->output)), "params",
         params, "loss_kind", loss_kind_name(o->train.loss), "optimizer", optimizer_json(o), "programs", programs);
+    if (root) json_object_set_new(root, "placement", json_string(plan_placement_name(p->placement)));
     char *str = root ? json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(root);
     return str;

@@ -19,8 +19,10 @@
 #include "driver.h"
 #include "plan/plan.h"
 
-static void set_candidate(Candidate *c, const char *strategy, int dp, int stages, int micro, const char *schedule) {
+static void set_candidate(Candidate *c, const char *strategy, int dp, int stages, int micro, const char *schedule,
+                          bool by_stage) {
     memset(c, 0, sizeof *c);
+    c->by_stage = by_stage;
     snprintf(c->strategy, sizeof c->strategy, "%s", strategy);
     snprintf(c->schedule, sizeof c->schedule, "%s", schedule ? schedule : "");
     c->dp = dp;
@@ -38,9 +40,11 @@ static CompileOptions options_for(const CompileOptions *o, const Candidate *c) {
     x.dp = x.pp = x.microbatches = 0;
     x.schedule = NULL;
     x.balance_time = true; /* the search's stages are balanced on the model's own prediction */
+    x.placement = NULL;
     if (strcmp(c->strategy, "hybrid") == 0) {
         x.dp = c->dp;
         x.pp = c->stages;
+        x.placement = c->by_stage ? "by_stage" : NULL;
     }
     if (strcmp(c->strategy, "pipeline") == 0 || strcmp(c->strategy, "hybrid") == 0) {
         x.microbatches = c->microbatches;
@@ -49,7 +53,10 @@ static CompileOptions options_for(const CompileOptions *o, const Candidate *c) {
     return x;
 }
 
-static int enumerate(const CompileOptions *o, Candidate *out, int cap) {
+/* The candidates for o on a cluster whose ranks span `nodes` nodes of
+ * `per_node`: where a hybrid's replicas and stages cannot all share one
+ * node, both placements, which put different traffic on the slow links. */
+static int enumerate(const CompileOptions *o, int per_node, Candidate *out, int cap) {
     int n = 0, N = (int)(o->ranks > 0 ? o->ranks : 1);
     int64_t B = o->batch;
     static const char *scheds[] = {"gpipe", "1f1b"};
@@ -58,19 +65,21 @@ static int enumerate(const CompileOptions *o, Candidate *out, int cap) {
         if (n < cap) set_candidate(&out[n++], __VA_ARGS__); \
     } while (0)
     if (N == 1) {
-        ADD("single", 1, 1, 1, NULL);
+        ADD("single", 1, 1, 1, NULL, false);
         return n;
     }
-    if (B % N == 0) ADD("dp", N, 1, 1, NULL);
-    ADD("layer", 1, N, 1, "layer");
+    if (B % N == 0) ADD("dp", N, 1, 1, NULL, false);
+    ADD("layer", 1, N, 1, "layer", false);
     for (int m = 2; m <= 32; m *= 2)
         for (int k = 0; k < 2; k++)
-            if (m <= B && B % m == 0) ADD("pipeline", 1, N, m, scheds[k]);
+            if (m <= B && B % m == 0) ADD("pipeline", 1, N, m, scheds[k], false);
+    bool spans = N > per_node;
     for (int D = 2; D < N; D++) {
         if (N % D) continue;
-        for (int m = 1; m <= 8; m *= 2)
-            for (int k = 0; k < (m > 1 ? 2 : 1); k++)
-                if (B % ((int64_t)D * m) == 0) ADD("hybrid", D, N / D, m, scheds[k]);
+        for (int place = 0; place < (spans ? 2 : 1); place++)
+            for (int m = 1; m <= 8; m *= 2)
+                for (int k = 0; k < (m > 1 ? 2 : 1); k++)
+                    if (B % ((int64_t)D * m) == 0) ADD("hybrid", D, N / D, m, scheds[k], place == 1);
     }
 #undef ADD
     return n;
@@ -150,7 +159,8 @@ static void candidate_of(const CompileOptions *o, Candidate *c) {
     int D = strcmp(st, "dp") == 0 ? N : strcmp(st, "hybrid") == 0 ? (int)o->dp : 1;
     int P = !staged ? 1 : strcmp(st, "hybrid") == 0 ? (int)o->pp : N;
     set_candidate(c, st, D, P, (int)(o->microbatches ? o->microbatches : 1),
-                  staged ? (strcmp(st, "layer") == 0 ? "layer" : o->schedule ? o->schedule : "gpipe") : NULL);
+                  staged ? (strcmp(st, "layer") == 0 ? "layer" : o->schedule ? o->schedule : "gpipe") : NULL,
+                  o->placement && strcmp(o->placement, "by_stage") == 0);
 }
 
 bool driver_predict(const CompileOptions *o, Search *s, Diag *d) {
@@ -191,10 +201,10 @@ bool driver_search(const CompileOptions *o, Search *s, Diag *d) {
     bool ok = true;
     if (N > cluster_ranks(&cl))
         ok = diag_error(d, DIAG_USAGE, "--ranks %d: the cluster (%s) has %d ranks", N, cl.origin, cluster_ranks(&cl));
-    enum { CAP = 128 };
+    enum { CAP = 512 };
     Candidate *all = ok ? calloc(CAP, sizeof *all) : NULL;
     if (ok && !all) ok = diag_error(d, DIAG_NOMEM, "out of memory");
-    int n = ok ? enumerate(o, all, CAP) : 0, kept = 0;
+    int n = ok ? enumerate(o, cl.ranks_per_node, all, CAP) : 0, kept = 0;
     Diag first = {0}; /* why the first candidate could not be planned */
     for (int i = 0; i < n; i++)
         if (evaluate(o, &cl, &all[i], &first)) all[kept++] = all[i];
@@ -239,6 +249,7 @@ void search_options(const CompileOptions *o, const Candidate *c, CompileOptions 
     x->schedule = NULL;
     for (size_t k = 0; k < sizeof sched_names / sizeof *sched_names; k++)
         if (x->microbatches && strcmp(sched_names[k], c->schedule) == 0) x->schedule = sched_names[k];
+    x->placement = c->by_stage ? "by_stage" : NULL;
 }
 
 bool driver_choose(const CompileOptions *o, CompileOptions *chosen, Diag *d) {
@@ -254,9 +265,9 @@ bool driver_choose(const CompileOptions *o, CompileOptions *chosen, Diag *d) {
         search_options(o, c, chosen);
         fprintf(stderr, "cleave: --strategy auto: %s", c->strategy);
         if (c->schedule[0])
-            fprintf(stderr, " (%d replica%s x %d stage%s, %d micro-batch%s, %s)", c->dp, c->dp > 1 ? "s" : "",
+            fprintf(stderr, " (%d replica%s x %d stage%s, %d micro-batch%s, %s%s)", c->dp, c->dp > 1 ? "s" : "",
                     c->stages, c->stages > 1 ? "s" : "", c->microbatches, c->microbatches > 1 ? "es" : "",
-                    c->schedule);
+                    c->schedule, c->by_stage ? ", placed by stage" : "");
         fprintf(stderr, ": predicted %.3f ms per step, the fastest of %d plans on %s\n", c->step_s * 1e3, s.n,
                 s.cluster);
     }

@@ -95,6 +95,7 @@ typedef struct RtStaged {
     bool on;
     int stages, dp, microbatches;
     int stage, replica;      /* this rank's */
+    bool by_stage;           /* placement: a stage's replicas on consecutive ranks (else a replica's stages) */
     int64_t micro_batch;
     int64_t tag_bound;       /* every tag the program uses is below it */
     char schedule[16];
@@ -138,6 +139,8 @@ bool rt_meta_parse(const char *json, size_t len, RtMeta *m, RtErr *e);
 /* The same for the program that MPI rank `rank` runs (staged programs). */
 bool rt_meta_parse_rank(const char *json, size_t len, int rank, RtMeta *m, RtErr *e);
 void rt_meta_free(RtMeta *m);
+/* The MPI rank running `stage` of `replica` under st's placement. */
+int rt_staged_rank(const RtStaged *st, int replica, int stage);
 /* Index of the input called name, or -1. */
 int rt_meta_input(const RtMeta *m, const char *name);
 

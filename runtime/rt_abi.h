@@ -109,7 +109,8 @@ void cleave_rt_progress(void);
  * cleave_eval_step run that program.  Their metadata adds, at the top
  * level, "stages" P, "dp" D (ranks = D x P), "microbatches" M,
  * "micro_batch" (rows of one), "schedule", "tag_bound" (every message tag
- * is below it); "inputs", "output" and "params" there give names, dtypes
+ * is below it), "placement" ("by_replica", the default: rank = replica x
+ * P + stage; "by_stage": rank = stage x D + replica); "inputs", "output" and "params" there give names, dtypes
  * and shapes ([local_batch, ...] for inputs; params add "stage", the
  * stage whose copy --save writes) without offsets; "lr" only its "value";
  * and "programs", one per stage:

@@ -249,6 +249,10 @@ static bool parse_buckets(json_t *root, RtMeta *m, RtErr *e) {
     return true;
 }
 
+int rt_staged_rank(const RtStaged *st, int replica, int stage) {
+    return st->by_stage ? stage * st->dp + replica : replica * st->stages + stage;
+}
+
 /* The layout of a staged program (rt_abi.h): D x P ranks, M
  * micro-batches; selects this rank's program. */
 static json_t *parse_staged(json_t *root, int rank, RtMeta *m, RtErr *e) {
@@ -272,8 +276,13 @@ static json_t *parse_staged(json_t *root, int rank, RtMeta *m, RtErr *e) {
     st->microbatches = (int)M;
     st->micro_batch = mb;
     st->tag_bound = tags;
-    st->stage = rank % st->stages;
-    st->replica = rank / st->stages;
+    json_t *place = json_object_get(root, "placement");
+    const char *pl = place ? json_string_value(place) : "by_replica";
+    if (!pl || (strcmp(pl, "by_replica") && strcmp(pl, "by_stage")))
+        return rt_error(e, BAD "\"placement\" must be \"by_replica\" or \"by_stage\""), NULL;
+    st->by_stage = strcmp(pl, "by_stage") == 0;
+    st->stage = st->by_stage ? rank / st->dp : rank % st->stages;
+    st->replica = st->by_stage ? rank % st->dp : rank / st->stages;
     json_t *programs = member(root, "programs", "", JSON_ARRAY, e);
     if (!programs) return NULL;
     if (json_array_size(programs) != (size_t)P)

@@ -5,9 +5,9 @@
  * --check-replicas within each stage's replicas, and gathering
  * every stage's parameters on rank 0 for --save.
  *
- * A program is compiled once per stage and names its peers by stage: the
- * plan of replica 0, whose stage s runs on rank s.  Rank replica * P + s
- * runs stage s of `replica`, so a peer stage q is rank replica * P + q. */
+ * A program is compiled once per stage and names its peers by stage; a
+ * peer stage q of this rank's replica runs on rt_staged_rank(replica, q),
+ * which the plan's placement decides. */
 #include <inttypes.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -20,6 +20,7 @@
 
 static struct {
     bool on;
+    RtStaged layout; /* stages, dp and placement, for peer ranks */
     int stages, stage, replica;
     int64_t tag_bound;
     MPI_Comm group; /* the replicas of this rank's stage */
@@ -54,6 +55,7 @@ bool rt_staged_init(const RtMeta *m, RtErr *e) {
         return rt_error(e, "the plan uses message tags up to %" PRId64 " but this MPI allows %" PRId64
                         " (MPI_TAG_UB): compile with fewer micro-batches", st->tag_bound - 1, tag_ub);
     g_st.on = true;
+    g_st.layout = *st;
     g_st.stages = st->stages;
     g_st.stage = st->stage;
     g_st.replica = st->replica;
@@ -89,7 +91,7 @@ void rt_staged_free(void) {
 static int peer_rank(int32_t peer_stage) {
     if (peer_stage < 0 || peer_stage >= g_st.stages || peer_stage == g_st.stage)
         fail("a transfer names stage %d, not another of the %d stages", peer_stage, g_st.stages);
-    return g_st.replica * g_st.stages + peer_stage;
+    return rt_staged_rank(&g_st.layout, g_st.replica, peer_stage);
 }
 
 static int message_size(int64_t bytes, int32_t tag) {
@@ -215,7 +217,9 @@ bool rt_staged_gather_params(const RtMeta *m, const char *arena, RtMeta *view, c
         if (rank0) {
             t->offset = at;
             if (owner == 0 && held) memcpy(*buf + at, arena + held->offset, t->bytes);
-            else MPI_Recv(*buf + at, (int)t->bytes, MPI_BYTE, owner, i % 32768, rt_comm_world(), MPI_STATUS_IGNORE);
+            else
+                MPI_Recv(*buf + at, (int)t->bytes, MPI_BYTE, rt_staged_rank(st, 0, owner), i % 32768, rt_comm_world(),
+                         MPI_STATUS_IGNORE);
             at += (t->bytes + 63) / 64 * 64;
         } else if (st->replica == 0 && st->stage == owner && owner != 0) {
             if (!held) fail("--save: stage %d does not hold parameter %s", owner, t->name);

@@ -9,11 +9,17 @@
  * a rank's busy time is the sum of its compute events and the rest of its
  * steps is idle.  Events are kept in memory during the run and gathered on
  * rank 0 at the end, which writes the file.  Times are microseconds from
- * a barrier all ranks pass before the first step. */
+ * a barrier all ranks pass before the first step.
+ *
+ * otherData also holds, per rank, the bytes of the arena the program
+ * allocated and the process's peak resident set size by the end of
+ * training, so that `cleave report` can set the planned memory against
+ * what the program took. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "rt.h"
 #include "rt_mpi.h"
@@ -137,6 +143,23 @@ static char *format_events(int rank, const RtMeta *m, size_t *len) {
     return s;
 }
 
+/* This rank's arena bytes and peak resident set size in bytes (Linux
+ * reports ru_maxrss in KiB; 0 when getrusage fails). */
+static void memory_of(const RtMeta *m, int64_t out[2]) {
+    struct rusage u;
+    out[0] = (int64_t)m->arena_bytes;
+    out[1] = getrusage(RUSAGE_SELF, &u) == 0 ? (int64_t)u.ru_maxrss * 1024 : 0;
+}
+
+/* otherData's "rank_memory": mem holds [arena, peak RSS] of each rank. */
+static void write_memory(FILE *f, const int64_t *mem, int ranks) {
+    fputs(",\"rank_memory\":[", f);
+    for (int r = 0; r < ranks; r++)
+        fprintf(f, "%s{\"rank\":%d,\"arena_bytes\":%" PRId64 ",\"peak_rss_bytes\":%" PRId64 "}", r ? "," : "", r,
+                mem[2 * r], mem[2 * r + 1]);
+    fputs("]", f);
+}
+
 /* Collective: gathers every rank's events on rank 0, which writes path. */
 bool rt_trace_write(const char *path, const RtMeta *m, int64_t steps, RtErr *e) {
     int rank = rt_rank(), ranks = rt_ranks();
@@ -145,11 +168,14 @@ bool rt_trace_write(const char *path, const RtMeta *m, int64_t steps, RtErr *e) 
     int n = mine && len <= INT32_MAX ? (int)len : -1;
     int *counts = rank == 0 ? calloc((size_t)ranks, sizeof *counts) : NULL;
     int *displs = rank == 0 ? calloc((size_t)ranks, sizeof *displs) : NULL;
+    int64_t mine_mem[2], *mem = rank == 0 ? calloc((size_t)ranks * 2, sizeof *mem) : NULL;
+    memory_of(m, mine_mem);
     MPI_Gather(&n, 1, MPI_INT, counts, 1, MPI_INT, 0, rt_comm_world());
+    MPI_Gather(mine_mem, 2, MPI_INT64_T, mem, 2, MPI_INT64_T, 0, rt_comm_world());
     int64_t total = 0;
     bool ok = true;
     if (rank == 0) {
-        if (!counts || !displs) ok = false;
+        if (!counts || !displs || !mem) ok = false;
         for (int r = 0; ok && r < ranks; r++) {
             if (counts[r] < 0) ok = false;
             displs[r] = (int)total;
@@ -179,10 +205,12 @@ bool rt_trace_write(const char *path, const RtMeta *m, int64_t steps, RtErr *e) 
                 fwrite(all, 1, (size_t)(total >= 2 ? total - 2 : 0), f);
                 fprintf(f, "\n],\n"
                         "\"displayTimeUnit\":\"ms\",\n\"otherData\":{\"ranks\":%d,\"stages\":%d,\"microbatches\":%d,"
-                        "\"schedule\":\"%s\",\"steps_traced\":%" PRId64 ",\"truncated\":%s}}\n",
+                        "\"schedule\":\"%s\",\"steps_traced\":%" PRId64 ",\"truncated\":%s",
                         ranks, m->staged.on ? m->staged.stages : 1, m->staged.on ? m->staged.microbatches : 1,
                         m->staged.on ? m->staged.schedule : m->dp ? "dp" : "single", steps,
                         T.truncated ? "true" : "false");
+                write_memory(f, mem, ranks);
+                fputs("}}\n", f);
                 ok = fclose(f) == 0 || rt_error(e, "--trace %s: write failed", path);
             }
         }
@@ -191,6 +219,7 @@ bool rt_trace_write(const char *path, const RtMeta *m, int64_t steps, RtErr *e) 
     free(mine);
     free(counts);
     free(displs);
+    free(mem);
     free(T.ev);
     memset(&T, 0, sizeof T);
     return ok;

@@ -104,7 +104,7 @@ void rt_eval_run(RtRun *r, bool predict, RtEvalResult *out) {
         rt_comm_gather(logits, (int)((size_t)L * out_row), r->gathered);
         if (!r->predict) continue;
         for (int k = 0; k < r->shards; k++) {
-            int from = st->on ? k * st->stages + st->stages - 1 : r->shards > 1 ? k : 0;
+            int from = st->on ? rt_staged_rank(st, k, st->stages - 1) : r->shards > 1 ? k : 0;
             int64_t rows = valid - k * L < L ? valid - k * L : L;
             if (rows <= 0) break;
             memcpy(r->predict + (size_t)(j * B + k * L) * out_row, r->gathered + (size_t)from * (size_t)L * out_row,

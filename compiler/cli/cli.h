@@ -15,6 +15,7 @@ int cmd_ops(int argc, char **argv);
 int cmd_compile(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_trace_stats(int argc, char **argv);
+int cmd_report(int argc, char **argv);
 int cmd_calibrate(int argc, char **argv);
 
 /* Prints "cleave: <msg>" and returns the status for its code. */

@@ -51,6 +51,9 @@ static const char compile_help[] =
     "  --stages NODE,...    the first node of every stage after the first (default:\n"
     "                       stages balanced by FLOPs)\n"
     "  --dp D --pp P        hybrid: replicas and stages (D x P = --ranks)\n"
+    "  --placement by_replica|by_stage  hybrid: rank = replica x P + stage (default:\n"
+    "                       pipeline neighbours on consecutive ranks) or stage x D +\n"
+    "                       replica (a stage's replicas together)\n"
     "  --balance flops|time stages balanced by FLOPs (default) or by the time the cost\n"
     "                       model predicts for their nodes on --cluster (what auto does)\n"
     "  --strategy auto      plan every strategy, predict each on the cluster, compile\n"
@@ -88,7 +91,7 @@ typedef struct CompileFlags {
 static bool plan_decides(const char *flag) {
     static const char *const names[] = {"--batch", "--loss", "--optimizer", "--lr", "--momentum", "--weight-decay",
                                         "--beta1", "--beta2", "--eps", "--nesterov", "--ranks", "--strategy",
-                                        "--microbatches", "--dp", "--pp", "--schedule", "--stages", "--bucket-mb",
+                                        "--microbatches", "--dp", "--pp", "--schedule", "--stages", "--bucket-mb", "--placement",
                                         "--balance", "--cluster"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strcmp(flag, names[i]) == 0) return true;
@@ -229,6 +232,11 @@ static int parse_flags(const char *cmd, int argc, char **argv, CompileFlags *f) 
             if (strcmp(a, "--microbatches") == 0) o.microbatches = x;
             else if (strcmp(a, "--dp") == 0) o.dp = x;
             else o.pp = x;
+        } else if (strcmp(a, "--placement") == 0) {
+            NEED_VALUE();
+            if (strcmp(v, "by_replica") && strcmp(v, "by_stage"))
+                status = cli_usage(cmd, "--placement must be by_replica or by_stage, got '%s'", v);
+            o.placement = v;
         } else if (strcmp(a, "--schedule") == 0) {
             NEED_VALUE();
             if (strcmp(v, "gpipe") && strcmp(v, "1f1b"))

@@ -3,13 +3,12 @@
  * The number it exists for is the bubble: the share of each rank's step
  * time not spent computing, which is what a pipeline schedule tries to cut. */
 #include <jansson.h>
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
-#include "../frontend/file_util.h"
+#include "trace_file.h"
 
 static const char trace_stats_help[] =
     "usage: cleave trace-stats FILE [--skip N] [--format text|json]\n"
@@ -35,22 +34,9 @@ static const char trace_stats_help[] =
     "               have more than N (default 1)\n"
     "  --format F   text (default) or json\n";
 
-/* Microseconds beyond which a ts or dur is garbage (about 30 years); the
- * bound also keeps every sum finite, which JSON output needs. */
-#define TRACE_MAX_US 1e15
-
-typedef enum { EV_STEP, EV_BUSY, EV_WAIT, EV_ALLREDUCE, EV_OTHER } EvKind;
-
-typedef struct Event {
-    long long rank, step; /* step: args.step of a step event, or -1 */
-    size_t index;         /* position in traceEvents: a stable sort order */
-    EvKind kind;
-    double ts, dur;
-} Event;
-
 typedef struct Step {
     long long key; /* what matches this step across ranks */
-    double ts, dur, busy, wait, allreduce;
+    double dur, busy, wait, allreduce;
 } Step;
 
 typedef struct RankStats {
@@ -67,97 +53,23 @@ typedef struct Stats {
     double wall, busy, mean_step; /* microseconds */
 } Stats;
 
-static EvKind kind_of(const char *cat) {
-    if (!cat) return EV_OTHER;
-    if (strcmp(cat, "step") == 0) return EV_STEP;
-    /* "compute": programs without micro-batches do not split their work */
-    if (strcmp(cat, "forward") == 0 || strcmp(cat, "backward") == 0 || strcmp(cat, "update") == 0 ||
-        strcmp(cat, "compute") == 0)
-        return EV_BUSY;
-    if (strcmp(cat, "wait") == 0) return EV_WAIT;
-    if (strcmp(cat, "allreduce") == 0) return EV_ALLREDUCE;
-    return EV_OTHER;
-}
-
-static int event_cmp(const void *a, const void *b) {
-    const Event *x = a, *y = b;
-    if (x->rank != y->rank) return x->rank < y->rank ? -1 : 1;
-    if (x->ts != y->ts) return x->ts < y->ts ? -1 : 1;
-    return x->index < y->index ? -1 : x->index > y->index;
-}
-
 static int step_key_cmp(const void *a, const void *b) {
     const Step *x = a, *y = b;
     return x->key < y->key ? -1 : x->key > y->key;
 }
 
-static json_t *load_json(const char *path, Diag *d) {
-    size_t len;
-    uint8_t *buf = file_read_all(path, &len, d);
-    if (!buf) return NULL;
-    json_error_t err;
-    json_t *root = json_loadb((const char *)buf, len, 0, &err);
-    free(buf);
-    if (!root) diag_error(d, DIAG_FORMAT, "%s: not JSON: line %d, column %d: %s", path, err.line, err.column, err.text);
-    return root;
-}
-
-/* Checks one "X" event and fills e; false with a Diag naming it. */
-static bool read_event(const char *path, size_t i, json_t *ev, Event *e, Diag *d) {
-    const char *name = json_string_value(json_object_get(ev, "name"));
-    if (!name) name = "";
-    json_t *ts = json_object_get(ev, "ts"), *dur = json_object_get(ev, "dur"), *tid = json_object_get(ev, "tid");
-    if (!json_is_number(ts) || !json_is_number(dur))
-        return diag_error(d, DIAG_FORMAT, "%s: traceEvents[%zu] (\"%.64s\"): an X event needs numeric ts and dur",
-                          path, i, name);
-    e->ts = json_number_value(ts);
-    e->dur = json_number_value(dur);
-    if (e->dur < 0)
-        return diag_error(d, DIAG_FORMAT, "%s: traceEvents[%zu] (\"%.64s\"): negative dur %g", path, i, name, e->dur);
-    if (e->dur > TRACE_MAX_US || e->ts > TRACE_MAX_US || e->ts < -TRACE_MAX_US)
-        return diag_error(d, DIAG_FORMAT, "%s: traceEvents[%zu] (\"%.64s\"): ts or dur beyond %g microseconds", path,
-                          i, name, TRACE_MAX_US);
-    if (!json_is_integer(tid))
-        return diag_error(d, DIAG_FORMAT, "%s: traceEvents[%zu] (\"%.64s\"): tid (the rank) is not an integer", path,
-                          i, name);
-    e->rank = json_integer_value(tid);
-    e->index = i;
-    e->kind = kind_of(json_string_value(json_object_get(ev, "cat")));
-    json_t *step = json_object_get(json_object_get(ev, "args"), "step");
-    e->step = json_is_integer(step) ? json_integer_value(step) : -1;
-    return true;
-}
-
-/* The step of `steps` (sorted by ts) that holds e, or NULL.  An event's
- * midpoint decides, so that rounding of ts at a step's edges does not
- * push an event out of its step. */
-static Step *step_holding(Step *steps, int n, const Event *e) {
-    double mid = e->ts + e->dur / 2;
-    int lo = 0, hi = n; /* first step starting after mid */
-    while (lo < hi) {
-        int m = lo + (hi - lo) / 2;
-        if (steps[m].ts <= mid) lo = m + 1;
-        else hi = m;
-    }
-    if (lo == 0 || mid > steps[lo - 1].ts + steps[lo - 1].dur) return NULL;
-    return &steps[lo - 1];
-}
-
 /* Events ev[0..n) are one rank's, sorted by ts; its steps go to steps[],
- * the used ones (after skip) first.  Returns the number used. */
-static int rank_stats(const Event *ev, int n, long long skip, bool by_step_number, Step *steps, RankStats *r) {
-    int n_steps = 0;
+ * the used ones (after skip) first.  spans and owner are scratch space
+ * for trace_rank_steps.  Returns the number used. */
+static int rank_stats(const TraceEvent *ev, int n, long long skip, bool numbered, TraceStep *spans, int *owner,
+                      Step *steps, RankStats *r) {
+    int n_steps = trace_rank_steps(ev, n, numbered, spans, owner);
+    for (int k = 0; k < n_steps; k++) steps[k] = (Step){.key = spans[k].key, .dur = spans[k].dur};
     for (int i = 0; i < n; i++) {
-        if (ev[i].kind != EV_STEP) continue;
-        Step *s = &steps[n_steps];
-        *s = (Step){.key = by_step_number ? ev[i].step : n_steps, .ts = ev[i].ts, .dur = ev[i].dur};
-        n_steps++;
-    }
-    for (int i = 0; i < n; i++) {
-        Step *s = ev[i].kind == EV_STEP || ev[i].kind == EV_OTHER ? NULL : step_holding(steps, n_steps, &ev[i]);
-        if (!s) continue;
-        if (ev[i].kind == EV_BUSY) s->busy += ev[i].dur;
-        else if (ev[i].kind == EV_WAIT) s->wait += ev[i].dur;
+        if (owner[i] < 0 || ev[i].kind == TRACE_OTHER) continue; /* other categories count as idle */
+        Step *s = &steps[owner[i]];
+        if (ev[i].kind == TRACE_BUSY) s->busy += ev[i].dur;
+        else if (ev[i].kind == TRACE_WAIT) s->wait += ev[i].dur;
         else s->allreduce += ev[i].dur;
     }
     *r = (RankStats){.rank = ev[0].rank, .skipped = n_steps > skip ? (int)skip : 0};
@@ -190,54 +102,29 @@ static double mean_step(Step *used, int n, int *n_groups) {
     return groups ? sum / groups : 0;
 }
 
-static bool gather_stats(const char *path, json_t *root, long long skip, Stats *s, Diag *d) {
-    json_t *events = json_object_get(root, "traceEvents");
-    if (!json_is_array(events)) return diag_error(d, DIAG_FORMAT, "%s: no traceEvents array", path);
-    s->other = json_object_get(root, "otherData");
-    size_t total = json_array_size(events);
-    if (total > INT_MAX) return diag_error(d, DIAG_LIMIT, "%s: more than %d events", path, INT_MAX);
-    Event *ev = calloc(total ? total : 1, sizeof *ev);
-    if (!ev) return diag_error(d, DIAG_NOMEM, "%s: out of memory for %zu events", path, total);
-    int n = 0, n_steps = 0, numbered = 0;
-    bool ok = true;
-    size_t i;
-    json_t *e;
-    json_array_foreach(events, i, e) {
-        if (!json_is_object(e)) {
-            ok = diag_error(d, DIAG_FORMAT, "%s: traceEvents[%zu] is not an object", path, i);
-            break;
-        }
-        const char *ph = json_string_value(json_object_get(e, "ph"));
-        if (!ph || strcmp(ph, "X") != 0) continue; /* metadata, instants, ... */
-        if (!(ok = read_event(path, i, e, &ev[n], d))) break;
-        if (ev[n].kind == EV_OTHER) continue; /* checked, but counts as idle */
-        if (ev[n].kind == EV_STEP) {
-            n_steps++;
-            numbered += ev[n].step >= 0;
-        }
-        n++;
+static bool gather_stats(const Trace *t, long long skip, Stats *s, Diag *d) {
+    s->other = t->other;
+    Step *steps = calloc((size_t)t->n_steps, sizeof *steps);
+    TraceStep *spans = calloc((size_t)t->n_steps, sizeof *spans);
+    int *owner = calloc((size_t)t->n, sizeof *owner);
+    s->ranks = calloc((size_t)t->n_steps, sizeof *s->ranks); /* a rank has at least one step */
+    bool ok = steps && spans && owner && s->ranks;
+    if (!ok) diag_error(d, DIAG_NOMEM, "%s: out of memory", t->path);
+    int used = 0;
+    for (int lo = 0, hi; ok && lo < t->n; lo = hi) {
+        hi = trace_rank_end(t, lo);
+        bool has_step = false;
+        for (int i = lo; i < hi; i++) has_step |= t->ev[i].kind == TRACE_STEP;
+        if (!has_step) continue; /* a rank that traced no step has nothing to measure against */
+        RankStats *r = &s->ranks[s->n_ranks++];
+        used += rank_stats(t->ev + lo, hi - lo, skip, t->numbered, spans, owner, steps + used, r);
+        s->wall += r->wall;
+        s->busy += r->busy;
     }
-    if (ok && n_steps == 0)
-        ok = diag_error(d, DIAG_FORMAT, "%s: no step events (was it written by a program run with --trace?)", path);
-    Step *steps = ok ? calloc((size_t)n_steps, sizeof *steps) : NULL;
-    s->ranks = ok ? calloc((size_t)n_steps, sizeof *s->ranks) : NULL; /* a rank has at least one step */
-    if (ok && (!steps || !s->ranks)) ok = diag_error(d, DIAG_NOMEM, "%s: out of memory", path);
-    if (ok) {
-        qsort(ev, (size_t)n, sizeof *ev, event_cmp);
-        int used = 0;
-        for (int lo = 0, hi; lo < n; lo = hi) {
-            bool has_step = false;
-            for (hi = lo; hi < n && ev[hi].rank == ev[lo].rank; hi++) has_step |= ev[hi].kind == EV_STEP;
-            if (!has_step) continue; /* a rank that traced no step has nothing to measure against */
-            RankStats *r = &s->ranks[s->n_ranks++];
-            used += rank_stats(ev + lo, hi - lo, skip, numbered == n_steps, steps + used, r);
-            s->wall += r->wall;
-            s->busy += r->busy;
-        }
-        s->mean_step = mean_step(steps, used, &s->steps_used);
-    }
+    if (ok) s->mean_step = mean_step(steps, used, &s->steps_used);
+    free(owner);
+    free(spans);
     free(steps);
-    free(ev);
     return ok;
 }
 
@@ -332,14 +219,14 @@ int cmd_trace_stats(int argc, char **argv) {
     }
     if (!path) return cli_usage("trace-stats", "no trace file given");
     Diag d = {0};
-    json_t *root = load_json(path, &d);
-    if (!root) return cli_fail(&d);
+    Trace t;
+    if (!trace_read(path, &t, &d)) return cli_fail(&d);
     Stats s = {.path = path};
     int status = 0;
-    if (!gather_stats(path, root, (long long)skip, &s, &d)) status = cli_fail(&d);
+    if (!gather_stats(&t, (long long)skip, &s, &d)) status = cli_fail(&d);
     else if (strcmp(format, "json") == 0) status = print_json(&s);
     else print_text(&s, (long long)skip);
     free(s.ranks);
-    json_decref(root);
+    trace_free(&t);
     return status;
 }

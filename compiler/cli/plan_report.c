@@ -18,8 +18,9 @@ static void layout_text(const Candidate *c, char *buf, size_t len) {
     else if (strcmp(c->strategy, "layer") == 0)
         snprintf(buf, len, "layer, %d stages", c->stages);
     else
-        snprintf(buf, len, "%s, %d replica%s x %d stages, %d micro-batch%s, %s", c->strategy, c->dp,
-                 c->dp > 1 ? "s" : "", c->stages, c->microbatches, c->microbatches > 1 ? "es" : "", c->schedule);
+        snprintf(buf, len, "%s, %d replica%s x %d stages, %d micro-batch%s, %s%s", c->strategy, c->dp,
+                 c->dp > 1 ? "s" : "", c->stages, c->microbatches, c->microbatches > 1 ? "es" : "", c->schedule,
+                 c->by_stage ? ", placed by stage (a stage's replicas on consecutive ranks)" : "");
 }
 
 /* Why c lost to best, in a few words. */
@@ -62,14 +63,16 @@ static void print_text(const CompileOptions *o, const Search *s) {
     }
     if (s->n < 2 && best) return;
     printf("\n%s (fastest first):\n", best ? "all plans" : "plans");
-    printf("  %-9s %3s %3s %3s %-8s %10s %8s %9s %9s  %s\n", "strategy", "D", "P", "M", "schedule", "step ms", "bubble",
+    printf("  %-9s %3s %3s %3s %-13s %10s %8s %9s %9s  %s\n", "strategy", "D", "P", "M", "schedule", "step ms", "bubble",
            "comm MB", "peak MB", "");
     for (int i = 0; i < s->n; i++) {
         const Candidate *c = &s->c[i];
         why_lost(c, best ? best : c, why, sizeof why);
-        printf("  %-9s %3d %3d %3d %-8s %10.3f %7.1f%% %9.2f %9.1f  %s\n", c->strategy, c->dp, c->stages,
-               c->microbatches, c->schedule[0] ? c->schedule : "-", c->step_s * 1e3, c->bubble * 100,
-               (double)c->comm_bytes / 1e6, (double)c->peak_bytes / 1e6, why);
+        char sched[24];
+        snprintf(sched, sizeof sched, "%s%s", c->schedule[0] ? c->schedule : "-", c->by_stage ? " bystage" : "");
+        printf("  %-9s %3d %3d %3d %-13s %10.3f %7.1f%% %9.2f %9.1f  %s\n", c->strategy, c->dp, c->stages,
+               c->microbatches, sched, c->step_s * 1e3, c->bubble * 100, (double)c->comm_bytes / 1e6,
+               (double)c->peak_bytes / 1e6, why);
     }
 }
 
@@ -80,8 +83,9 @@ static json_t *candidate_json(const Candidate *c, const Candidate *best) {
     for (int r = 0; r < c->n_ranks; r++)
         json_array_append_new(ranks, json_pack("{s:i, s:I, s:f}", "rank", r, "arena_bytes",
                                                (json_int_t)c->rank_bytes[r], "busy_s", c->rank_busy_s[r]));
-    return json_pack("{s:s, s:i, s:i, s:i, s:s, s:b, s:s, s:f, s:f, s:I, s:I, s:o}", "strategy", c->strategy, "dp",
-                     c->dp, "stages", c->stages, "microbatches", c->microbatches, "schedule", c->schedule, "feasible",
+    return json_pack("{s:s, s:i, s:i, s:i, s:s, s:s, s:b, s:s, s:f, s:f, s:I, s:I, s:o}", "strategy", c->strategy,
+                     "dp", c->dp, "stages", c->stages, "microbatches", c->microbatches, "schedule", c->schedule,
+                     "placement", c->by_stage ? "by_stage" : "by_replica", "feasible",
                      c->feasible, "why", why, "step_s", c->step_s, "bubble", c->bubble, "comm_bytes",
                      (json_int_t)c->comm_bytes, "peak_bytes", (json_int_t)c->peak_bytes, "ranks", ranks);
 }
@@ -93,28 +97,166 @@ static bool chosen_plan(const CompileOptions *o, const Search *s, Graph **g, Tra
     return driver_build_plan(&x, g, t, p, d);
 }
 
+/* The simulated step of plan p on the cluster the search used: o's
+ * cluster file, or this machine's calibration or the stated defaults. */
+static bool simulate_chosen(const CompileOptions *o, const Plan *p, Cluster *cl, SimResult *r, Diag *d) {
+    char which[1100];
+    if (!(o->cluster ? cluster_load(o->cluster, cl, d) : cluster_machine(cl, p->n_ranks, which, sizeof which, d)))
+        return false;
+    if (simulate_plan(p, cl, r, d) && (r->events || diag_error(d, DIAG_NOMEM, "out of memory for the timeline")))
+        return true;
+    sim_result_free(r);
+    cluster_free(cl);
+    return false;
+}
+
+/* Each rank's share of the prediction: when its own work ends, its
+ * compute, its blocked time (the step's final loss reduction excluded),
+ * what it sends and sums, and its arena. */
+static json_t *rank_predictions(const Plan *p, const SimResult *r) {
+    json_t *a = json_array();
+    for (int k = 0; k < r->n_ranks; k++) {
+        const SimRank *x = &r->ranks[k];
+        json_array_append_new(a, json_pack("{s:i, s:i, s:f, s:f, s:f, s:I, s:I, s:I}", "rank", k, "stage",
+                                           p->n_stages ? p->ranks[k].stage : 0, "end_s", x->end_s, "busy_s", x->busy_s,
+                                           "wait_s", x->wait_s, "sent_bytes", (json_int_t)x->sent_bytes,
+                                           "reduced_bytes", (json_int_t)x->reduced_bytes, "arena_bytes",
+                                           (json_int_t)x->arena_bytes));
+    }
+    return a;
+}
+
+/* Seconds rank `rank` spends in simulated waits of kind w on `peer`. */
+static double waited(const SimResult *r, int rank, SimWait w, int peer) {
+    double sum = 0;
+    for (int i = 0; i < r->n_events; i++) {
+        const SimEvent *e = &r->events[i];
+        if (e->rank == rank && e->kind == 'W' && e->wait == w && e->peer == peer) sum += e->t1 - e->t0;
+    }
+    return sum;
+}
+
+/* One link's messages of a step: what the plan sends from `from` to `to`,
+ * each message's predicted time on the link (latency + bytes / bandwidth)
+ * summed, and the simulated time the receiver waits in its receives from
+ * the sender and the sender in completing its sends to the receiver. */
+static json_t *link_prediction(const Plan *p, const Cluster *cl, const SimResult *r, int from, int to) {
+    const RankPlan *rp = &p->ranks[from];
+    int messages = 0;
+    int64_t bytes = 0;
+    double transfer = 0;
+    for (int i = 0; i < rp->n_train; i++) {
+        const PlanStep *st = &rp->train[i];
+        if (st->kind != STEP_SEND || st->peer != to) continue;
+        messages++;
+        bytes += st->bytes;
+        transfer += cluster_p2p_seconds(cl, from, to, (double)st->bytes);
+    }
+    if (!messages) return NULL;
+    return json_pack("{s:i, s:i, s:i, s:I, s:f, s:f, s:f}", "from", from, "to", to, "messages", messages, "bytes",
+                     (json_int_t)bytes, "transfer_s", transfer, "recv_wait_s", waited(r, to, SIM_WAIT_RECV, from),
+                     "send_wait_s", waited(r, from, SIM_WAIT_SEND, to));
+}
+
+/* Every sender -> receiver pair the plan's send steps use. */
+static json_t *link_predictions(const Plan *p, const Cluster *cl, const SimResult *r) {
+    json_t *a = json_array();
+    for (int from = 0; from < p->n_ranks; from++)
+        for (int to = 0; to < p->n_ranks; to++) {
+            json_t *l = from != to ? link_prediction(p, cl, r, from, to) : NULL;
+            if (l) json_array_append_new(a, l);
+        }
+    return a;
+}
+
+static const char *wait_name(SimWait w) {
+    return w == SIM_WAIT_RECV ? "recv" : w == SIM_WAIT_SEND ? "send" : w == SIM_WAIT_ALLREDUCE ? "allreduce" : NULL;
+}
+
+static json_t *event_json(int rank, double t0, double t1, char kind, int micro, const char *wait, int peer) {
+    char k[2] = {kind, 0};
+    json_t *e = json_pack("{s:i, s:f, s:f, s:s, s:i}", "rank", rank, "t0", t0, "t1", t1, "kind", k, "micro", micro);
+    if (wait) json_object_set_new(e, "wait", json_string(wait));
+    if (peer >= 0) json_object_set_new(e, "peer", json_integer(peer));
+    return e;
+}
+
+static int by_rank_then_time(const void *a, const void *b) {
+    const SimEvent *x = a, *y = b;
+    if (x->rank != y->rank) return x->rank < y->rank ? -1 : 1;
+    return x->t0 < y->t0 ? -1 : x->t0 > y->t0;
+}
+
+static bool same_unit(const SimEvent *a, const SimEvent *b) {
+    return a->rank == b->rank && a->kind == b->kind && a->micro == b->micro && a->wait == b->wait &&
+           a->peer == b->peer && a->t1 == b->t0;
+}
+
+/* Every rank's simulated step in time order, consecutive intervals of the
+ * same unit (or the same wait) merged, so that the timeline has one entry
+ * per unit rather than one per kernel; each rank ends with its wait for
+ * the step's loss, as a traced step does.  micro is -1 outside staged
+ * plans, whose steps are not split into micro-batches. */
+static json_t *timeline_json(const Plan *p, const SimResult *r) {
+    SimEvent *ev = malloc(sizeof *ev * (size_t)(r->n_events ? r->n_events : 1));
+    if (!ev) return NULL;
+    memcpy(ev, r->events, sizeof *ev * (size_t)r->n_events);
+    qsort(ev, (size_t)r->n_events, sizeof *ev, by_rank_then_time); /* a rank's intervals never overlap */
+    json_t *a = json_array();
+    for (int i = 0, j; i < r->n_events; i = j) {
+        SimEvent e = ev[i];
+        for (j = i + 1; j < r->n_events && same_unit(&ev[j - 1], &ev[j]); j++) e.t1 = ev[j].t1;
+        json_array_append_new(a, event_json(e.rank, e.t0, e.t1, e.kind, p->n_stages ? e.micro : -1,
+                                            wait_name(e.wait), e.peer));
+        bool last = j == r->n_events || ev[j].rank != e.rank;
+        if (last && r->step_s > r->ranks[e.rank].end_s)
+            json_array_append_new(a, event_json(e.rank, r->ranks[e.rank].end_s, r->step_s, 'W', -1, "loss", -1));
+    }
+    free(ev);
+    return a;
+}
+
+/* The prediction of the chosen plan: the search's summary of it, and its
+ * simulated step in the detail a comparison with a trace needs
+ * (`cleave report`). */
+static json_t *prediction_json(const Search *s, const Candidate *best, const Plan *p, const Cluster *cl,
+                               const SimResult *r) {
+    json_t *timeline = timeline_json(p, r);
+    if (!timeline) return NULL;
+    return json_pack("{s:s, s:I, s:o, s:f, s:o, s:o, s:o}", "cluster", s->cluster, "memory_per_rank_bytes",
+                     (json_int_t)s->memory_per_rank, "chosen", candidate_json(best, best), "step_s", r->step_s,
+                     "ranks", rank_predictions(p, r), "links", link_predictions(p, cl, r), "timeline", timeline);
+}
+
 /* The chosen plan in the plan format, with the predictions added. */
 static int print_json(const CompileOptions *o, const Search *s) {
-    const Candidate *best = s->best >= 0 ? &s->c[s->best] : NULL;
+    const Candidate *best = &s->c[s->best];
     Diag d = {0};
     Graph *g;
     TrainGraph t;
     Plan p;
     if (!chosen_plan(o, s, &g, &t, &p, &d)) return cli_fail(&d);
+    Cluster cl;
+    SimResult r;
+    if (!simulate_chosen(o, &p, &cl, &r, &d)) {
+        graph_free(g);
+        return cli_fail(&d);
+    }
     char *text = plan_to_json(&p, &o->train);
     json_t *root = text ? json_loads(text, 0, NULL) : NULL;
+    json_t *prediction = root ? prediction_json(s, best, &p, &cl, &r) : NULL;
     free(text);
+    sim_result_free(&r);
+    cluster_free(&cl);
     graph_free(g);
-    if (!root) {
+    if (!prediction) {
+        json_decref(root);
         diag_error(&d, DIAG_NOMEM, "out of memory");
         return cli_fail(&d);
     }
     json_t *alts = json_array();
     for (int i = 0; i < s->n; i++) json_array_append_new(alts, candidate_json(&s->c[i], best));
-    json_object_set_new(root, "prediction",
-                        json_pack("{s:s, s:I, s:o}", "cluster", s->cluster, "memory_per_rank_bytes",
-                                  (json_int_t)s->memory_per_rank, "chosen",
-                                  best ? candidate_json(best, best) : json_null()));
+    json_object_set_new(root, "prediction", prediction);
     json_object_set_new(root, "alternatives", alts);
     char *out = json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     json_decref(root);
@@ -226,18 +368,16 @@ static int print_drawing(const CompileOptions *o, const Search *s, bool svg) {
         print_dot(&p);
     } else {
         Cluster cl;
-        char which[1100];
-        ok = o->cluster ? cluster_load(o->cluster, &cl, &d) : cluster_machine(&cl, p.n_ranks, which, sizeof which, &d);
         SimResult r;
-        if (ok && (ok = simulate_plan(&p, &cl, &r, &d))) {
+        if ((ok = simulate_chosen(o, &p, &cl, &r, &d))) {
             char title[400];
             char lay[160];
             layout_text(best, lay, sizeof lay);
             snprintf(title, sizeof title, "%s: %s on %d ranks", o->model, lay, p.n_ranks);
             print_svg(&p, &r, title);
             sim_result_free(&r);
+            cluster_free(&cl);
         }
-        if (ok) cluster_free(&cl);
     }
     graph_free(g);
     return ok ? 0 : cli_fail(&d);

@@ -14,7 +14,7 @@ static bool may_share(const Cg *c, const Node *n, const Value *a, const Value *b
     if (c->rp) return c->rp->offset[a->id] == c->rp->offset[b->id];
     const Plan *p = c->plan;
     for (int r = 0; r < p->n_stages; r++) {
-        const RankPlan *rp = &p->ranks[r];
+        const RankPlan *rp = plan_stage_rank(p, r);
         for (int pass = 0; pass < 2; pass++) {
             const PlanStep *st = pass ? rp->eval : rp->train;
             int n_st = pass ? rp->n_eval : rp->n_train;

@@ -181,7 +181,10 @@ static bool build_staged_step_fn(Cg *c, const char *name, const RankPlan *rp, co
     int unit = -1, unit_micro = -2;
     for (int s = 0; s < n; s++) {
         const PlanStep *st = &steps[s];
-        int peer_tag[2] = {st->peer, st->tag};
+        /* A stage's program serves every replica: it names its peers by
+         * stage, and the runtime finds their ranks (rt_stage.c). */
+        bool p2p = st->kind == STEP_SEND || st->kind == STEP_RECV || st->kind == STEP_SEND_WAIT;
+        int peer_tag[2] = {p2p ? p->ranks[st->peer].stage : st->peer, st->tag};
         if (st->kind == STEP_SEND_WAIT) { /* between units: not part of either */
             call_rt(c, "cleave_rt_send_wait", 2, peer_tag, NULL, 0);
             continue;
@@ -347,16 +350,17 @@ static int n_programs(const Plan *p) { return p->n_stages ? p->n_stages : 1; }
 /* The initial images of every program, back to back (plan_init_offset). */
 static unsigned char *all_images(const Plan *p, size_t *len) {
     int n = n_programs(p);
-    const RankPlan *last = &p->ranks[n - 1];
+    const RankPlan *last = plan_stage_rank(p, n - 1);
     *len = (size_t)((p->n_stages ? plan_init_offset(p, n - 1) : 0) + last->init_bytes);
     unsigned char *all = calloc(1, *len ? *len : 1);
     for (int k = 0; all && k < n; k++) {
-        unsigned char *img = init_image(p, &p->ranks[k]);
+        const RankPlan *rp = plan_stage_rank(p, k);
+        unsigned char *img = init_image(p, rp);
         if (!img) {
             free(all);
             return NULL;
         }
-        memcpy(all + (p->n_stages ? plan_init_offset(p, k) : 0), img, (size_t)p->ranks[k].init_bytes);
+        memcpy(all + (p->n_stages ? plan_init_offset(p, k) : 0), img, (size_t)rp->init_bytes);
         free(img);
     }
     return all;
@@ -377,7 +381,7 @@ static bool build_steps(Cg *c, const Plan *p) {
     bool ok = train && eval && acc;
     if (!ok) diag_error(c->d, DIAG_NOMEM, "out of memory");
     for (int k = 0; ok && k < n; k++) {
-        const RankPlan *rp = &p->ranks[k];
+        const RankPlan *rp = plan_stage_rank(p, k);
         char name[64];
         snprintf(name, sizeof name, "cleave_train_step_%d", k);
         ok = build_staged_step_fn(c, name, rp, rp->train, rp->n_train, acc);
@@ -475,7 +479,7 @@ CgModule *cg_build(const Plan *p, const CgOptions *o, Diag *d) {
     LLVMSetModuleDataLayout(c->mod, layout);
     LLVMDisposeTargetData(layout);
     bool ok = true;
-    for (int k = 0; ok && k < n_programs(p); k++) ok = generate_kernels(c, &p->ranks[k]);
+    for (int k = 0; ok && k < n_programs(p); k++) ok = generate_kernels(c, plan_stage_rank(p, k));
     ok = ok && build_steps(c, p);
     if (ok) {
         const char *meta = o->meta_json ? o->meta_json : "{}";

@@ -35,8 +35,22 @@ typedef struct Sim {
     bool ev_failed;
 } Sim;
 
-/* Records an interval of rank r's timeline (dropped when empty). */
-static void event(Sim *S, int r, double t0, double t1, char kind) {
+/* What step s of a rank waits for, and on whom. */
+static SimWait wait_of(const PlanStep *s, int *peer) {
+    *peer = -1;
+    switch (s->kind) {
+    case STEP_RECV: *peer = s->peer; return SIM_WAIT_RECV;
+    case STEP_SEND_WAIT: *peer = s->peer; return SIM_WAIT_SEND;
+    case STEP_ALLREDUCE:
+    case STEP_ALLREDUCE_START:
+    case STEP_ALLREDUCE_WAIT: return SIM_WAIT_ALLREDUCE;
+    default: return SIM_WAIT_NONE;
+    }
+}
+
+/* Records an interval of rank r's timeline, spent on plan step s (dropped
+ * when empty). */
+static void event(Sim *S, int r, double t0, double t1, char kind, const PlanStep *s) {
     if (t1 <= t0 || S->ev_failed) return;
     if (S->n_ev == S->cap_ev) {
         int cap = S->cap_ev ? 2 * S->cap_ev : 256;
@@ -48,7 +62,9 @@ static void event(Sim *S, int r, double t0, double t1, char kind) {
         S->ev = e;
         S->cap_ev = cap;
     }
-    S->ev[S->n_ev++] = (SimEvent){r, t0, t1, kind};
+    int peer = -1;
+    SimWait wait = kind == 'W' ? wait_of(s, &peer) : SIM_WAIT_NONE;
+    S->ev[S->n_ev++] = (SimEvent){r, t0, t1, kind, s->micro, wait, peer};
 }
 
 static char compute_kind(const PlanStep *s) {
@@ -127,7 +143,7 @@ static int collective(Sim *S, const PlanStep *s, int *all) {
         S->out[r].reduced_bytes += bytes;
         if (s->kind == STEP_ALLREDUCE) {
             S->out[r].wait_s += done - S->t[r];
-            event(S, r, S->t[r], done, 'W');
+            event(S, r, S->t[r], done, 'W', s);
             S->t[r] = done;
         } else {
             S->bucket_done[r][s->bucket] = done;
@@ -143,7 +159,7 @@ static int advance(Sim *S, int r, const PlanStep *s, int *all) {
     switch (s->kind) {
     case STEP_COMPUTE: {
         double dt = sim_node_seconds(S->c, r, s->node) / cluster_core_share(S->c, r, S->n);
-        event(S, r, S->t[r], S->t[r] + dt, compute_kind(s));
+        event(S, r, S->t[r], S->t[r] + dt, compute_kind(s), s);
         S->t[r] += dt;
         S->out[r].busy_s += dt;
         break;
@@ -151,7 +167,7 @@ static int advance(Sim *S, int r, const PlanStep *s, int *all) {
     case STEP_ACCUMULATE: {
         double dt = cluster_mem_seconds(S->c, r, 3.0 * (double)plan_value_bytes(s->value)) /
                     cluster_core_share(S->c, r, S->n);
-        event(S, r, S->t[r], S->t[r] + dt, compute_kind(s));
+        event(S, r, S->t[r], S->t[r] + dt, compute_kind(s), s);
         S->t[r] += dt;
         S->out[r].busy_s += dt;
         break;
@@ -181,7 +197,7 @@ static int advance(Sim *S, int r, const PlanStep *s, int *all) {
     }
     if (s->kind != STEP_COMPUTE && s->kind != STEP_ACCUMULATE) {
         S->out[r].wait_s += S->t[r] - before;
-        event(S, r, before, S->t[r], 'W');
+        event(S, r, before, S->t[r], 'W', s);
     }
     S->pc[r]++;
     return 1;

@@ -29,11 +29,19 @@ typedef struct SimRank {
     int64_t arena_bytes; /* everything the rank allocates: a bound that holds */
 } SimRank;
 
-/* One interval of a rank's simulated timeline. */
+/* What a waiting interval waits for. */
+typedef enum { SIM_WAIT_NONE = 0, SIM_WAIT_RECV, SIM_WAIT_SEND, SIM_WAIT_ALLREDUCE } SimWait;
+
+/* One interval of a rank's simulated timeline.  micro and peer say which
+ * unit of work and which link it belongs to, so that a report can set it
+ * against the same unit or link of a measured trace. */
 typedef struct SimEvent {
     int rank;
     double t0, t1;
-    char kind; /* 'F' forward, 'B' backward, 'U' update (optimizer, once-per-step sums), 'W' waiting */
+    char kind;    /* 'F' forward, 'B' backward, 'U' update (optimizer, once-per-step sums), 'W' waiting */
+    int micro;    /* the plan step's micro-batch (-1: once per step) */
+    SimWait wait; /* 'W': a receive, a send's completion, or an allreduce (NONE otherwise) */
+    int peer;     /* SIM_WAIT_RECV: the sender; SIM_WAIT_SEND: the receiver; -1 otherwise */
 } SimEvent;
 
 typedef struct SimResult {

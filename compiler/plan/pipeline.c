@@ -259,7 +259,16 @@ static bool analyse(Ctx *c, const StageSplit *sp) {
     return ok;
 }
 
-static int rank_of(const Ctx *c, int replica, int stage) { return replica * c->P + stage; }
+static int rank_of(const Ctx *c, int replica, int stage) { return plan_rank_of(c->p, replica, stage); }
+
+int plan_rank_of(const Plan *p, int replica, int stage) {
+    if (!p->n_stages) return replica;
+    return p->placement == PLACE_BY_STAGE ? stage * p->replicas + replica : replica * p->n_stages + stage;
+}
+
+const RankPlan *plan_stage_rank(const Plan *p, int s) { return &p->ranks[p->n_stages ? plan_rank_of(p, 0, s) : 0]; }
+
+const char *plan_placement_name(Placement pl) { return pl == PLACE_BY_STAGE ? "by_stage" : "by_replica"; }
 
 static int tag_of(const Ctx *c, int x, int micro) { return c->xf[x].channel * (c->M + 1) + micro + 1; }
 
@@ -643,14 +652,15 @@ static bool fill_plan(Ctx *c, const StageSplit *sp, int64_t batch) {
 
 bool plan_hybrid(Graph *g, const TrainGraph *t, int64_t batch, int dp, int n_stages, int microbatches,
                  const char *schedule, const char *const *cuts, int n_cuts, double bucket_mb, Plan *p, Diag *d) {
-    return plan_hybrid_weighted(g, t, batch, dp, n_stages, microbatches, schedule, cuts, n_cuts, bucket_mb, NULL, p,
-                                d);
+    return plan_hybrid_weighted(g, t, batch, dp, n_stages, microbatches, schedule, cuts, n_cuts, bucket_mb, NULL,
+                                PLACE_BY_REPLICA, p, d);
 }
 
 bool plan_hybrid_weighted(Graph *g, const TrainGraph *t, int64_t batch, int dp, int n_stages, int microbatches,
                           const char *schedule, const char *const *cuts, int n_cuts, double bucket_mb,
-                          const StageWeight *weight, Plan *p, Diag *d) {
+                          const StageWeight *weight, Placement placement, Plan *p, Diag *d) {
     memset(p, 0, sizeof *p);
+    p->placement = placement;
     SchedKind sched;
     if (!schedule_parse(schedule, &sched, d)) return false;
     if (n_stages < 1) return diag_error(d, DIAG_USAGE, "a pipeline needs at least one stage, not %d", n_stages);
@@ -714,7 +724,7 @@ bool plan_pipeline(Graph *g, const TrainGraph *t, int64_t batch, int n_stages, i
 
 int64_t plan_init_offset(const Plan *p, int program) {
     int64_t off = 0;
-    for (int s = 0; s < program; s++) off += (p->ranks[s].init_bytes + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;
+    for (int s = 0; s < program; s++) off += (plan_stage_rank(p, s)->init_bytes + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;
     return off;
 }
 
@@ -849,6 +859,7 @@ char *pipeline_plan_to_json(const Plan *p) {
         json_object_set_new(root, "microbatches", json_integer(p->microbatches));
         json_object_set_new(root, "micro_batch", json_integer(p->micro_batch));
         json_object_set_new(root, "schedule", json_string(p->schedule ? p->schedule : ""));
+        json_object_set_new(root, "placement", json_string(plan_placement_name(p->placement)));
         json_object_set_new(root, "tag_bound", json_integer(p->tag_bound));
         json_object_set_new(root, "stage_table", stages);
         json_object_set_new(root, "transfers", xfers);

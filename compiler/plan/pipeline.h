@@ -231,7 +231,7 @@ bool plan_hybrid(Graph *g, const TrainGraph *t, int64_t batch, int dp, int n_sta
 /* The same with the stages balanced by `weight` (NULL: FLOPs). */
 bool plan_hybrid_weighted(Graph *g, const TrainGraph *t, int64_t batch, int dp, int n_stages, int microbatches,
                           const char *schedule, const char *const *cuts, int n_cuts, double bucket_mb,
-                          const StageWeight *weight, Plan *p, Diag *d);
+                          const StageWeight *weight, Placement placement, Plan *p, Diag *d);
 
 /* ---- memory (memplan_pipeline.c) ---- */
 

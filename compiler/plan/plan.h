@@ -128,6 +128,13 @@ typedef struct RankPlan {
     int64_t send_pinned_bytes;
 } RankPlan;
 
+/* How a staged plan's (replica, stage) pairs map to MPI ranks: by replica
+ * (rank = replica * stages + stage: a replica's stages on consecutive
+ * ranks, so pipeline neighbours share a node) or by stage (rank = stage *
+ * replicas + replica: a stage's replicas together, so its allreduce stays
+ * within a node).  The cost model tries both on multi-node clusters. */
+typedef enum { PLACE_BY_REPLICA = 0, PLACE_BY_STAGE } Placement;
+
 typedef struct Plan {
     Graph *g;
     const TrainGraph *t;
@@ -138,8 +145,10 @@ typedef struct Plan {
     int replicas;        /* data-parallel replicas (1: none) */
     double bucket_mb;
     RankPlan *ranks;
-    /* Pipeline plans (pipeline.h); zero in the others.  Rank
-     * replica * n_stages + stage runs `stage` of `replica`. */
+    /* Pipeline plans (pipeline.h); zero in the others.  ranks[] is
+     * indexed by MPI rank; plan_rank_of gives the rank of a (replica,
+     * stage), and step peers and groups are MPI ranks. */
+    Placement placement;
     int n_stages, microbatches;
     int64_t micro_batch;  /* rows per micro-batch */
     const char *schedule; /* "layer", "gpipe" or "1f1b" */
@@ -164,6 +173,12 @@ bool plan_dp(Graph *g, const TrainGraph *t, int64_t batch, int replicas, double 
 /* Inference only: every node of g in topological order (its eval and train
  * sequences are the same); graph outputs stay live to the end. */
 bool plan_forward(Graph *g, Plan *p, Diag *d);
+/* The MPI rank running `stage` of `replica` (0, 0 for unstaged plans). */
+int plan_rank_of(const Plan *p, int replica, int stage);
+/* The plan of stage s's replica-0 rank: what that stage's program is
+ * generated from (ranks[0] for unstaged plans). */
+const RankPlan *plan_stage_rank(const Plan *p, int s);
+const char *plan_placement_name(Placement pl);
 /* Buffer bytes of a value at run time (float32 for every float type). */
 int64_t plan_value_bytes(const Value *v);
 /* The "buckets" array of a rank's plan JSON (a jansson json_t). */

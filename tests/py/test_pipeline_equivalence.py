@@ -60,6 +60,7 @@ class Par:
     dp: int = 1                    # hybrid: --dp
     give_ranks: bool = True        # hybrid: also pass --ranks D*P
     check_plan: bool = False       # emit the plan and check the stages and transfers
+    placement: Optional[str] = None  # hybrid: --placement (None: the default, by_replica)
 
     @property
     def ranks(self):
@@ -72,6 +73,8 @@ class Par:
         if self.strategy == "hybrid":
             s += " D=%d" % self.dp
         s += " P=%d" % self.stages
+        if self.placement:
+            s += " " + self.placement
         if self.strategy != "layer":
             s += " M=%s %s" % (self.micro if self.micro else "default", self.schedule or "default")
         return s
@@ -84,6 +87,8 @@ class Par:
             f += ["--dp", str(self.dp), "--pp", str(self.stages)]
             if self.give_ranks:
                 f += ["--ranks", str(self.ranks)]
+            if self.placement:
+                f += ["--placement", self.placement]
         else:
             f += ["--ranks", str(self.ranks)]
         if self.micro is not None:
@@ -101,7 +106,8 @@ PARALLEL = (
        for p in (2, 4) for m in (1, 4, 8) for s in ("gpipe", "1f1b")]
     + [Par("hybrid", 2, dp=2, give_ranks=False),                  # --microbatches, --schedule defaulted
        Par("hybrid", 2, 4, "1f1b", dp=2, check_plan=True),
-       Par("hybrid", 2, 8, "gpipe", dp=2)]                          # one row per micro-batch
+       Par("hybrid", 2, 8, "gpipe", dp=2),                          # one row per micro-batch
+       Par("hybrid", 2, 4, "1f1b", dp=2, placement="by_stage", check_plan=True)]     # a stage's replicas on consecutive ranks
     # data parallelism on the same models: the tied weight's gradient sum
     # must land in its bucket, not in place over one of its terms
     + [Par("dp", 1, dp=2)]
@@ -307,6 +313,17 @@ def check_plan(rep, tag, mc, par, cuts, plan_path):
             want["microbatches"] = par.micro
         got = {k: plan.get(k) for k in want}
         rep.check("%s: plan has %s" % (tag, want), got == want, "got %s" % got)
+        if par.strategy == "hybrid":
+            # rank = replica * P + stage, or stage * D + replica by stage
+            P, D = par.stages, par.dp
+            by_stage = par.placement == "by_stage"
+            want_groups = [[s * D + r if by_stage else r * P + s for r in range(D)] for s in range(P)]
+            rep.check("%s: plan places %s, groups %s" % (tag, par.placement or "by_replica", want_groups),
+                      plan.get("placement") == (par.placement or "by_replica") and plan.get("groups") == want_groups,
+                      "got %s, %s" % (plan.get("placement"), plan.get("groups")))
+            stages = [rp["stage"] for rp in sorted(plan["rank_plans"], key=lambda rp: rp["rank"])]
+            rep.check("%s: rank_plans' stages by rank" % tag,
+                      stages == [(k // D if by_stage else k % P) for k in range(D * P)], stages)
         if not cuts:
             return
         table = sorted(plan["stage_table"], key=lambda s: s["stage"])
@@ -362,6 +379,15 @@ def parallel_case(rep, mc, par):
     if replicated:
         rep.check("%s: --check-replicas found the replicas identical" % tag, "replicas identical" in out + err,
                   tail(out + err))
+    if par.placement:
+        def placed():
+            with open(prog + ".jsonl") as f:
+                head = json.loads(f.readline())
+            return [(x["stage"], x["replica"]) for x in head["plan"]["ranks"]]
+        got = rep.guarded("%s: metrics' plan line readable" % tag, placed)
+        D, P = par.dp, par.stages
+        want = [((k // D, k % D) if par.placement == "by_stage" else (k % P, k // P)) for k in range(D * P)]
+        rep.check("%s: each rank runs the (stage, replica) its placement gives" % tag, got == want, got)
     losses = rep.guarded("%s: metrics readable" % tag, lambda: read_losses(prog + ".jsonl"))
     if losses is not None:
         ok, detail = same_losses(losses, mc.ref_losses, LOSS_RTOL, LOSS_ATOL)

@@ -52,14 +52,17 @@ def check_round_trip(rep, args, work):
         "layer": ["--ranks", "2", "--strategy", "layer"],
         "pipeline": ["--ranks", "2", "--strategy", "pipeline", "--microbatches", "4", "--schedule", "1f1b"],
         "hybrid": ["--ranks", "4", "--strategy", "hybrid", "--dp", "2", "--pp", "2", "--microbatches", "2"],
+        "hybrid by stage": ["--ranks", "4", "--strategy", "hybrid", "--dp", "2", "--pp", "2", "--placement",
+                            "by_stage"],
     }
     for name, flags in layouts.items():
-        first = os.path.join(work, "rt_%s.json" % name)
-        again = os.path.join(work, "rt_%s_again.json" % name)
-        p = cleave(args, "compile", MODEL, "-o", os.path.join(work, "rt_" + name), "--emit-plan", first, *(TRAIN + flags))
+        slug = name.replace(" ", "_")
+        first = os.path.join(work, "rt_%s.json" % slug)
+        again = os.path.join(work, "rt_%s_again.json" % slug)
+        p = cleave(args, "compile", MODEL, "-o", os.path.join(work, "rt_" + slug), "--emit-plan", first, *(TRAIN + flags))
         if not rep.check("%s: compiles with --emit-plan" % name, p.returncode == 0, p.stderr[-300:]):
             continue
-        p = cleave(args, "compile", "--plan", first, "-o", os.path.join(work, "rt_%s_again" % name), "--emit-plan",
+        p = cleave(args, "compile", "--plan", first, "-o", os.path.join(work, "rt_%s_again" % slug), "--emit-plan",
                    again)
         if not rep.check("%s: compiles from its plan file" % name, p.returncode == 0, p.stderr[-300:]):
             continue
@@ -193,6 +196,9 @@ def check_errors(rep, args, work):
          "optimizer.name must be sgd, momentum or adam, got 'lbfgs'", 1),
         ([mutated("lr", lambda d: d["optimizer"].update(lr=-1))], "optimizer.lr must be a number >= 0", 1),
         ([mutated("loss", lambda d: d.update(loss="hinge"))], "loss must be ce, mse or model, got 'hinge'", 1),
+        ([mutated("place", lambda d: d.update(placement="by_stage"))], "placement by_stage needs strategy hybrid", 1),
+        ([mutated("place2", lambda d: d.update(placement="diagonal"))],
+         "placement must be by_replica or by_stage, got 'diagonal'", 1),
         ([base_path(work), "--batch", "64"], "--batch does not go with --plan", 2),
         ([base_path(work), "--strategy", "dp"], "--strategy does not go with --plan", 2),
     ]

@@ -131,6 +131,43 @@ def check_memory(rep, args, work):
         rep.check("a slower network predicts a longer dp step (%.3g s vs %.3g s)" % tuple(preds), preds[1] > preds[0])
 
 
+def check_placement(rep, args, work):
+    """2 nodes of 2 ranks joined by a slow link: a 2 x 2 hybrid of the MLP
+    (its first layer's weights dwarf its activations) should keep each
+    stage's allreduce inside a node, i.e. place by stage."""
+    slow = cluster_file(work, "slow2x2", 1 << 32, inter={"latency_s": 5e-5, "bandwidth_gbps": 0.1}, nodes=2,
+                        per_node=2)
+    flags = ["plan", MODEL, "--batch", str(BATCH), "--ranks", "4", "--cluster", slow]
+    preds = {}
+    for pl in ("by_replica", "by_stage"):
+        p = cleave(args, *(flags + ["--strategy", "hybrid", "--dp", "2", "--pp", "2", "--microbatches", "2",
+                                    "--placement", pl, "--format", "json"]))
+        if rep.check("plan hybrid 2x2 --placement %s exits 0" % pl, p.returncode == 0, p.stderr[-300:]):
+            doc = json.loads(p.stdout)
+            preds[pl] = doc["prediction"]["chosen"]["step_s"]
+            want = [[0, 1], [2, 3]] if pl == "by_stage" else [[0, 2], [1, 3]]
+            rep.check("%s: the allreduce groups are %s" % (pl, want), doc.get("groups") == want, doc.get("groups"))
+    if len(preds) == 2:
+        rep.check("by stage is predicted faster on the slow link (%.3g s vs %.3g s)" % (preds["by_stage"],
+                  preds["by_replica"]), preds["by_stage"] < preds["by_replica"])
+    p = cleave(args, *(flags + ["--format", "json"]))
+    if rep.check("plan --ranks 4 on 2 nodes exits 0", p.returncode == 0, p.stderr[-300:]):
+        doc = json.loads(p.stdout)
+        places = {(a["strategy"], a.get("placement")) for a in doc["alternatives"] if a["strategy"] == "hybrid"}
+        rep.check("the search tries both placements of the hybrids", places == {("hybrid", "by_replica"),
+                  ("hybrid", "by_stage")}, places)
+        best = doc["prediction"]["chosen"]
+        if best["strategy"] == "hybrid":
+            rep.check("a chosen hybrid is placed by stage", best["placement"] == "by_stage" and
+                      doc.get("placement") == "by_stage", best)
+    # on one node the placements cost the same: only one is listed
+    p = cleave(args, "plan", MODEL, "--batch", str(BATCH), "--ranks", "4", "--format", "json")
+    if rep.check("plan --ranks 4 on one node exits 0", p.returncode == 0, p.stderr[-300:]):
+        doc = json.loads(p.stdout)
+        rep.check("one node: hybrids only by replica", all(a.get("placement") == "by_replica"
+                  for a in doc["alternatives"]), [a.get("placement") for a in doc["alternatives"]])
+
+
 def check_auto_trains(rep, args, work):
     import numpy as np
     rng = np.random.default_rng(7)
@@ -218,6 +255,7 @@ def main():
         rep.guarded("plan text", lambda: check_text(rep, args))
         rep.guarded("plan json", lambda: check_json(rep, args, work))
         rep.guarded("memory and network", lambda: check_memory(rep, args, work))
+        rep.guarded("placement", lambda: check_placement(rep, args, work))
         rep.guarded("auto trains", lambda: check_auto_trains(rep, args, work))
         rep.guarded("drawings", lambda: check_drawings(rep, args))
         rep.guarded("errors", lambda: check_errors(rep, args, work))
