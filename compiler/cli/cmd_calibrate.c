@@ -20,10 +20,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "calibrate.h"
 #include "cli.h"
 #include "onnx.pb-c.h"
 #include "../codegen/cg.h"
 #include "../cost/cluster.h"
+#include "../cost/node_cost.h"
 #include "../driver.h"
 #include "../ir/shapes.h"
 #include "../ops/ops.h"
@@ -73,14 +75,28 @@ static void kernel_free(Kernel *k) {
     memset(k, 0, sizeof *k);
 }
 
-/* A graph of one node `op` over two float inputs of shape dims. */
-static Graph *one_op_graph(const char *op, int rank, const int64_t *dims) {
+/* An INTS attribute of a node built here (room for 8, made on first use). */
+static void set_ints(Graph *g, Node *n, const char *name, const int64_t *v, int count) {
+    if (n && !n->attrs) n->attrs = ARENA_ARRAY(&g->arena, Attr, 8);
+    if (!n || !n->attrs || n->n_attr >= 8) return;
+    Attr *a = &n->attrs[n->n_attr++];
+    a->name = name;
+    a->kind = ATTR_INTS;
+    a->ints = ARENA_ARRAY(&g->arena, int64_t, count);
+    if (a->ints) memcpy(a->ints, v, sizeof *v * (size_t)count);
+    a->n = a->ints ? count : 0;
+}
+
+/* A graph of one node `op` of `domain` over two float inputs, a of shape
+ * adims and b of bdims (ranks up to 4). */
+static Graph *op_graph_in(const char *domain, const char *op, int arank, const int64_t *adims, int brank,
+                          const int64_t *bdims) {
     Graph *g = graph_new("calibrate");
     if (!g) return NULL;
     g->opsets = ARENA_NEW(&g->arena, Opset);
     g->inputs = ARENA_ARRAY(&g->arena, Value *, 2);
     g->outputs = ARENA_ARRAY(&g->arena, Value *, 1);
-    Node *n = graph_add_node(g, NULL, op, "", 2, 1);
+    Node *n = graph_add_node(g, NULL, op, domain, 2, 1);
     Value *y = graph_add_value(g, "y");
     if (!g->opsets || !g->inputs || !g->outputs || !n || !y) {
         graph_free(g);
@@ -88,7 +104,7 @@ static Graph *one_op_graph(const char *op, int rank, const int64_t *dims) {
     }
     g->opsets[0] = (Opset){"", 13};
     g->n_opsets = 1;
-    n->def = op_lookup("", op);
+    n->def = op_lookup(domain, op);
     for (int i = 0; i < 2; i++) {
         Value *v = graph_add_value(g, i ? "b" : "a");
         if (!v) {
@@ -97,8 +113,8 @@ static Graph *one_op_graph(const char *op, int rank, const int64_t *dims) {
         }
         v->kind = VAL_INPUT;
         v->dtype = v->file_dtype = DT_FLOAT;
-        v->rank = rank;
-        for (int j = 0; j < rank; j++) v->dims[j] = dim_const(dims[j]);
+        v->rank = i ? brank : arank;
+        for (int j = 0; j < v->rank; j++) v->dims[j] = dim_const(i ? bdims[j] : adims[j]);
         g->inputs[g->n_inputs++] = v;
         n->in[i] = v;
     }
@@ -107,6 +123,10 @@ static Graph *one_op_graph(const char *op, int rank, const int64_t *dims) {
     n->out[0] = y;
     g->outputs[g->n_outputs++] = y;
     return g;
+}
+
+static Graph *op_graph(const char *op, int arank, const int64_t *adims, int brank, const int64_t *bdims) {
+    return op_graph_in("", op, arank, adims, brank, bdims);
 }
 
 /* Compiles g (taken over) as the compiler would, O3 included, into k, with
@@ -179,11 +199,43 @@ static double time_kernel(Kernel *k, double min_s, int reps) {
 }
 
 /* Builds one op over inputs of shape dims and times it. */
+/* Seconds per call of op over two inputs of the same shape. */
 static bool time_op(const char *op, int rank, const int64_t *dims, double min_s, int reps, double *s, Diag *d) {
     Kernel k;
-    bool ok = kernel_build(one_op_graph(op, rank, dims), &k, d);
+    bool ok = kernel_build(op_graph(op, rank, dims, rank, dims), &k, d);
     if (ok) *s = time_kernel(&k, min_s, reps);
     kernel_free(&k);
+    return ok;
+}
+
+/* Seconds per call of the three kernels of a 3x3 convolution of x [n, c,
+ * h, h] with c to c channels (no padding) in training: the forward Conv,
+ * ConvGradInput (dY, W -> dX) and ConvGradWeight (dY, X -> dW); and the
+ * FLOPs of the three as the cost model counts them. */
+static bool time_conv(int64_t n, int64_t c, int64_t h, double min_s, int reps, double *s, double *flops, Diag *d) {
+    int64_t x[4] = {n, c, h, h}, w[4] = {c, c, 3, 3}, dy[4] = {n, c, h - 2, h - 2}, ks[2] = {3, 3}, sp[2] = {h, h};
+    Graph *g[3] = {op_graph("Conv", 4, x, 4, w), op_graph_in("cleave", "ConvGradInput", 4, dy, 4, w),
+                   op_graph_in("cleave", "ConvGradWeight", 4, dy, 4, x)};
+    for (int i = 1; i < 3; i++) {
+        Node *node = g[i] && g[i]->n_nodes ? g[i]->nodes[0] : NULL;
+        set_ints(g[i], node, "kernel_shape", ks, 2);
+        if (i == 1) set_ints(g[i], node, "spatial", sp, 2);
+    }
+    *s = *flops = 0;
+    bool ok = true;
+    for (int i = 0; i < 3; i++) {
+        Kernel k;
+        if (!ok) {
+            graph_free(g[i]);
+            continue;
+        }
+        ok = kernel_build(g[i], &k, d);
+        if (ok) {
+            GRAPH_FOR_NODES(k.g, node) *flops += cost_node_flops(node);
+            *s += time_kernel(&k, min_s, reps);
+        }
+        kernel_free(&k);
+    }
     return ok;
 }
 
@@ -205,6 +257,21 @@ static bool measure_compute(Cluster *c, bool quick, Diag *d) {
         /* a larger size would spend far more time than it teaches */
         if (s > 0.5) break;
     }
+    /* Convolutions run their own kernels: a curve of their own, over
+     * channel counts of small CNNs up to wide layers.  Each point times
+     * the forward kernel and both gradient kernels together, the mix a
+     * training step runs, so the rate is their FLOPs over their time. */
+    static const int64_t chans[] = {4, 16, 64};
+    c->n_conv = 0;
+    for (int i = 0; i < 3; i++) {
+        double s, flops;
+        if (!time_conv(8, chans[i], 16, min_s, reps, &s, &flops, d)) return false;
+        c->conv_flops[c->n_conv] = flops;
+        c->conv_gflops[c->n_conv++] = flops / s / 1e9;
+        fprintf(stderr, "cleave: calibrate: Conv 3x3 %lld->%lld channels, 8x16x16, forward and both gradients: %.3g s, "
+                "%.2f GFLOP/s\n",
+                (long long)chans[i], (long long)chans[i], s, flops / s / 1e9);
+    }
     /* Vectors well past the last-level cache: the rate from memory. */
     int64_t len = quick ? (int64_t)1 << 22 : (int64_t)1 << 23, one = 1;
     double s;
@@ -216,150 +283,6 @@ static bool measure_compute(Cluster *c, bool quick, Diag *d) {
 }
 
 /* ---- communication: a generated program under mpirun --------------------- */
-
-/* A one-MatMul model ([1,4] x [4,2]) for the probe program: any program
- * will do, since --calibrate-comm runs none of it. */
-static bool write_probe_model(const char *path, Diag *d) {
-    static float w[8] = {1, 2, 3, 4, 5, 6, 7, 8};
-    static int64_t wdims[2] = {4, 2};
-    Onnx__TensorShapeProto__Dimension dx[2], dy[2];
-    Onnx__TensorShapeProto__Dimension *px[2] = {&dx[0], &dx[1]}, *py[2] = {&dy[0], &dy[1]};
-    int64_t xd[2] = {1, 4}, yd[2] = {1, 2};
-    for (int i = 0; i < 2; i++) {
-        onnx__tensor_shape_proto__dimension__init(&dx[i]);
-        onnx__tensor_shape_proto__dimension__init(&dy[i]);
-        dx[i].value_case = dy[i].value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE;
-        dx[i].dim_value = xd[i];
-        dy[i].dim_value = yd[i];
-    }
-    Onnx__TensorShapeProto sx = ONNX__TENSOR_SHAPE_PROTO__INIT, sy = ONNX__TENSOR_SHAPE_PROTO__INIT;
-    sx.n_dim = sy.n_dim = 2;
-    sx.dim = px;
-    sy.dim = py;
-    Onnx__TypeProto__Tensor tx = ONNX__TYPE_PROTO__TENSOR__INIT, ty = ONNX__TYPE_PROTO__TENSOR__INIT;
-    tx.has_elem_type = ty.has_elem_type = 1;
-    tx.elem_type = ty.elem_type = ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT;
-    tx.shape = &sx;
-    ty.shape = &sy;
-    Onnx__TypeProto typx = ONNX__TYPE_PROTO__INIT, typy = ONNX__TYPE_PROTO__INIT;
-    typx.value_case = typy.value_case = ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE;
-    typx.tensor_type = &tx;
-    typy.tensor_type = &ty;
-    Onnx__ValueInfoProto vx = ONNX__VALUE_INFO_PROTO__INIT, vy = ONNX__VALUE_INFO_PROTO__INIT;
-    vx.name = "x";
-    vx.type = &typx;
-    vy.name = "y";
-    vy.type = &typy;
-    Onnx__ValueInfoProto *ins[1] = {&vx}, *outs[1] = {&vy};
-    Onnx__TensorProto wt = ONNX__TENSOR_PROTO__INIT;
-    wt.name = "w";
-    wt.has_data_type = 1;
-    wt.data_type = ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT;
-    wt.n_dims = 2;
-    wt.dims = wdims;
-    wt.n_float_data = 8;
-    wt.float_data = w;
-    Onnx__TensorProto *inits[1] = {&wt};
-    char *node_in[2] = {"x", "w"}, *node_out[1] = {"y"};
-    Onnx__NodeProto mm = ONNX__NODE_PROTO__INIT;
-    mm.op_type = "MatMul";
-    mm.n_input = 2;
-    mm.input = node_in;
-    mm.n_output = 1;
-    mm.output = node_out;
-    Onnx__NodeProto *nodes[1] = {&mm};
-    Onnx__GraphProto gr = ONNX__GRAPH_PROTO__INIT;
-    gr.name = "probe";
-    gr.n_node = 1;
-    gr.node = nodes;
-    gr.n_initializer = 1;
-    gr.initializer = inits;
-    gr.n_input = 1;
-    gr.input = ins;
-    gr.n_output = 1;
-    gr.output = outs;
-    Onnx__OperatorSetIdProto opset = ONNX__OPERATOR_SET_ID_PROTO__INIT;
-    opset.domain = "";
-    opset.has_version = 1;
-    opset.version = 13;
-    Onnx__OperatorSetIdProto *opsets[1] = {&opset};
-    Onnx__ModelProto model = ONNX__MODEL_PROTO__INIT;
-    model.has_ir_version = 1;
-    model.ir_version = 8;
-    model.n_opset_import = 1;
-    model.opset_import = opsets;
-    model.graph = &gr;
-
-    size_t len = onnx__model_proto__get_packed_size(&model);
-    uint8_t *buf = malloc(len);
-    if (!buf) return diag_error(d, DIAG_NOMEM, "out of memory");
-    onnx__model_proto__pack(&model, buf);
-    FILE *f = fopen(path, "wb");
-    bool ok = f && fwrite(buf, 1, len, f) == len;
-    if (f && fclose(f) != 0) ok = false;
-    free(buf);
-    return ok || diag_error(d, DIAG_IO, "%s: cannot write: %s", path, strerror(errno));
-}
-
-static bool on_path(const char *prog) {
-    const char *path = getenv("PATH");
-    if (!path) return false;
-    for (const char *p = path; *p;) {
-        const char *colon = strchr(p, ':');
-        size_t len = colon ? (size_t)(colon - p) : strlen(p);
-        char full[4096];
-        snprintf(full, sizeof full, "%.*s/%s", (int)len, p, prog);
-        if (len && access(full, X_OK) == 0) return true;
-        p += len + (colon != NULL);
-    }
-    return false;
-}
-
-/* Runs argv with stdout and stderr into log; the exit status, or -1 when it
- * could not start or ran past timeout_s (then its process group is
- * killed: mpirun and the ranks it started). */
-static int run_logged(char *const argv[], const char *log, double timeout_s) {
-    pid_t pid = fork();
-    if (pid < 0) return -1;
-    if (pid == 0) {
-        setpgid(0, 0);
-        FILE *f = freopen(log, "w", stdout);
-        if (f) dup2(fileno(stdout), STDERR_FILENO);
-        /* mpirun refuses root unless told; containers and CI often are */
-        if (geteuid() == 0) {
-            setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-            setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-        }
-        execvp(argv[0], argv);
-        _exit(127);
-    }
-    double end = now_s() + timeout_s;
-    for (;;) {
-        int st;
-        pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-        if (r < 0) return -1;
-        if (now_s() > end) {
-            kill(-pid, SIGKILL);
-            waitpid(pid, &st, 0);
-            return -1;
-        }
-        nanosleep(&(struct timespec){0, 20000000L}, NULL);
-    }
-}
-
-/* The last non-empty line of a log, for a note. */
-static void last_line(const char *log, char *out, size_t size) {
-    snprintf(out, size, "no output");
-    FILE *f = fopen(log, "r");
-    if (!f) return;
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = 0;
-        if (line[0]) snprintf(out, size, "%.380s", line);
-    }
-    fclose(f);
-}
 
 /* One probe run: true with *link and *same_node filled, or false with why
  * in note (the caller keeps the defaults). */
@@ -385,10 +308,10 @@ static bool probe_link(const char *prog, const char *dir, const char *hostfile, 
     argv[n++] = "--calibrate-comm";
     argv[n++] = out;
     argv[n] = NULL;
-    int status = run_logged(argv, log, 120);
+    int status = calibrate_run(argv, log, 120);
     if (status != 0) {
         char why[400];
-        last_line(log, why, sizeof why);
+        calibrate_last_line(log, why, sizeof why);
         snprintf(note, note_size, "mpirun %s (%s)", status < 0 ? "did not finish" : "failed", why);
         return false;
     }
@@ -415,15 +338,17 @@ static int remove_entry(const char *path, const struct stat *st, int flag, struc
     return 0;
 }
 
-typedef struct CommResult {
-    bool intra, inter; /* measured */
-    char intra_note[600], inter_note[600];
-} CommResult;
+/* What the programs run under mpirun measured, and why not when not. */
+typedef struct RunResult {
+    bool intra, inter, step; /* measured */
+    char intra_note[600], inter_note[600], step_note[600];
+} RunResult;
 
-static void measure_comm(Cluster *c, const Opts *o, CommResult *r) {
+static void measure_with_mpirun(Cluster *c, const Opts *o, RunResult *r) {
     snprintf(r->inter_note, sizeof r->inter_note, "no --hostfile");
-    if (!on_path("mpirun")) {
+    if (!calibrate_on_path("mpirun")) {
         snprintf(r->intra_note, sizeof r->intra_note, "mpirun not found on PATH");
+        snprintf(r->step_note, sizeof r->step_note, "mpirun not found on PATH");
         return;
     }
     const char *tmp = getenv("TMPDIR");
@@ -441,8 +366,9 @@ static void measure_comm(Cluster *c, const Opts *o, CommResult *r) {
     CompileOptions co = {.model = model, .output = prog, .emit = "exe", .strategy = "single", .batch = 1,
                          .ranks = 1, .train = {.loss = LOSS_MSE, .optimizer = OPT_SGD, .lr = 0.01f}};
     Diag d = {0};
-    if (!write_probe_model(model, &d) || !driver_compile(&co, &d)) {
+    if (!calibrate_write_probe(model, 1, 4, &d) || !driver_compile(&co, &d)) {
         snprintf(r->intra_note, sizeof r->intra_note, "compiling the probe program failed: %.500s", d.msg);
+        snprintf(r->step_note, sizeof r->step_note, "%s", r->intra_note);
     } else {
         bool same = true;
         r->intra = probe_link(prog, dir, NULL, &c->intra_node, &same, r->intra_note, sizeof r->intra_note);
@@ -455,6 +381,7 @@ static void measure_comm(Cluster *c, const Opts *o, CommResult *r) {
             else
                 c->inter_node = l, r->inter = true;
         }
+        r->step = calibrate_step_overheads(c, dir, r->step_note, sizeof r->step_note);
     }
     nftw(dir, remove_entry, 8, FTW_DEPTH | FTW_PHYS);
 }
@@ -543,8 +470,8 @@ int cmd_calibrate(int argc, char **argv) {
     if (o.memory > 0) c.memory_per_rank_bytes = o.memory;
     snprintf(c.source, sizeof c.source, "calibrated");
     if (!measure_compute(&c, o.quick, &d)) return cli_fail(&d);
-    CommResult comm = {0};
-    measure_comm(&c, &o, &comm);
+    RunResult comm = {0};
+    measure_with_mpirun(&c, &o, &comm);
 
     char host[256] = "this machine";
     gethostname(host, sizeof host);
@@ -573,8 +500,13 @@ int cmd_calibrate(int argc, char **argv) {
             c.nodes, c.nodes > 1 ? "s" : "", c.ranks_per_node, (long long)c.memory_per_rank_bytes, memory_from);
     fprintf(stderr, "  gemm_gflops       measured:");
     for (int i = 0; i < c.n_gemm; i++) fprintf(stderr, " %.3g FLOPs %.2f;", c.gemm_flops[i], c.gemm_gflops[i]);
+    fprintf(stderr, "\n  conv_gflops       measured:");
+    for (int i = 0; i < c.n_conv; i++) fprintf(stderr, " %.3g FLOPs %.2f;", c.conv_flops[i], c.conv_gflops[i]);
     fprintf(stderr, "\n  elementwise_gbps  measured: %.2f GB/s\n", c.elementwise_gbps);
-    fprintf(stderr, "  kernel_overhead_s measured: %.3g s\n", c.kernel_overhead_s);
+    fprintf(stderr, "  kernel_overhead_s measured %s: %.3g s\n", comm.step ? "in a training step" : "alone",
+            c.kernel_overhead_s);
+    fprintf(stderr, "  step_overhead_s   %s: %.3g s (%s)\n", comm.step ? "measured" : "default", c.step_overhead_s,
+            comm.step_note);
     fprintf(stderr, "  intra_node        %s: %.3g s + %.3g GB/s%s%s%s\n", comm.intra ? "measured" : "default",
             c.intra_node.latency_s, c.intra_node.bandwidth_gbps, comm.intra ? "" : " (", comm.intra ? "" : comm.intra_note,
             comm.intra ? "" : ")");

@@ -119,9 +119,11 @@ static bool read_link(Reader *R, json_t *root, const char *key, ClusterLink *l) 
            read_number(R, o, key, "bandwidth_gbps", false, &l->bandwidth_gbps);
 }
 
-static bool read_gemm_curve(Reader *R, json_t *compute, Cluster *c) {
-    const char *where = "\"compute\".\"gemm_gflops\"";
-    json_t *a = required(R, compute, "compute", "gemm_gflops");
+/* A rate curve compute[key]: [flops, gflops] pairs, sizes ascending. */
+static bool read_curve(Reader *R, json_t *compute, const char *key, int *n_out, double *flops, double *gflops) {
+    char where[64];
+    snprintf(where, sizeof where, "\"compute\".\"%s\"", key);
+    json_t *a = required(R, compute, "compute", key);
     if (!a) return false;
     if (!json_is_array(a) || json_array_size(a) == 0)
         return fail(R, DIAG_FORMAT, "%s must be a non-empty array of [flops, gflops] pairs", where);
@@ -134,22 +136,28 @@ static bool read_gemm_curve(Reader *R, json_t *compute, Cluster *c) {
         if (!json_is_array(p) || json_array_size(p) != 2 || !number_ok(json_array_get(p, 0), false, &f) ||
             !number_ok(json_array_get(p, 1), false, &g))
             return fail(R, DIAG_FORMAT, "%s[%zu] must be a pair [flops, gflops] of positive numbers", where, i);
-        if (i > 0 && !(f > c->gemm_flops[i - 1]))
+        if (i > 0 && !(f > flops[i - 1]))
             return fail(R, DIAG_FORMAT, "%s[%zu]: problem sizes must be strictly ascending (%g after %g)", where, i,
-                        f, c->gemm_flops[i - 1]);
-        c->gemm_flops[i] = f;
-        c->gemm_gflops[i] = g;
+                        f, flops[i - 1]);
+        flops[i] = f;
+        gflops[i] = g;
     }
-    c->n_gemm = (int)n;
+    *n_out = (int)n;
     return true;
 }
 
 static bool read_compute(Reader *R, json_t *root, Cluster *c) {
-    static const char *const known[] = {"gemm_gflops", "elementwise_gbps", "kernel_overhead_s", NULL};
+    static const char *const known[] = {"gemm_gflops",       "conv_gflops",     "elementwise_gbps",
+                                        "kernel_overhead_s", "step_overhead_s", NULL};
     json_t *o = object_field(R, root, "compute");
-    return o && check_keys(R, o, "compute", known) && read_gemm_curve(R, o, c) &&
+    return o && check_keys(R, o, "compute", known) &&
+           read_curve(R, o, "gemm_gflops", &c->n_gemm, c->gemm_flops, c->gemm_gflops) &&
+           (!json_object_get(o, "conv_gflops") ||
+            read_curve(R, o, "conv_gflops", &c->n_conv, c->conv_flops, c->conv_gflops)) &&
            read_number(R, o, "compute", "elementwise_gbps", false, &c->elementwise_gbps) &&
-           read_number(R, o, "compute", "kernel_overhead_s", true, &c->kernel_overhead_s);
+           read_number(R, o, "compute", "kernel_overhead_s", true, &c->kernel_overhead_s) &&
+           (!json_object_get(o, "step_overhead_s") ||
+            read_number(R, o, "compute", "step_overhead_s", true, &c->step_overhead_s));
 }
 
 static bool read_rank_speed(Reader *R, json_t *root, Cluster *c) {
@@ -268,6 +276,7 @@ void cluster_defaults(Cluster *c, int ranks) {
     }
     c->elementwise_gbps = 5.0;
     c->kernel_overhead_s = 3e-7;
+    c->step_overhead_s = 1e-5;
     c->intra_node = (ClusterLink){1e-6, 5.0};
     c->inter_node = (ClusterLink){5e-6, 1.25};
 }
@@ -370,10 +379,24 @@ char *cluster_to_json(const Cluster *c) {
         out_number(&o, c->gemm_gflops[i]);
         out(&o, "]");
     }
+    if (c->n_conv > 0) {
+        out(&o, "],\n    \"conv_gflops\": [");
+        for (int i = 0; i < c->n_conv; i++) {
+            out(&o, "%s[", i ? ", " : "");
+            out_number(&o, c->conv_flops[i]);
+            out(&o, ", ");
+            out_number(&o, c->conv_gflops[i]);
+            out(&o, "]");
+        }
+    }
     out(&o, "],\n    \"elementwise_gbps\": ");
     out_number(&o, c->elementwise_gbps);
     out(&o, ",\n    \"kernel_overhead_s\": ");
     out_number(&o, c->kernel_overhead_s);
+    if (c->step_overhead_s > 0) { /* absent means 0: files without it read back as they were */
+        out(&o, ",\n    \"step_overhead_s\": ");
+        out_number(&o, c->step_overhead_s);
+    }
     out(&o, "\n  },\n");
     out_link(&o, "intra_node", &c->intra_node);
     out(&o, ",\n");
@@ -405,10 +428,9 @@ double cluster_rank_speed(const Cluster *c, int rank) {
     return c->rank_speed ? c->rank_speed[rank] : 1.0;
 }
 
-double cluster_gemm_gflops(const Cluster *c, double flops) {
-    int n = c->n_gemm;
+/* Linear in log(flops) between a curve's points, its ends beyond them. */
+static double curve_rate(int n, const double *f, const double *g, double flops) {
     assert(n >= 1);
-    const double *f = c->gemm_flops, *g = c->gemm_gflops;
     if (!(flops > f[0])) return g[0];
     if (flops >= f[n - 1]) return g[n - 1];
     int lo = 0, hi = n - 1; /* f[lo] < flops < f[hi] */
@@ -419,6 +441,21 @@ double cluster_gemm_gflops(const Cluster *c, double flops) {
     }
     double t = log(flops / f[lo]) / log(f[hi] / f[lo]);
     return g[lo] + t * (g[hi] - g[lo]);
+}
+
+double cluster_gemm_gflops(const Cluster *c, double flops) {
+    return curve_rate(c->n_gemm, c->gemm_flops, c->gemm_gflops, flops);
+}
+
+double cluster_conv_gflops(const Cluster *c, double flops) {
+    if (c->n_conv < 1) return cluster_gemm_gflops(c, flops);
+    return curve_rate(c->n_conv, c->conv_flops, c->conv_gflops, flops);
+}
+
+double cluster_conv_seconds(const Cluster *c, int rank, double flops) {
+    double speed = cluster_rank_speed(c, rank);
+    if (!(flops > 0)) return 0;
+    return flops / (cluster_conv_gflops(c, flops) * 1e9) / speed;
 }
 
 double cluster_gemm_seconds(const Cluster *c, int rank, double flops) {

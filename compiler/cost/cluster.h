@@ -66,8 +66,15 @@ typedef struct Cluster {
     int n_gemm;
     double gemm_flops[CLUSTER_MAX_GEMM_POINTS];
     double gemm_gflops[CLUSTER_MAX_GEMM_POINTS];
+    /* The same for convolutions (and their gradients), whose generated
+     * kernels are not the matrix-product kernels; n_conv 0: not given, and
+     * convolutions are priced on the GEMM curve. */
+    int n_conv;
+    double conv_flops[CLUSTER_MAX_GEMM_POINTS];
+    double conv_gflops[CLUSTER_MAX_GEMM_POINTS];
     double elementwise_gbps;  /* bytes a memory-bound kernel moves per second / 1e9 */
     double kernel_overhead_s; /* fixed cost of one kernel call, >= 0 */
+    double step_overhead_s;   /* fixed cost of one training step on each rank (the runtime's batch and loss), >= 0 */
     ClusterLink intra_node;
     ClusterLink inter_node;
     /* Compute multiplier of each rank (cluster_ranks entries, > 0; 0.5 is
@@ -100,7 +107,8 @@ bool cluster_parse(const char *text, size_t len, const char *path, Cluster *c, D
  *   - memory-bound kernels: 5 GB/s, what one core streams from DRAM once
  *     tensors outgrow the caches;
  *   - kernel overhead: 0.3 us per call (call, loop set-up, a cache miss
- *     or two);
+ *     or two); step overhead: 10 us per step (the runtime fills the
+ *     batch, reads the loss, times the step);
  *   - within the node: 1 us + 5 GB/s per message, shared-memory MPI
  *     (a copy through a shared segment);
  *   - between nodes (unused on one node, but filled in): 5 us + 1.25 GB/s,
@@ -139,6 +147,10 @@ double cluster_rank_speed(const Cluster *c, int rank);
  * in log(flops) between the curve's points, the end points' rates beyond
  * them (a curve measured up to 1e9 FLOPs says nothing better about 1e12). */
 double cluster_gemm_gflops(const Cluster *c, double flops);
+/* The convolution rate (conv_gflops, or the GEMM curve without one) and
+ * the seconds of a convolution of `flops` FLOPs on `rank`. */
+double cluster_conv_gflops(const Cluster *c, double flops);
+double cluster_conv_seconds(const Cluster *c, int rank, double flops);
 /* Seconds of a matrix product of `flops` FLOPs on `rank` (0 for flops <= 0). */
 double cluster_gemm_seconds(const Cluster *c, int rank, double flops);
 /* Seconds of a memory-bound kernel moving `bytes` bytes (read and written)

@@ -63,8 +63,8 @@ static void event(Sim *S, int r, double t0, double t1, char kind, const PlanStep
         S->cap_ev = cap;
     }
     int peer = -1;
-    SimWait wait = kind == 'W' ? wait_of(s, &peer) : SIM_WAIT_NONE;
-    S->ev[S->n_ev++] = (SimEvent){r, t0, t1, kind, s->micro, wait, peer};
+    SimWait wait = kind == 'W' && s ? wait_of(s, &peer) : SIM_WAIT_NONE;
+    S->ev[S->n_ev++] = (SimEvent){r, t0, t1, kind, s ? s->micro : -1, wait, peer};
 }
 
 static char compute_kind(const PlanStep *s) {
@@ -82,7 +82,8 @@ double sim_node_seconds(const Cluster *c, int rank, const Node *n) {
         if (n->out[k] && plan_value_bytes(n->out[k]) > 0) bytes += (double)plan_value_bytes(n->out[k]);
     double t = cluster_mem_seconds(c, rank, bytes);
     if (n->def && n->def->dense) {
-        double g = cluster_gemm_seconds(c, rank, cost_node_flops(n));
+        double g = n->def->dense == DENSE_CONV ? cluster_conv_seconds(c, rank, cost_node_flops(n))
+                                               : cluster_gemm_seconds(c, rank, cost_node_flops(n));
         if (g > t) t = g;
     }
     return t + c->kernel_overhead_s;
@@ -233,6 +234,13 @@ bool simulate_plan(const Plan *p, const Cluster *c, SimResult *out, Diag *d) {
         ok = S.bucket_done[r] != NULL;
     }
     if (!ok) diag_error(d, DIAG_NOMEM, "out of memory simulating the plan");
+    /* The runtime's own work opens every rank's step (filling the batch):
+     * busy, as once-per-step work ('U'). */
+    for (int r = 0; ok && r < n; r++) {
+        double dt = c->step_overhead_s / cluster_core_share(c, r, n);
+        event(&S, r, 0, dt, 'U', NULL);
+        S.t[r] = S.out[r].busy_s = dt;
+    }
     for (bool moved = true; ok && moved;) {
         moved = false;
         for (int r = 0; r < n && ok; r++) {

@@ -66,11 +66,14 @@ typedef struct OpDef {
      * take input 0's buffer when the two have the same size and input 0
      * dies here (memory planning does this). */
     bool inplace;
-    /* Compute-bound (matrix products, convolutions): the cost model times
-     * the node by its FLOPs at the measured matrix-product rate; other ops
-     * by the bytes they read and write. */
-    bool dense;
+    /* Compute-bound: the cost model times the node by its FLOPs at the
+     * measured rate of its kind of kernel (DENSE_GEMM: matrix products;
+     * DENSE_CONV: convolutions and their gradients); other ops (0) by the
+     * bytes they read and write. */
+    unsigned char dense;
 } OpDef;
+
+enum { DENSE_GEMM = 1, DENSE_CONV = 2 };
 
 /* Table lookup by (domain, name); NULL if unknown. */
 const OpDef *op_lookup(const char *domain, const char *name);

@@ -99,6 +99,7 @@ static void same_cluster(const Cluster *a, const Cluster *b) {
     }
     ck_assert(a->elementwise_gbps == b->elementwise_gbps);
     ck_assert(a->kernel_overhead_s == b->kernel_overhead_s);
+    ck_assert(a->step_overhead_s == b->step_overhead_s);
     ck_assert(a->intra_node.latency_s == b->intra_node.latency_s);
     ck_assert(a->intra_node.bandwidth_gbps == b->intra_node.bandwidth_gbps);
     ck_assert(a->inter_node.latency_s == b->inter_node.latency_s);
@@ -428,7 +429,10 @@ START_TEST(malformed_files) {
         {"\"ranks_per_node\": 4,", "\"ranks_per_node\": 4, \"cores_per_node\": 2.5,", DIAG_FORMAT,
          "\"cores_per_node\" must be a positive integer"},
         {"\"elementwise_gbps\"", "\"elementwise_gpbs\"", DIAG_FORMAT,
-         "unknown field \"compute\".\"elementwise_gpbs\" (known: gemm_gflops, elementwise_gbps, kernel_overhead_s)"},
+         "unknown field \"compute\".\"elementwise_gpbs\" (known: gemm_gflops, conv_gflops, elementwise_gbps, "
+         "kernel_overhead_s, step_overhead_s)"},
+        {"\"kernel_overhead_s\": 1e-7", "\"kernel_overhead_s\": 1e-7, \"step_overhead_s\": -2", DIAG_FORMAT,
+         "\"compute\".\"step_overhead_s\" must be a non-negative number"},
         {",\n \"inter_node\": {\"latency_s\": 1e-5, \"bandwidth_gbps\": 1}", "", DIAG_FORMAT,
          "missing required field \"inter_node\""},
         {"\"latency_s\": 2e-6, ", "", DIAG_FORMAT, "missing required field \"intra_node\".\"latency_s\""},
