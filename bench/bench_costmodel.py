@@ -153,7 +153,8 @@ def plan_json(cleave, onnx_path, batch, n, cluster):
     del cmd[cmd.index("-o"):cmd.index("-o") + 2]
     cmd += ["--ranks", str(n), "--format", "json"]
     if cluster:
-        cmd += ["--cluster", cluster]
+        # "profile": this machine's times of the model's own kernels
+        cmd += ["--profile"] if cluster == "profile" else ["--cluster", cluster]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=bt.TIMEOUT)
         if p.returncode != 0:
             if "the cluster" in p.stderr and "ranks" in p.stderr:   # too few ranks
@@ -416,7 +417,8 @@ def main():
                     help="fastest predicted candidates measured per model and N, plus the chosen "
                          "one; 0 = all (default 10)")
     ap.add_argument("--cluster", action="append",
-                    help="also score against this cluster file's predictions (repeatable; default "
+                    help="also score against this cluster file's predictions ('profile': cleave plan "
+                    "--profile's, this machine's kernel times) (repeatable; default "
                          "samples/clusters/laptop.json; 'none' for none)")
     ap.add_argument("--target-s", type=float, default=1.0,
                     help="seconds of steps per run at the predicted rate (default 1.0)")
@@ -432,7 +434,7 @@ def main():
     args.ranks = [int(n) for n in args.ranks.split(",") if n]
     if args.cluster is None:
         args.cluster = list(DEFAULT_CLUSTERS)
-    args.cluster = [os.path.abspath(c) for c in args.cluster if c != "none"]
+    args.cluster = [c if c == "profile" else os.path.abspath(c) for c in args.cluster if c != "none"]
     for mname in args.models:
         if mname not in MODELS:
             sys.exit("unknown model %s (known: %s)" % (mname, ", ".join(MODELS)))

@@ -9,6 +9,7 @@
 #include "ir/shapes.h"
 #include "codegen/cg.h"
 #include "ops/ops.h"
+#include "cost/profile.h"
 #include "cost/simulate.h"
 #include "plan/pipeline.h"
 #include "plan_file.h"
@@ -196,6 +197,8 @@ static bool staged_plan(const CompileOptions *o, const Layout *l, Graph *g, Trai
         char which[1100];
         if (o->cluster ? !cluster_load(o->cluster, cl, d) : !cluster_machine(cl, l->ranks, which, sizeof which, d))
             return false;
+        cl->profile = o->kernel_profile;
+        profile_bind(cl->profile, g);
         /* The activations stage s keeps: every micro-batch's under GPipe,
          * at most P - s under 1F1B.  Beyond 64 stages, compute alone. */
         if (l->stages <= 64) {

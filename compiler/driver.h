@@ -35,6 +35,11 @@ typedef struct CompileOptions {
     int n_cuts;
     const char *cluster; /* --strategy auto: the cluster file (NULL: defaults) */
     bool balance_time;   /* stages balanced by predicted time on `cluster`, not FLOPs (--balance time) */
+    /* --profile: the cost model times the model's own kernels here
+     * (cost/profile.h); kernel_profile is the live cache, made by whoever
+     * first needs it (driver_search, driver_predict, plan_report) */
+    bool profile;
+    struct KernelProfile *kernel_profile;
     TrainOptions train;
     bool verbose;
     /* --plan FILE: the decisions above came from this plan file, whose

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "cost/cluster.h"
+#include "cost/profile.h"
 #include "cost/simulate.h"
 #include "driver.h"
 #include "plan/plan.h"
@@ -139,6 +140,16 @@ static bool evaluate(const CompileOptions *o, const Cluster *cl, Candidate *c, D
 
 /* The cluster file at path, or the defaults for one node of `ranks`;
  * notes in s which one, for the report. */
+/* o with a kernel profile when --profile asks for one and none is live
+ * yet; *made is the one made here, for the caller to free. */
+static bool with_profile(const CompileOptions *given, CompileOptions *o, KernelProfile **made, Diag *d) {
+    *o = *given;
+    *made = NULL;
+    if (!o->profile || o->kernel_profile) return true;
+    *made = o->kernel_profile = profile_new(0);
+    return *made || diag_error(d, DIAG_NOMEM, "out of memory");
+}
+
 static bool open_cluster(const char *path, int ranks, Cluster *cl, Search *s, Diag *d) {
     if (path) {
         if (!cluster_load(path, cl, d)) return false;
@@ -163,11 +174,23 @@ static void candidate_of(const CompileOptions *o, Candidate *c) {
                   o->placement && strcmp(o->placement, "by_stage") == 0);
 }
 
-bool driver_predict(const CompileOptions *o, Search *s, Diag *d) {
+bool driver_predict(const CompileOptions *given, Search *s, Diag *d) {
     memset(s, 0, sizeof *s);
     s->best = -1;
     Cluster cl;
-    if (!open_cluster(o->cluster, (int)(o->ranks > 0 ? o->ranks : 1), &cl, s, d)) return false;
+    CompileOptions base, *o = &base;
+    KernelProfile *made;
+    if (!with_profile(given, &base, &made, d)) return false;
+    if (!open_cluster(o->cluster, (int)(o->ranks > 0 ? o->ranks : 1), &cl, s, d)) {
+        profile_free(made);
+        return false;
+    }
+    cl.profile = o->kernel_profile;
+    if (cl.profile) {
+        size_t used = strlen(s->cluster);
+        snprintf(s->cluster + used, sizeof s->cluster - used, ", with this machine's times of the model's kernels "
+                 "(--profile)");
+    }
     s->c = calloc(1, sizeof *s->c);
     bool ok = s->c != NULL || diag_error(d, DIAG_NOMEM, "out of memory");
     if (ok) {
@@ -183,6 +206,7 @@ bool driver_predict(const CompileOptions *o, Search *s, Diag *d) {
         search_free(s);
     }
     cluster_free(&cl);
+    profile_free(made);
     return ok;
 }
 
@@ -192,12 +216,24 @@ static int by_prediction(const void *a, const void *b) {
     return x->step_s < y->step_s ? -1 : x->step_s > y->step_s;
 }
 
-bool driver_search(const CompileOptions *o, Search *s, Diag *d) {
+bool driver_search(const CompileOptions *given, Search *s, Diag *d) {
     memset(s, 0, sizeof *s);
     s->best = -1;
     Cluster cl;
+    CompileOptions base, *o = &base;
+    KernelProfile *made;
+    if (!with_profile(given, &base, &made, d)) return false;
     int N = (int)(o->ranks > 0 ? o->ranks : 1);
-    if (!open_cluster(o->cluster, N, &cl, s, d)) return false;
+    if (!open_cluster(o->cluster, N, &cl, s, d)) {
+        profile_free(made);
+        return false;
+    }
+    cl.profile = o->kernel_profile;
+    if (cl.profile) {
+        size_t used = strlen(s->cluster);
+        snprintf(s->cluster + used, sizeof s->cluster - used, ", with this machine's times of the model's kernels "
+                 "(--profile)");
+    }
     bool ok = true;
     if (N > cluster_ranks(&cl))
         ok = diag_error(d, DIAG_USAGE, "--ranks %d: the cluster (%s) has %d ranks", N, cl.origin, cluster_ranks(&cl));
@@ -226,6 +262,7 @@ bool driver_search(const CompileOptions *o, Search *s, Diag *d) {
         free(all);
     }
     cluster_free(&cl);
+    profile_free(made);
     return ok;
 }
 

@@ -25,6 +25,7 @@
 #include "onnx.pb-c.h"
 #include "../codegen/cg.h"
 #include "../cost/cluster.h"
+#include "../cost/kernel_run.h"
 #include "../cost/node_cost.h"
 #include "../driver.h"
 #include "../ir/shapes.h"
@@ -60,20 +61,6 @@ typedef struct Opts {
 } Opts;
 
 /* ---- compute: kernels built and run in this process ---------------------- */
-
-typedef struct Kernel {
-    Graph *g;
-    CgJit *jit;
-    void (*eval)(char *);
-    char *arena;
-} Kernel;
-
-static void kernel_free(Kernel *k) {
-    cg_jit_free(k->jit);
-    free(k->arena);
-    graph_free(k->g);
-    memset(k, 0, sizeof *k);
-}
 
 /* An INTS attribute of a node built here (room for 8, made on first use). */
 static void set_ints(Graph *g, Node *n, const char *name, const int64_t *v, int count) {
@@ -129,82 +116,12 @@ static Graph *op_graph(const char *op, int arank, const int64_t *adims, int bran
     return op_graph_in("", op, arank, adims, brank, bdims);
 }
 
-/* Compiles g (taken over) as the compiler would, O3 included, into k, with
- * every input filled with 0.5 so no kernel runs on denormals. */
-static bool kernel_build(Graph *g, Kernel *k, Diag *d) {
-    memset(k, 0, sizeof *k);
-    k->g = g;
-    if (!g) return diag_error(d, DIAG_NOMEM, "out of memory");
-    ShapeOptions so = {.batch = 0, .fold = true};
-    Plan p;
-    if (!ir_verify(g, d) || !ir_infer_shapes(g, &so, d)) return false;
-    ir_prune(g);
-    if (!plan_forward(g, &p, d)) return false;
-    CgOptions co = {.emit = "obj"};
-    CgModule *m = cg_build(&p, &co, d);
-    if (!m) return false;
-    k->jit = cg_jit(m, d);
-    cg_module_free(m);
-    if (!k->jit) return false;
-    k->eval = (void (*)(char *))cg_jit_lookup(k->jit, "cleave_eval_step", d);
-    const unsigned char *init = cg_jit_lookup(k->jit, "cleave_init", d);
-    if (!k->eval || !init) return false;
-    const RankPlan *rp = &p.ranks[0];
-    size_t bytes = (size_t)((rp->arena_bytes + 63) / 64 * 64 + 64);
-    k->arena = aligned_alloc(64, bytes);
-    if (!k->arena) return diag_error(d, DIAG_NOMEM, "out of memory for a %zu-byte arena", bytes);
-    memset(k->arena, 0, bytes);
-    memcpy(k->arena, init, (size_t)rp->init_bytes);
-    for (int i = 0; i < g->n_inputs; i++) {
-        float *x = (float *)(k->arena + rp->offset[g->inputs[i]->id]);
-        for (int64_t j = 0, n = value_numel(g->inputs[i]); j < n; j++) x[j] = 0.5f;
-    }
-    return true;
-}
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Seconds of one call: the median over `reps` repetitions of as many calls
- * as fill min_s (one call warms caches and pages first). */
-static double time_kernel(Kernel *k, double min_s, int reps) {
-    k->eval(k->arena);
-    long calls = 1;
-    for (;;) {
-        double t0 = now_s();
-        for (long i = 0; i < calls; i++) k->eval(k->arena);
-        double t = now_s() - t0;
-        if (t >= min_s || calls > (1L << 40)) break;
-        /* aim a little past min_s so the next round is usually the last */
-        double scale = t > 0 ? 1.2 * min_s / t : 16;
-        calls = (long)((double)calls * (scale < 2 ? 2 : scale > 16 ? 16 : scale));
-    }
-    double per[16];
-    if (reps > 16) reps = 16;
-    for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
-        for (long i = 0; i < calls; i++) k->eval(k->arena);
-        per[r] = (now_s() - t0) / (double)calls;
-    }
-    qsort(per, (size_t)reps, sizeof *per, cmp_double);
-    return per[reps / 2];
-}
-
-/* Builds one op over inputs of shape dims and times it. */
 /* Seconds per call of op over two inputs of the same shape. */
 static bool time_op(const char *op, int rank, const int64_t *dims, double min_s, int reps, double *s, Diag *d) {
-    Kernel k;
-    bool ok = kernel_build(op_graph(op, rank, dims, rank, dims), &k, d);
-    if (ok) *s = time_kernel(&k, min_s, reps);
-    kernel_free(&k);
+    KernelRun k;
+    bool ok = kernel_run_build(op_graph(op, rank, dims, rank, dims), &k, d);
+    if (ok) *s = kernel_run_time(&k, min_s, reps);
+    kernel_run_free(&k);
     return ok;
 }
 
@@ -224,17 +141,17 @@ static bool time_conv(int64_t n, int64_t c, int64_t h, double min_s, int reps, d
     *s = *flops = 0;
     bool ok = true;
     for (int i = 0; i < 3; i++) {
-        Kernel k;
+        KernelRun k;
         if (!ok) {
             graph_free(g[i]);
             continue;
         }
-        ok = kernel_build(g[i], &k, d);
+        ok = kernel_run_build(g[i], &k, d);
         if (ok) {
             GRAPH_FOR_NODES(k.g, node) *flops += cost_node_flops(node);
-            *s += time_kernel(&k, min_s, reps);
+            *s += kernel_run_time(&k, min_s, reps);
         }
-        kernel_free(&k);
+        kernel_run_free(&k);
     }
     return ok;
 }

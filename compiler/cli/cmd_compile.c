@@ -58,6 +58,8 @@ static const char compile_help[] =
     "                       model predicts for their nodes on --cluster (what auto does)\n"
     "  --strategy auto      plan every strategy, predict each on the cluster, compile\n"
     "                       the fastest that fits (see cleave plan)\n"
+    "  --profile            auto: time the model's own kernels on this machine and\n"
+    "                       price them at those times instead of the cluster's rates\n"
     "  --cluster FILE       the cluster auto plans for (docs/cluster.md; default: stated\n"
     "                       defaults for one node of N ranks)\n"
     "  --plan FILE          compile the plan in FILE (cleave plan --format json or\n"
@@ -257,6 +259,8 @@ static int parse_flags(const char *cmd, int argc, char **argv, CompileFlags *f) 
             float mb = 0;
             if (!parse_f(v, &mb) || !(mb > 0)) status = cli_usage(cmd, "--bucket-mb needs a positive number, got '%s'", v);
             o.bucket_mb = mb;
+        } else if (strcmp(a, "--profile") == 0) {
+            o.profile = true;
         } else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) {
             o.verbose = true;
         } else if (a[0] == '-') {

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "../cost/profile.h"
 #include "../cost/simulate.h"
 #include "../plan/plan.h"
 
@@ -103,6 +104,7 @@ static bool simulate_chosen(const CompileOptions *o, const Plan *p, Cluster *cl,
     char which[1100];
     if (!(o->cluster ? cluster_load(o->cluster, cl, d) : cluster_machine(cl, p->n_ranks, which, sizeof which, d)))
         return false;
+    cl->profile = o->kernel_profile;
     if (simulate_plan(p, cl, r, d) && (r->events || diag_error(d, DIAG_NOMEM, "out of memory for the timeline")))
         return true;
     sim_result_free(r);
@@ -383,9 +385,15 @@ static int print_drawing(const CompileOptions *o, const Search *s, bool svg) {
     return ok ? 0 : cli_fail(&d);
 }
 
-int plan_report(const CompileOptions *o, const char *format) {
+int plan_report(const CompileOptions *given, const char *format) {
     Diag d = {0};
     Search s;
+    /* one profile for the search and the chosen plan's drawing */
+    CompileOptions opts = *given, *o = &opts;
+    if (o->profile && !o->kernel_profile && !(o->kernel_profile = profile_new(0))) {
+        diag_error(&d, DIAG_NOMEM, "out of memory");
+        return cli_fail(&d);
+    }
     bool ok = strcmp(o->strategy, "auto") == 0 ? driver_search(o, &s, &d) : driver_predict(o, &s, &d);
     if (!ok) return cli_fail(&d);
     int status = 0;
@@ -401,5 +409,6 @@ int plan_report(const CompileOptions *o, const char *format) {
         print_text(o, &s);
     }
     search_free(&s);
+    if (!given->kernel_profile) profile_free(o->kernel_profile);
     return status;
 }

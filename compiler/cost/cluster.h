@@ -80,6 +80,9 @@ typedef struct Cluster {
     /* Compute multiplier of each rank (cluster_ranks entries, > 0; 0.5 is
      * half as fast), malloc'd; NULL means all 1. */
     double *rank_speed;
+    /* --profile: the model's kernels timed on this machine (profile.h),
+     * charged instead of the rates above; not owned, not in the file. */
+    struct KernelProfile *profile;
 } Cluster;
 
 /* Reads a cluster file.  On failure *c is left holding nothing (no need

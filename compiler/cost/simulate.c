@@ -9,6 +9,7 @@
 
 #include "../ops/ops.h"
 #include "node_cost.h"
+#include "profile.h"
 
 typedef struct Msg {
     int src, tag;
@@ -75,6 +76,8 @@ static char compute_kind(const PlanStep *s) {
 }
 
 double sim_node_seconds(const Cluster *c, int rank, const Node *n) {
+    double measured = c->profile ? profile_node_seconds(c->profile, n) : -1;
+    if (measured >= 0) return measured / cluster_rank_speed(c, rank);
     double bytes = 0;
     for (int i = 0; i < n->n_in; i++)
         if (n->in[i] && plan_value_bytes(n->in[i]) > 0) bytes += (double)plan_value_bytes(n->in[i]);
@@ -222,6 +225,7 @@ bool simulate_plan(const Plan *p, const Cluster *c, SimResult *out, Diag *d) {
         return diag_error(d, DIAG_USAGE, "the plan needs %d ranks but the cluster (%s) has %d", n, c->origin,
                           cluster_ranks(c));
     Sim S = {.p = p, .c = c, .d = d, .n = n};
+    if (c->profile) profile_bind(c->profile, p->g);
     S.pc = calloc((size_t)n, sizeof *S.pc);
     S.t = calloc((size_t)n, sizeof *S.t);
     S.box = calloc((size_t)n, sizeof *S.box);

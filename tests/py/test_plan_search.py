@@ -131,6 +131,25 @@ def check_memory(rep, args, work):
         rep.check("a slower network predicts a longer dp step (%.3g s vs %.3g s)" % tuple(preds), preds[1] > preds[0])
 
 
+def check_profile(rep, args):
+    """--profile: the same candidates, priced at this machine's times of
+    the model's own kernels (how good those are is the benchmark's
+    business; here, that they are used and reported)."""
+    flags = ["plan", MODEL, "--batch", str(BATCH), "--ranks", "2", "--format", "json"]
+    plain, prof = cleave(args, *flags), cleave(args, *(flags + ["--profile"]))
+    if not rep.check("plan --profile exits 0", plain.returncode == 0 and prof.returncode == 0, prof.stderr[-300:]):
+        return
+    a, b = json.loads(plain.stdout), json.loads(prof.stdout)
+    rep.check("--profile says it used this machine's kernel times", "--profile" in b["prediction"]["cluster"] and
+              "--profile" not in a["prediction"]["cluster"], b["prediction"]["cluster"])
+    key = lambda c: (c["strategy"], c["dp"], c["stages"], c["microbatches"], c["schedule"], c.get("placement"))
+    rep.check("the same candidates are priced", sorted(map(key, a["alternatives"])) ==
+              sorted(map(key, b["alternatives"])))
+    pa = {key(c): c["step_s"] for c in a["alternatives"]}
+    rep.check("and priced differently", any(abs(pa[key(c)] - c["step_s"]) > 1e-12 for c in b["alternatives"]))
+    rep.check("every --profile prediction is positive", all(c["step_s"] > 0 for c in b["alternatives"]))
+
+
 def check_placement(rep, args, work):
     """2 nodes of 2 ranks joined by a slow link: a 2 x 2 hybrid of the MLP
     (its first layer's weights dwarf its activations) should keep each
@@ -256,6 +275,7 @@ def main():
         rep.guarded("plan json", lambda: check_json(rep, args, work))
         rep.guarded("memory and network", lambda: check_memory(rep, args, work))
         rep.guarded("placement", lambda: check_placement(rep, args, work))
+        rep.guarded("profile", lambda: check_profile(rep, args))
         rep.guarded("auto trains", lambda: check_auto_trains(rep, args, work))
         rep.guarded("drawings", lambda: check_drawings(rep, args))
         rep.guarded("errors", lambda: check_errors(rep, args, work))

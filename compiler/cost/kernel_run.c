@@ -1,0 +1,85 @@
+/* kernel_run.c - generated code timed in this process (kernel_run.h). */
+#include "kernel_run.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../ir/shapes.h"
+#include "../plan/plan.h"
+
+void kernel_run_free(KernelRun *k) {
+    cg_jit_free(k->jit);
+    free(k->arena);
+    graph_free(k->g);
+    memset(k, 0, sizeof *k);
+}
+
+bool kernel_run_build(Graph *g, KernelRun *k, Diag *d) {
+    memset(k, 0, sizeof *k);
+    k->g = g;
+    if (!g) return diag_error(d, DIAG_NOMEM, "out of memory");
+    /* No folding: a node whose inputs are all constant must still run. */
+    ShapeOptions so = {.batch = 0, .fold = false};
+    Plan p;
+    if (!ir_verify(g, d) || !ir_infer_shapes(g, &so, d)) return false;
+    ir_prune(g);
+    if (!plan_forward(g, &p, d)) return false;
+    CgOptions co = {.emit = "obj"};
+    CgModule *m = cg_build(&p, &co, d);
+    if (!m) return false;
+    k->jit = cg_jit(m, d);
+    cg_module_free(m);
+    if (!k->jit) return false;
+    k->eval = (void (*)(char *))cg_jit_lookup(k->jit, "cleave_eval_step", d);
+    const unsigned char *init = cg_jit_lookup(k->jit, "cleave_init", d);
+    if (!k->eval || !init) return false;
+    const RankPlan *rp = &p.ranks[0];
+    size_t bytes = (size_t)((rp->arena_bytes + 63) / 64 * 64 + 64);
+    k->arena = aligned_alloc(64, bytes);
+    if (!k->arena) return diag_error(d, DIAG_NOMEM, "out of memory for a %zu-byte arena", bytes);
+    memset(k->arena, 0, bytes);
+    memcpy(k->arena, init, (size_t)rp->init_bytes);
+    for (int i = 0; i < g->n_inputs; i++) {
+        const Value *v = g->inputs[i];
+        if (!dtype_is_float(v->dtype) || rp->offset[v->id] < 0) continue; /* integers stay 0 */
+        float *x = (float *)(k->arena + rp->offset[v->id]);
+        for (int64_t j = 0, n = value_numel(v); j < n; j++) x[j] = 0.5f;
+    }
+    return true;
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double kernel_run_time(KernelRun *k, double min_s, int reps) {
+    k->eval(k->arena);
+    long calls = 1;
+    for (;;) {
+        double t0 = now_s();
+        for (long i = 0; i < calls; i++) k->eval(k->arena);
+        double t = now_s() - t0;
+        if (t >= min_s || calls > (1L << 40)) break;
+        /* aim a little past min_s so the next round is usually the last */
+        double scale = t > 0 ? 1.2 * min_s / t : 16;
+        calls = (long)((double)calls * (scale < 2 ? 2 : scale > 16 ? 16 : scale));
+    }
+    double per[16];
+    if (reps > 16) reps = 16;
+    if (reps < 1) reps = 1;
+    for (int r = 0; r < reps; r++) {
+        double t0 = now_s();
+        for (long i = 0; i < calls; i++) k->eval(k->arena);
+        per[r] = (now_s() - t0) / (double)calls;
+    }
+    qsort(per, (size_t)reps, sizeof *per, cmp_double);
+    return per[reps / 2];
+}

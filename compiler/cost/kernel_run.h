@@ -1,0 +1,29 @@
+/* kernel_run.h - a graph's generated code run in this process, to time
+ * its kernels: what `cleave calibrate` measures rates with and what
+ * `--profile` (profile.h) times a model's own kernels with.
+ *
+ * Requires: a graph whose inputs have static shapes.  Provides: its
+ * forward program built as the compiler builds programs (O3, this CPU),
+ * JIT-compiled, with an arena whose float inputs hold 0.5 (no denormals)
+ * and whose other inputs are zeros (valid indices and labels). */
+#ifndef CLEAVE_KERNEL_RUN_H
+#define CLEAVE_KERNEL_RUN_H
+
+#include "../codegen/cg.h"
+#include "../ir/ir.h"
+
+typedef struct KernelRun {
+    Graph *g;
+    CgJit *jit;
+    void (*eval)(char *);
+    char *arena;
+} KernelRun;
+
+/* Builds g (taken over, freed by kernel_run_free even on failure). */
+bool kernel_run_build(Graph *g, KernelRun *k, Diag *d);
+/* Seconds of one run: the median over `reps` (at most 16) repetitions of
+ * as many runs as fill min_s, after one run that warms caches and pages. */
+double kernel_run_time(KernelRun *k, double min_s, int reps);
+void kernel_run_free(KernelRun *k);
+
+#endif

@@ -1,0 +1,176 @@
+/* profile.c - a model's own kernels timed on this machine (profile.h).
+ *
+ * Rates read off a curve say how fast a kernel of some size is; the
+ * kernel cleave generates for a particular node (a transposed product, a
+ * convolution's weight gradient over 14x14 planes) can be several times
+ * off that curve.  Here every distinct node of the plans the search
+ * considers is compiled alone, at its own shapes and attributes, and run:
+ * its median time is what the simulator charges for it. */
+#include "profile.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernel_run.h"
+#include "../ops/ops.h"
+
+typedef struct Entry {
+    char *key;
+    double seconds; /* < 0: could not be measured */
+} Entry;
+
+struct KernelProfile {
+    Entry *e;
+    int n, cap;
+    int measured, failed;
+    double min_s;
+    const Graph *g; /* whose opsets node graphs take (profile_bind) */
+};
+
+void profile_bind(KernelProfile *p, const Graph *g) {
+    if (p) p->g = g;
+}
+
+KernelProfile *profile_new(double min_s) {
+    KernelProfile *p = calloc(1, sizeof *p);
+    if (p) p->min_s = min_s > 0 ? min_s : 0.002;
+    return p;
+}
+
+void profile_free(KernelProfile *p) {
+    if (!p) return;
+    for (int i = 0; i < p->n; i++) free(p->e[i].key);
+    free(p->e);
+    free(p);
+}
+
+void profile_counts(const KernelProfile *p, int *measured, int *failed) {
+    *measured = p ? p->measured : 0;
+    *failed = p ? p->failed : 0;
+}
+
+/* Appends printf-style text to a growing buffer; false when it overflows. */
+static bool put(char *buf, size_t len, size_t *at, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static bool put(char *buf, size_t len, size_t *at, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf + *at, *at < len ? len - *at : 0, fmt, ap);
+    va_end(ap);
+    if (n < 0 || *at + (size_t)n >= len) return false;
+    *at += (size_t)n;
+    return true;
+}
+
+static bool put_value(char *buf, size_t len, size_t *at, const Value *v) {
+    if (!v) return put(buf, len, at, "-;");
+    bool ok = put(buf, len, at, "%d[", (int)v->dtype);
+    for (int i = 0; ok && i < v->rank; i++) ok = put(buf, len, at, "%lld:%d,", (long long)v->dims[i].k, (int)v->dims[i].sym);
+    /* a constant input (a shape, axes) is part of what the kernel does */
+    if (ok && v->konst && !dtype_is_float(v->dtype))
+        for (int64_t i = 0; ok && i < v->konst->n && i < 16; i++)
+            ok = put(buf, len, at, "=%lld", (long long)const_get_i(v->konst, i));
+    return ok && put(buf, len, at, "];");
+}
+
+/* What makes two nodes' kernels the same: op, attributes, and the dtypes,
+ * shapes (and integer constants) of inputs and outputs. */
+static bool node_key(const Node *n, char *buf, size_t len) {
+    size_t at = 0;
+    bool ok = put(buf, len, &at, "%s.%s|", n->domain, n->op_type);
+    for (int i = 0; ok && i < n->n_attr; i++) {
+        const Attr *a = &n->attrs[i];
+        ok = put(buf, len, &at, "%s:%d:%lld:%g:%s", a->name, (int)a->kind, (long long)a->i, (double)a->f,
+                 a->s ? a->s : "");
+        for (int k = 0; ok && k < a->n && a->ints; k++) ok = put(buf, len, &at, ",%lld", (long long)a->ints[k]);
+        for (int k = 0; ok && k < a->n && a->floats; k++) ok = put(buf, len, &at, ",%g", (double)a->floats[k]);
+        ok = ok && put(buf, len, &at, ";");
+    }
+    ok = ok && put(buf, len, &at, "|");
+    for (int i = 0; ok && i < n->n_in; i++) ok = put_value(buf, len, &at, n->in[i]);
+    ok = ok && put(buf, len, &at, "|");
+    for (int i = 0; ok && i < n->n_out; i++) ok = put_value(buf, len, &at, n->out[i]);
+    return ok;
+}
+
+/* n alone in a graph of its own: its inputs fed at run time, except
+ * integer constants (shapes, axes), which shape inference needs. */
+static Graph *node_graph(const Graph *src, const Node *n) {
+    Graph *g = graph_new("profile");
+    if (!g) return NULL;
+    g->opsets = ARENA_ARRAY(&g->arena, Opset, src->n_opsets ? src->n_opsets : 1);
+    g->inputs = ARENA_ARRAY(&g->arena, Value *, n->n_in ? n->n_in : 1);
+    g->outputs = ARENA_ARRAY(&g->arena, Value *, n->n_out ? n->n_out : 1);
+    Node *m = graph_add_node(g, n->name, n->op_type, n->domain, n->n_in, n->n_out);
+    if (!g->opsets || !g->inputs || !g->outputs || !m) goto fail;
+    for (int i = 0; i < src->n_opsets; i++) g->opsets[i] = src->opsets[i];
+    g->n_opsets = src->n_opsets;
+    m->def = n->def;
+    m->attrs = n->attrs; /* read only, in src's arena, which outlives g */
+    m->n_attr = n->n_attr;
+    for (int i = 0; i < n->n_in; i++) {
+        const Value *v = n->in[i];
+        if (!v) continue;
+        int same = 0; /* x * x reads one value twice: one input */
+        while (same < i && n->in[same] != v) same++;
+        if (same < i) {
+            m->in[i] = m->in[same];
+            continue;
+        }
+        Value *w = graph_add_value(g, v->name);
+        if (!w) goto fail;
+        w->dtype = v->dtype;
+        w->file_dtype = v->file_dtype;
+        w->rank = v->rank;
+        for (int k = 0; k < v->rank; k++) w->dims[k] = v->dims[k];
+        if (v->konst && !dtype_is_float(v->dtype)) {
+            w->kind = VAL_CONSTANT;
+            w->konst = v->konst;
+        } else {
+            w->kind = VAL_INPUT;
+            g->inputs[g->n_inputs++] = w;
+        }
+        m->in[i] = w;
+    }
+    for (int k = 0; k < n->n_out; k++) {
+        if (!n->out[k]) continue;
+        Value *y = graph_add_value(g, n->out[k]->name);
+        if (!y) goto fail;
+        y->producer = m;
+        y->producer_slot = k;
+        y->is_output = true;
+        m->out[k] = y;
+        g->outputs[g->n_outputs++] = y;
+    }
+    return g;
+fail:
+    graph_free(g);
+    return NULL;
+}
+
+double profile_node_seconds(KernelProfile *p, const Node *n) {
+    char key[4096];
+    if (!p || !p->g || !n->def || !n->def->cg || !node_key(n, key, sizeof key)) return -1;
+    const Graph *g = p->g;
+    for (int i = 0; i < p->n; i++)
+        if (strcmp(p->e[i].key, key) == 0) return p->e[i].seconds;
+    if (p->n == p->cap) {
+        int cap = p->cap ? 2 * p->cap : 64;
+        Entry *e = realloc(p->e, sizeof *e * (size_t)cap);
+        if (!e) return -1;
+        p->e = e;
+        p->cap = cap;
+    }
+    char *copy = strdup(key);
+    if (!copy) return -1;
+    KernelRun k;
+    Diag d = {0};
+    double s = -1;
+    if (kernel_run_build(node_graph(g, n), &k, &d)) s = kernel_run_time(&k, p->min_s, 5);
+    kernel_run_free(&k);
+    if (s >= 0) p->measured++;
+    else p->failed++;
+    p->e[p->n++] = (Entry){copy, s};
+    return s;
+}

@@ -1,0 +1,29 @@
+/* profile.h - the kernels of the model being planned, timed here.
+ *
+ * Requires: nodes of a graph with static shapes (a training graph built at
+ * a plan's rows).  Provides: the seconds one call of a node's generated
+ * kernel takes on this machine, compiled alone at the node's shapes and
+ * attributes and run (kernel_run.h), remembered by what makes two
+ * kernels the same.  A cluster carrying a profile (Cluster.profile)
+ * charges these times instead of its rates (cost/simulate.h); rank_speed
+ * and shared cores still apply, so the profile stands for one core of
+ * this machine. */
+#ifndef CLEAVE_PROFILE_H
+#define CLEAVE_PROFILE_H
+
+#include "../ir/ir.h"
+
+typedef struct KernelProfile KernelProfile;
+
+/* min_s: the least time each kernel is run for per repetition. */
+KernelProfile *profile_new(double min_s);
+void profile_free(KernelProfile *p);
+/* The graph whose nodes are asked about next (their opsets). */
+void profile_bind(KernelProfile *p, const Graph *g);
+/* Seconds per call of n's kernel, measured on first use; < 0 when n has
+ * no kernel or could not be built alone (the caller prices it then). */
+double profile_node_seconds(KernelProfile *p, const Node *n);
+/* Kernels measured and kernels that could not be, so far. */
+void profile_counts(const KernelProfile *p, int *measured, int *failed);
+
+#endif
