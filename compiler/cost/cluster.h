@@ -163,7 +163,7 @@ double cluster_mem_seconds(const Cluster *c, int rank, double bytes);
  * while its node has a core for each of them, else cores / ranks on the
  * node (they time-share: Open MPI's waiting ranks poll, so a rank waiting
  * for a message still takes its turn on a core).  Compute times are
- * divided by it. */
+ * divided by it, and so are message times within a node (copies). */
 double cluster_core_share(const Cluster *c, int rank, int used);
 bool cluster_same_node(const Cluster *c, int a, int b);
 /* The link a message from a to b takes. */

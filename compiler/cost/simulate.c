@@ -103,6 +103,15 @@ static Msg *find(Box *b, int src, int tag) {
     return NULL;
 }
 
+/* Within a node, MPI moves messages by copies the ranks' cores make: when
+ * the node's cores are shared, a transfer between a and b gets the
+ * smaller of their shares. */
+static double copy_share(const Sim *S, int a, int b) {
+    if (!cluster_same_node(S->c, a, b)) return 1.0;
+    double x = cluster_core_share(S->c, a, S->n), y = cluster_core_share(S->c, b, S->n);
+    return x < y ? x : y;
+}
+
 static bool post(Sim *S, int r, const PlanStep *s) {
     Box *b = &S->box[s->peer];
     if (b->n == b->cap) {
@@ -112,7 +121,7 @@ static bool post(Sim *S, int r, const PlanStep *s) {
         b->m = m;
         b->cap = cap;
     }
-    double arrive = S->t[r] + cluster_p2p_seconds(S->c, r, s->peer, (double)s->bytes);
+    double arrive = S->t[r] + cluster_p2p_seconds(S->c, r, s->peer, (double)s->bytes) / copy_share(S, r, s->peer);
     b->m[b->n++] = (Msg){r, s->tag, arrive, -1};
     S->out[r].sent_bytes += s->bytes;
     return true;
@@ -141,7 +150,12 @@ static int collective(Sim *S, const PlanStep *s, int *all) {
     }
     int64_t bytes = s->kind == STEP_ALLREDUCE ? s->bytes
                                               : S->p->ranks[m[0]].buckets[s->bucket].bytes;
-    double done = start + cluster_allreduce_seconds(S->c, m, n, (double)bytes);
+    double share = 1.0; /* the ring's steps between neighbours on a shared node */
+    for (int i = 0; i < n; i++) {
+        double x = copy_share(S, m[i], m[(i + 1) % n]);
+        if (x < share) share = x;
+    }
+    double done = start + cluster_allreduce_seconds(S->c, m, n, (double)bytes) / share;
     for (int i = 0; i < n; i++) {
         int r = m[i];
         S->out[r].reduced_bytes += bytes;
