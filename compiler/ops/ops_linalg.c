@@ -3,6 +3,7 @@
 #include "ops_families.h"
 #include "../autodiff/grad.h"
 #include "../codegen/cg.h"
+#include "../codegen/cg_gemm.h"
 
 /* Y[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C, C broadcast to [M,N]. */
 static bool infer_gemm(OpCtx *c, Node *n) {
@@ -95,15 +96,29 @@ static LLVMValueRef mat_at(Cg *c, const Mat *m, LLVMValueRef i, LLVMValueRef j) 
     return cg_add(c, m->base, cg_add(c, cg_mul(c, i, m->si), cg_mul(c, j, m->sj)));
 }
 
-/* y[m, n] (+)= alpha * sum_k a(m,k) b(k,n), y row-major with leading
- * dimension ldy at element offset ybase.  For float32 outputs: when b is
- * contiguous along n the n loop is innermost (an axpy that vectorises);
- * when a and b are both contiguous along k a vector dot product is used;
- * otherwise scalar.  Integer outputs accumulate exactly in an i64 register
- * (alpha is 1 for them), and float16/bfloat16 outputs in a float32
- * register, so that y is rounded once, not after every product. */
+/* Pointer to element `base` of a float32 buffer. */
+static LLVMValueRef mat_ptr(Cg *c, const Value *v, LLVMValueRef base) {
+    return LLVMBuildInBoundsGEP2(c->b, c->t_f32, cg_buf(c, v), &base, 1, "");
+}
+
+/* y[m, n] (+)= alpha * sum_k a(m,k) b(k,n), y row-major (rows N apart)
+ * from element offset ybase.  Float32 products large enough
+ * for packing to pay go to the packed, register-blocked kernels of
+ * codegen/cg_gemm.c, which fold a's and b's strides (transposes) into
+ * their packing.  For the other float32 outputs: when b is contiguous
+ * along n the n loop is innermost (an axpy that vectorises); when a and b
+ * are both contiguous along k a vector dot product is used; otherwise
+ * scalar.  Integer outputs accumulate exactly in an i64 register (alpha is
+ * 1 for them), and float16/bfloat16 outputs in a float32 register, so
+ * that y is rounded once, not after every product. */
+
 static void gemm_block(Cg *c, const Mat *a, const Mat *b, const Value *y, LLVMValueRef ybase, int64_t M, int64_t N,
                        int64_t K, float alpha) {
+    if (cg_gemm_applies(a->v, b->v, y, M, N, K)) {
+        CgGemm g = {M, N, K, a->si, a->sj, b->si, b->sj, N, alpha};
+        cg_gemm(c, &g, mat_ptr(c, a->v, a->base), mat_ptr(c, b->v, b->base), mat_ptr(c, y, ybase));
+        return;
+    }
     bool ints = !dtype_is_float(y->dtype), narrow = y->dtype == DT_FLOAT16 || y->dtype == DT_BFLOAT16;
     bool dot = a->sj == 1 && b->si == 1 && b->sj != 1;
     CgLoop lm, lk, ln;

@@ -1,0 +1,716 @@
+/* cg_gemm.c - packed, cache-blocked float32 matrix products (cg_gemm.h).
+ *
+ * The product y += alpha * A B (A is M x K, B is K x N, any strides) is
+ * computed in blocks:
+ *
+ *   for each block of NC columns of B and y                    (jc)
+ *     for each block of KC rows of B / columns of A            (pc)
+ *       copy B[pc.., jc..] (KC x NC) into panels of NR columns   -> stays in L2
+ *       for each panel of MR rows of A                         (ir)
+ *         copy A[ir.., pc..] (MR x KC) k-major                   -> stays in L1
+ *         for each panel of B                                  (jr)
+ *           micro-kernel: the MR x NR tile of y += alpha * A-panel B-panel
+ *
+ * The micro-kernel holds the MR x NR tile in MR * NR/W vector registers
+ * (W floats each, the widest the target has) for the whole KC loop; per k
+ * it loads NR/W vectors of the B panel, broadcasts MR scalars of the A
+ * panel and issues MR * NR/W fused multiply-adds.  Only then is y read and
+ * written, once per tile and KC block.  The A panel is reused from L1 by
+ * every B panel of the block; the B block is reused from L2 by every A
+ * panel.
+ *
+ * The copies put each operand in the order the micro-kernel reads it, so
+ * A and B may have any strides: a transposed operand (Gemm's transA /
+ * transB, the gradient products) is transposed in registers as it is
+ * copied, and never materialised.  Panels at the right and bottom edges
+ * are narrower: the copies zero-fill B's last vector, and dedicated
+ * micro-kernels compute fewer rows or vectors and store the last vector
+ * under a mask, so any M, N, K >= 1 works.
+ *
+ * Everything about a product is known when the program is compiled, so the
+ * block sizes, loop counts and edge kernels are constants of the
+ * generated code; only the last block of each loop is shorter, and its
+ * length is computed with a min at run time.  Each k of each element of y
+ * is added in the same order in every run (within a KC block in k order,
+ * the blocks in order), so results are reproducible bit for bit. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cg_gemm.h"
+
+/* ---- the target ---- */
+
+typedef struct GemmTarget {
+    int w;          /* floats in the widest vector register */
+    int regs;       /* vector registers */
+    int64_t l1, l2; /* data cache bytes per core */
+} GemmTarget;
+
+/* Whether LLVM's feature string ("+avx2,-avx512f,+fma,...") enables name. */
+static bool has_feature(const char *features, const char *name) {
+    size_t n = strlen(name);
+    for (const char *p = features; p && *p;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n + 1 && p[0] == '+' && strncmp(p + 1, name, n) == 0) return true;
+        p = e ? e + 1 : NULL;
+    }
+    return false;
+}
+
+/* A cache size from /sys when sysconf does not know it (0: unknown). */
+static int64_t sys_cache(int level) {
+    for (int idx = 0; idx < 8; idx++) {
+        char path[128], buf[64];
+        int lv = 0;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", idx);
+        FILE *f = fopen(path, "r");
+        if (!f) break;
+        if (fscanf(f, "%d", &lv) != 1) lv = 0;
+        fclose(f);
+        if (lv != level) continue;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/type", idx);
+        f = fopen(path, "r");
+        if (!f) continue;
+        bool data = fgets(buf, sizeof buf, f) && strncmp(buf, "Instruction", 11) != 0;
+        fclose(f);
+        if (!data) continue;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", idx);
+        f = fopen(path, "r");
+        if (!f) continue;
+        long kb = 0;
+        char unit = 0;
+        int got = fscanf(f, "%ld%c", &kb, &unit);
+        fclose(f);
+        if (got >= 1 && kb > 0) return unit == 'M' ? kb << 20 : kb << 10;
+    }
+    return 0;
+}
+
+static int64_t cache_bytes(int level, int64_t fallback, int64_t lo, int64_t hi) {
+    long s = sysconf(level == 1 ? _SC_LEVEL1_DCACHE_SIZE : _SC_LEVEL2_CACHE_SIZE);
+    int64_t b = s > 0 ? (int64_t)s : sys_cache(level);
+    if (b <= 0) b = fallback;
+    return b < lo ? lo : b > hi ? hi : b;
+}
+
+/* The code runs on the machine that compiles it unless --target-cpu says
+ * otherwise, and the host's features are what cg_module.c gives LLVM in
+ * that case; vectors wider than another target has are still correct
+ * there (LLVM splits them), only not as fast. */
+static const GemmTarget *target(void) {
+    static GemmTarget t;
+    static bool done;
+    if (done) return &t;
+    char *f = LLVMGetHostCPUFeatures();
+    if (has_feature(f, "avx512f")) t.w = 16, t.regs = 32;
+    else if (has_feature(f, "avx")) t.w = 8, t.regs = 16;
+    else if (has_feature(f, "neon")) t.w = 4, t.regs = 32;
+    else t.w = 4, t.regs = 16;
+    LLVMDisposeMessage(f);
+    /* safe defaults: the smallest caches of current x86 and Arm cores */
+    t.l1 = cache_bytes(1, 32 << 10, 16 << 10, 256 << 10);
+    t.l2 = cache_bytes(2, 256 << 10, 128 << 10, 8 << 20);
+    done = true;
+    return &t;
+}
+
+/* ---- settings ---- */
+
+static CgGemmConfig config;
+
+void cg_gemm_configure(const CgGemmConfig *cfg) {
+    if (cfg) config = *cfg;
+    else memset(&config, 0, sizeof config);
+}
+
+bool cg_gemm_applies(const Value *a, const Value *b, const Value *y, int64_t M, int64_t N, int64_t K) {
+    if (a->dtype != DT_FLOAT || b->dtype != DT_FLOAT || y->dtype != DT_FLOAT) return false;
+    if (M < 1 || N < 1 || K < 1 || config.force < 0) return false;
+    if (config.force > 0) return true;
+    return (double)M * (double)N * (double)K >= (double)CG_GEMM_MIN_VOLUME;
+}
+
+/* ---- blocking ---- */
+
+typedef struct Blocking {
+    int w, mr, nv, nr; /* vector width, micro-tile MR x NR = MR x (NV * W) */
+    int u;             /* k steps per iteration of the micro-kernel's loop */
+    int64_t kc, nc;    /* block sizes actually used (nc a multiple of nr) */
+    int64_t nkb, nnb;  /* number of K and N blocks */
+} Blocking;
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+static Blocking blocking(int64_t N, int64_t K) {
+    const GemmTarget *t = target();
+    Blocking k = {.w = t->w, .u = 4};
+    int regs = t->regs;
+    if (config.w == 4 || config.w == 8 || config.w == 16) k.w = config.w, regs = config.w == 16 ? 32 : 16;
+    /* MR x NV accumulators, NV vectors of B and one broadcast of A must fit
+     * in the registers: 8 x 3 (24 + 3 + 1 of 32) with AVX-512's 32, 6 x 2
+     * (12 + 2 + 1 of 16) with AVX's 16.  MR = 8 is a power of two, which the
+     * in-register transpose of a row-major A wants. */
+    k.mr = regs >= 32 ? 8 : 6;
+    k.nv = regs >= 32 ? 3 : 2;
+    if (config.mr > 0) k.mr = config.mr < 16 ? config.mr : 16;
+    if (config.nv > 0) k.nv = config.nv < 4 ? config.nv : 4;
+    k.nr = k.nv * k.w;
+    /* KC: the A panel (MR x KC floats) is read by every micro-kernel of a
+     * block and must stay in L1 while the B panels stream through it; a
+     * quarter of L1 leaves room for them.  K is cut into equal blocks,
+     * rounded to whole vectors so that only the last block has a
+     * remainder for the in-register transposes. */
+    int64_t kc_max = config.kc > 0 ? config.kc : t->l1 / 4 / (k.mr * 4);
+    if (kc_max < k.w) kc_max = k.w;
+    k.nkb = ceil_div(K, kc_max);
+    k.kc = ceil_div(K, k.nkb);
+    if (k.nkb > 1) k.kc = round_up(k.kc, k.w);
+    if (k.kc > K) k.kc = K;
+    k.nkb = ceil_div(K, k.kc);
+    /* NC: the packed B block (KC x NC floats) is read by every A panel and
+     * must stay in L2; half of it leaves room for the A panels, y's tiles
+     * and whatever else the core runs. */
+    int64_t nc_max = config.nc > 0 ? config.nc : t->l2 / 2 / (k.kc * 4);
+    nc_max = nc_max / k.nr * k.nr;
+    if (nc_max < k.nr) nc_max = k.nr;
+    k.nnb = ceil_div(N, nc_max);
+    k.nc = round_up(ceil_div(N, k.nnb), k.nr);
+    k.nnb = ceil_div(N, k.nc);
+    return k;
+}
+
+void cg_gemm_describe(int64_t M, int64_t N, int64_t K, char *out, size_t len) {
+    (void)M;
+    const GemmTarget *t = target();
+    Blocking k = blocking(N, K);
+    snprintf(out, len, "W=%d MR=%d NR=%d KC=%lld NC=%lld L1=%lld L2=%lld", k.w, k.mr, k.nr,
+             (long long)k.kc, (long long)k.nc, (long long)t->l1, (long long)t->l2);
+}
+
+/* ---- IR helpers ---- */
+
+static LLVMTypeRef vec(Cg *c, int n) { return LLVMVectorType(c->t_f32, (unsigned)n); }
+
+static LLVMValueRef at(Cg *c, LLVMValueRef p, LLVMValueRef idx) {
+    return LLVMBuildInBoundsGEP2(c->b, c->t_f32, p, &idx, 1, "");
+}
+
+static LLVMValueRef load(Cg *c, LLVMTypeRef t, LLVMValueRef p, unsigned align) {
+    LLVMValueRef x = LLVMBuildLoad2(c->b, t, p, "");
+    LLVMSetAlignment(x, align);
+    return x;
+}
+
+static void store(Cg *c, LLVMValueRef x, LLVMValueRef p, unsigned align) {
+    LLVMSetAlignment(LLVMBuildStore(c->b, x, p), align);
+}
+
+static LLVMValueRef mul(Cg *c, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildNSWMul(c->b, a, b, ""); }
+
+static LLVMValueRef min_i64(Cg *c, LLVMValueRef a, int64_t b) {
+    LLVMValueRef bv = cg_i64(c, b);
+    return LLVMBuildSelect(c->b, LLVMBuildICmp(c->b, LLVMIntSLT, a, bv, ""), a, bv, "");
+}
+
+static LLVMValueRef intrinsic(Cg *c, const char *name, LLVMTypeRef *over, unsigned n_over, LLVMValueRef *args,
+                              unsigned n_args) {
+    unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+    LLVMValueRef fn = LLVMGetIntrinsicDeclaration(c->mod, id, over, n_over);
+    LLVMTypeRef ty = LLVMIntrinsicGetType(c->ctx, id, over, n_over);
+    return LLVMBuildCall2(c->b, ty, fn, args, n_args, "");
+}
+
+/* x splatted over a vector of w lanes. */
+static LLVMValueRef splat(Cg *c, LLVMValueRef x, int w) {
+    LLVMValueRef v = LLVMBuildInsertElement(c->b, LLVMGetPoison(vec(c, w)), x, LLVMConstInt(c->t_i32, 0, 0), "");
+    LLVMValueRef zeros[64];
+    for (int i = 0; i < w; i++) zeros[i] = LLVMConstInt(c->t_i32, 0, 0);
+    return LLVMBuildShuffleVector(c->b, v, LLVMGetPoison(vec(c, w)), LLVMConstVector(zeros, (unsigned)w), "");
+}
+
+static LLVMValueRef lane_mask(Cg *c, int w, int lanes) {
+    LLVMValueRef bits[64];
+    for (int i = 0; i < w; i++) bits[i] = LLVMConstInt(c->t_i1, i < lanes, 0);
+    return LLVMConstVector(bits, (unsigned)w);
+}
+
+/* The kernels' functions state the vector width they need.  LLVM splits
+ * 512-bit operations in two in a function that prefers 256-bit vectors
+ * (its tuning for Skylake-X and later; clang marks every function so)
+ * unless the function also gives 512 as its minimum legal width; with
+ * both set the kernels keep full-width registers whatever else the module
+ * says, and the copy loops LLVM vectorises itself use that width too. */
+static void set_attrs(Cg *c, LLVMValueRef fn, int w, bool noinline) {
+    char bits[16];
+    snprintf(bits, sizeof bits, "%d", w * 32);
+    const char *keys[2] = {"min-legal-vector-width", "prefer-vector-width"};
+    for (int i = 0; i < 2; i++)
+        LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex,
+                                LLVMCreateStringAttribute(c->ctx, keys[i], (unsigned)strlen(keys[i]), bits,
+                                                          (unsigned)strlen(bits)));
+    const char *kinds[2] = {"nounwind", "noinline"};
+    for (int i = 0; i < (noinline ? 2 : 1); i++)
+        LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex,
+                                LLVMCreateEnumAttribute(c->ctx, LLVMGetEnumAttributeKindForName(kinds[i], strlen(kinds[i])), 0));
+}
+
+/* An internal function `name` of pointer (and i64) parameters, with the
+ * builder in its entry block; NULL when the module already has it. */
+static LLVMValueRef begin_fn(Cg *c, const char *name, int n_ptr, int n_i64, const Blocking *k, bool noinline) {
+    if (LLVMGetNamedFunction(c->mod, name)) return NULL;
+    LLVMTypeRef ps[8];
+    int n = 0;
+    for (int i = 0; i < n_ptr; i++) ps[n++] = c->t_ptr;
+    for (int i = 0; i < n_i64; i++) ps[n++] = c->t_i64;
+    LLVMValueRef fn = LLVMAddFunction(c->mod, name, LLVMFunctionType(c->t_void, ps, (unsigned)n, 0));
+    LLVMSetLinkage(fn, LLVMInternalLinkage);
+    set_attrs(c, fn, k->w, noinline);
+    LLVMPositionBuilderAtEnd(c->b, LLVMAppendBasicBlockInContext(c->ctx, fn, "entry"));
+    return fn;
+}
+
+/* ---- the packing scratch area ---- */
+
+#define PACK_GLOBAL "cleave.gemm.pack"
+
+/* The module's scratch area with room for at least n floats.  One area
+ * serves every product (kernels run one at a time), so it is replaced by
+ * a larger one when a product needs more. */
+static LLVMValueRef pack_area(Cg *c, int64_t n) {
+    LLVMValueRef old = LLVMGetNamedGlobal(c->mod, PACK_GLOBAL);
+    if (old && (int64_t)LLVMGetArrayLength(LLVMGlobalGetValueType(old)) >= n) return old;
+    LLVMTypeRef t = LLVMArrayType(c->t_f32, (unsigned)n);
+    LLVMValueRef g = LLVMAddGlobal(c->mod, t, old ? PACK_GLOBAL ".grown" : PACK_GLOBAL);
+    LLVMSetInitializer(g, LLVMConstNull(t));
+    LLVMSetLinkage(g, LLVMInternalLinkage);
+    LLVMSetAlignment(g, 64);
+    if (old) {
+        LLVMReplaceAllUsesWith(old, g);
+        LLVMDeleteGlobal(old);
+        LLVMSetValueName2(g, PACK_GLOBAL, strlen(PACK_GLOBAL));
+    }
+    return g;
+}
+
+/* ---- copies into the packed layouts ---- */
+
+/* Transposes R rows of W floats held in v[0..R): afterwards the R*W
+ * floats of v, read in order, are the columns of the input one after the
+ * other (element k of row t lands at k*R + t).  Each round interleaves
+ * the first half of the rows with the second half, which rotates the bits
+ * of every element's position by one; log2(R) rounds move the row bits
+ * below the column bits. */
+static void transpose_rows(Cg *c, LLVMValueRef *v, int R, int W) {
+    LLVMValueRef lo[64], hi[64];
+    for (int l = 0; l < W; l++) {
+        lo[l] = LLVMConstInt(c->t_i32, (unsigned)((l % 2 ? W : 0) + l / 2), 0);
+        hi[l] = LLVMConstInt(c->t_i32, (unsigned)((l % 2 ? W : 0) + W / 2 + l / 2), 0);
+    }
+    LLVMValueRef mlo = LLVMConstVector(lo, (unsigned)W), mhi = LLVMConstVector(hi, (unsigned)W);
+    for (int step = 1; step < R; step *= 2) {
+        LLVMValueRef next[64];
+        for (int i = 0; i < R / 2; i++) {
+            next[2 * i] = LLVMBuildShuffleVector(c->b, v[i], v[i + R / 2], mlo, "");
+            next[2 * i + 1] = LLVMBuildShuffleVector(c->b, v[i], v[i + R / 2], mhi, "");
+        }
+        memcpy(v, next, sizeof(LLVMValueRef) * (size_t)R);
+    }
+}
+
+/* dst[k*ld + j] = src[k*si + j*sj] for k in [k0, k1), j in [0, cols). */
+static void copy_scalar(Cg *c, LLVMValueRef dst, int64_t ld, LLVMValueRef src, int64_t si, int64_t sj, LLVMValueRef k0,
+                        LLVMValueRef k1, int64_t cols) {
+    CgLoop lk, lj;
+    LLVMValueRef i = cg_for(c, &lk, LLVMBuildNSWSub(c->b, k1, k0, ""));
+    LLVMValueRef k = cg_add(c, i, k0);
+    LLVMValueRef j = cg_for(c, &lj, cg_i64(c, cols));
+    LLVMValueRef x = load(c, c->t_f32, at(c, src, cg_add(c, cg_mul(c, k, si), cg_mul(c, j, sj))), 4);
+    store(c, x, at(c, dst, cg_add(c, cg_mul(c, k, ld), j)), 4);
+    cg_for_end(c, &lj);
+    cg_for_end(c, &lk);
+}
+
+/* dst[k*ld + j] = 0 for k in [k0, k1), j in [j0, j1). */
+static void zero_cols(Cg *c, LLVMValueRef dst, int64_t ld, LLVMValueRef k0, LLVMValueRef k1, int64_t j0, int64_t j1) {
+    if (j1 <= j0) return;
+    CgLoop lk, lj;
+    LLVMValueRef k = cg_add(c, cg_for(c, &lk, LLVMBuildNSWSub(c->b, k1, k0, "")), k0);
+    LLVMValueRef j = cg_for(c, &lj, cg_i64(c, j1 - j0));
+    store(c, cg_f32(c, 0), at(c, dst, cg_add(c, cg_mul(c, k, ld), cg_add(c, j, cg_i64(c, j0)))), 4);
+    cg_for_end(c, &lj);
+    cg_for_end(c, &lk);
+}
+
+/* A vector of n floats at p whose first `lanes` lanes are read (the rest
+ * zero, and not touched in memory). */
+static LLVMValueRef load_lanes(Cg *c, LLVMValueRef p, int n, int lanes) {
+    LLVMTypeRef vt = vec(c, n);
+    if (lanes >= n) return load(c, vt, p, 4);
+    LLVMTypeRef over[2] = {vt, c->t_ptr};
+    LLVMValueRef args[4] = {p, LLVMConstInt(c->t_i32, 4, 0), lane_mask(c, n, lanes), LLVMConstNull(vt)};
+    return intrinsic(c, "llvm.masked.load", over, 2, args, 4);
+}
+
+/* Rows t < R of an operand whose rows are contiguous in k, transposed into
+ * a panel: dst[k*ld + g0 + t] = src[t*s_row + k] for k in [0, kq*W), W k's
+ * at a time: R vector loads (zeros for rows t >= valid, which do not
+ * exist), log2(R) rounds of shuffles, stores of R floats per k (whole
+ * vectors when R == ld).  R is a power of two <= W. */
+static void copy_transposed(Cg *c, const Blocking *k, LLVMValueRef dst, int64_t ld, int64_t g0, LLVMValueRef src,
+                            int64_t s_row, int R, int valid, LLVMValueRef kq) {
+    int W = k->w;
+    LLVMTypeRef vt = vec(c, W);
+    CgLoop lq;
+    LLVMValueRef q = cg_for(c, &lq, kq);
+    LLVMValueRef k0 = cg_mul(c, q, W);
+    LLVMValueRef v[64];
+    for (int t = 0; t < R; t++)
+        v[t] = t < valid ? load(c, vt, at(c, src, cg_add(c, cg_i64(c, t * s_row), k0)), 4) : LLVMConstNull(vt);
+    transpose_rows(c, v, R, W);
+    int per = W / R; /* k's per output vector */
+    for (int o = 0; o < R; o++) {
+        LLVMValueRef kk = cg_add(c, k0, cg_i64(c, o * per));
+        if (R == ld) {
+            store(c, v[o], at(c, dst, cg_mul(c, kk, ld)), 4);
+            continue;
+        }
+        for (int s = 0; s < per; s++) {
+            LLVMValueRef idx[64];
+            for (int l = 0; l < R; l++) idx[l] = LLVMConstInt(c->t_i32, (unsigned)(s * R + l), 0);
+            LLVMValueRef part = R == W ? v[o]
+                                       : LLVMBuildShuffleVector(c->b, v[o], LLVMGetPoison(vt),
+                                                                LLVMConstVector(idx, (unsigned)R), "");
+            LLVMValueRef p = at(c, dst, cg_add(c, cg_mul(c, cg_add(c, kk, cg_i64(c, s)), ld), cg_i64(c, g0)));
+            store(c, part, p, 4);
+        }
+    }
+    cg_for_end(c, &lq);
+}
+
+/* A panel of B: dst[k*NR + j] = B(k, j) for k < kc, j < cols (NR, or
+ * fewer in the last panel), then zeros up to a whole vector. */
+static void pack_b_panel(Cg *c, const CgGemm *g, const Blocking *k, LLVMValueRef src, LLVMValueRef dst,
+                         LLVMValueRef kc, int64_t cols) {
+    int W = k->w, nvec = (int)ceil_div(cols, W);
+    if (g->b_sj == 1) { /* rows of B are contiguous: vector copies */
+        CgLoop l;
+        LLVMValueRef kk = cg_for(c, &l, kc);
+        for (int v = 0; v < nvec; v++) {
+            LLVMValueRef p = at(c, src, cg_add(c, cg_mul(c, kk, g->b_si), cg_i64(c, v * W)));
+            LLVMValueRef x = load_lanes(c, p, W, (int)(cols - (int64_t)v * W));
+            store(c, x, at(c, dst, cg_add(c, cg_mul(c, kk, k->nr), cg_i64(c, v * W))), (unsigned)W * 4);
+        }
+        cg_for_end(c, &l);
+    } else if (g->b_si == 1) { /* columns contiguous (transB): W x W transposes */
+        LLVMValueRef kq = LLVMBuildUDiv(c->b, kc, cg_i64(c, W), "");
+        for (int v = 0; v < nvec; v++) {
+            int valid = (int)(cols - (int64_t)v * W < W ? cols - (int64_t)v * W : W);
+            copy_transposed(c, k, dst, k->nr, v * W, at(c, src, cg_i64(c, v * W * g->b_sj)), g->b_sj, W, valid, kq);
+        }
+        LLVMValueRef k0 = cg_mul(c, kq, W);
+        copy_scalar(c, dst, k->nr, src, 1, g->b_sj, k0, kc, cols);
+        zero_cols(c, dst, k->nr, k0, kc, cols, (int64_t)nvec * W);
+    } else {
+        copy_scalar(c, dst, k->nr, src, g->b_si, g->b_sj, cg_i64(c, 0), kc, cols);
+        zero_cols(c, dst, k->nr, cg_i64(c, 0), kc, cols, (int64_t)nvec * W);
+    }
+}
+
+/* A panel of A: dst[k*MR + i] = A(i, k) for k < kc, i < rows (MR, or fewer
+ * in the last panel; the micro-kernel of that panel reads no more). */
+static void pack_a_panel(Cg *c, const CgGemm *g, const Blocking *k, LLVMValueRef src, LLVMValueRef dst,
+                         LLVMValueRef kc, int64_t rows) {
+    int W = k->w, R = 1;
+    while (R * 2 <= W && k->mr % (R * 2) == 0) R *= 2;
+    if (g->a_si == 1) { /* columns of A contiguous (transA): vector copies */
+        CgLoop l;
+        LLVMValueRef kk = cg_for(c, &l, kc);
+        LLVMValueRef x = load_lanes(c, at(c, src, cg_mul(c, kk, g->a_sj)), k->mr, (int)rows);
+        store(c, x, at(c, dst, cg_mul(c, kk, k->mr)), 4);
+        cg_for_end(c, &l);
+    } else if (g->a_sj == 1 && R >= 4) { /* rows contiguous: R-row transposes */
+        LLVMValueRef kq = LLVMBuildUDiv(c->b, kc, cg_i64(c, W), "");
+        for (int g0 = 0; g0 < rows; g0 += R) {
+            int valid = (int)(rows - g0 < R ? rows - g0 : R);
+            copy_transposed(c, k, dst, k->mr, g0, at(c, src, cg_i64(c, g0 * g->a_si)), g->a_si, R, valid, kq);
+        }
+        copy_scalar(c, dst, k->mr, src, 1, g->a_si, cg_mul(c, kq, W), kc, rows);
+    } else {
+        copy_scalar(c, dst, k->mr, src, g->a_sj, g->a_si, cg_i64(c, 0), kc, rows);
+    }
+}
+
+/* ---- the micro-kernel ---- */
+
+/* llvm.fmuladd rather than llvm.fma: LLVM makes it one FMA instruction
+ * wherever the target has one (vfmadd231ps here), and a multiply and an
+ * add where it has none, where llvm.fma would become a call to fmaf for
+ * every lane (a program built with --target-cpu for an older CPU).  The
+ * choice is made once, when the program is compiled. */
+#define FMA "llvm.fmuladd"
+
+/* One k step of a rows x nv micro-kernel on the accumulators acc: nv
+ * vectors of the B panel, each of `rows` floats of the A panel broadcast
+ * and multiplied into them. */
+static void k_step(Cg *c, const Blocking *k, LLVMValueRef ap, LLVMValueRef bp, LLVMValueRef kk, int rows, int nv,
+                   LLVMValueRef *acc) {
+    int W = k->w;
+    LLVMTypeRef vt = vec(c, W);
+    LLVMValueRef bv[8];
+    for (int v = 0; v < nv; v++)
+        bv[v] = load(c, vt, at(c, bp, cg_add(c, cg_mul(c, kk, k->nr), cg_i64(c, v * W))), (unsigned)W * 4);
+    for (int r = 0; r < rows; r++) {
+        LLVMValueRef a = load(c, c->t_f32, at(c, ap, cg_add(c, cg_mul(c, kk, k->mr), cg_i64(c, r))), 4);
+        a = splat(c, a, W);
+        for (int v = 0; v < nv; v++) {
+            LLVMValueRef args[3] = {a, bv[v], acc[r * nv + v]};
+            acc[r * nv + v] = intrinsic(c, FMA, &vt, 1, args, 3);
+        }
+    }
+}
+
+/* uk(ap, bp, cp, kc): the rows x (nv*W) tile at cp (rows ldy apart) +=
+ * alpha * sum over k < kc of ap[k*MR + i] * bp[k*NR + j]; the last vector
+ * stores only `lanes` lanes.  The loop runs u k's per iteration with the
+ * accumulators in registers (phis), then the k's left over one at a time. */
+static LLVMValueRef micro_kernel(Cg *c, const CgGemm *g, const Blocking *k, int rows, int nv, int lanes) {
+    uint32_t abits;
+    memcpy(&abits, &g->alpha, 4);
+    char name[160];
+    snprintf(name, sizeof name, "cleave.gemm.uk.%dx%dx%d.l%d.mr%d.nr%d.ld%lld.a%08x", rows, nv, k->w, lanes, k->mr,
+             k->nr, (long long)g->ldy, abits);
+    LLVMValueRef fn = LLVMGetNamedFunction(c->mod, name);
+    if (fn) return fn;
+    fn = begin_fn(c, name, 3, 1, k, true);
+    unsigned noalias = LLVMGetEnumAttributeKindForName("noalias", 7);
+    for (unsigned i = 1; i <= 2; i++) LLVMAddAttributeAtIndex(fn, i, LLVMCreateEnumAttribute(c->ctx, noalias, 0));
+    LLVMValueRef ap = LLVMGetParam(fn, 0), bp = LLVMGetParam(fn, 1), cp = LLVMGetParam(fn, 2), kc = LLVMGetParam(fn, 3);
+    int W = k->w, n_acc = rows * nv;
+    LLVMTypeRef vt = vec(c, W);
+
+    /* Ask for y's tile now, so that its lines are in cache when the loop
+     * ends (the tile is written once per KC block, often after a long time
+     * away). */
+    for (int r = 0; r < rows; r++)
+        for (int64_t off = 0; off < (int64_t)nv * W + 16; off += 16) {
+            int64_t e = off < (int64_t)nv * W ? off : (int64_t)nv * W - 1;
+            LLVMTypeRef pt = c->t_ptr;
+            LLVMValueRef args[4] = {at(c, cp, cg_i64(c, r * g->ldy + e)), LLVMConstInt(c->t_i32, 1, 0),
+                                    LLVMConstInt(c->t_i32, 3, 0), LLVMConstInt(c->t_i32, 1, 0)};
+            intrinsic(c, "llvm.prefetch", &pt, 1, args, 4);
+            if (e != off) break;
+        }
+
+    LLVMBasicBlockRef entry = LLVMGetInsertBlock(c->b);
+    LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(c->ctx, fn, "k4");
+    LLVMBasicBlockRef mid = LLVMAppendBasicBlockInContext(c->ctx, fn, "rest");
+    LLVMBasicBlockRef body1 = LLVMAppendBasicBlockInContext(c->ctx, fn, "k1");
+    LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(c->ctx, fn, "tile");
+    LLVMValueRef zero = LLVMConstNull(vt);
+    LLVMValueRef kmain = LLVMBuildAnd(c->b, kc, cg_i64(c, -(int64_t)k->u), "");
+    LLVMBuildCondBr(c->b, LLVMBuildICmp(c->b, LLVMIntSGT, kmain, cg_i64(c, 0), ""), body, mid);
+
+    LLVMValueRef acc[64], phi[64], phi_mid[64], phi1[64];
+
+    /* main loop: u k's per iteration */
+    LLVMPositionBuilderAtEnd(c->b, body);
+    LLVMValueRef kv = LLVMBuildPhi(c->b, c->t_i64, "k");
+    for (int i = 0; i < n_acc; i++) acc[i] = phi[i] = LLVMBuildPhi(c->b, vt, "");
+    for (int s = 0; s < k->u; s++) k_step(c, k, ap, bp, cg_add(c, kv, cg_i64(c, s)), rows, nv, acc);
+    LLVMValueRef knext = LLVMBuildNUWAdd(c->b, kv, cg_i64(c, k->u), "");
+    LLVMBasicBlockRef body_end = LLVMGetInsertBlock(c->b);
+    LLVMBuildCondBr(c->b, LLVMBuildICmp(c->b, LLVMIntSLT, knext, kmain, ""), body, mid);
+    LLVMValueRef z64 = cg_i64(c, 0);
+    LLVMAddIncoming(kv, &z64, &entry, 1);
+    LLVMAddIncoming(kv, &knext, &body_end, 1);
+    for (int i = 0; i < n_acc; i++) {
+        LLVMAddIncoming(phi[i], &zero, &entry, 1);
+        LLVMAddIncoming(phi[i], &acc[i], &body_end, 1);
+    }
+
+    /* the k's left over */
+    LLVMPositionBuilderAtEnd(c->b, mid);
+    LLVMValueRef kr = LLVMBuildPhi(c->b, c->t_i64, "kr");
+    LLVMAddIncoming(kr, &z64, &entry, 1);
+    LLVMAddIncoming(kr, &knext, &body_end, 1);
+    for (int i = 0; i < n_acc; i++) {
+        phi_mid[i] = LLVMBuildPhi(c->b, vt, "");
+        LLVMAddIncoming(phi_mid[i], &zero, &entry, 1);
+        LLVMAddIncoming(phi_mid[i], &acc[i], &body_end, 1);
+    }
+    LLVMBuildCondBr(c->b, LLVMBuildICmp(c->b, LLVMIntSLT, kr, kc, ""), body1, done);
+    LLVMPositionBuilderAtEnd(c->b, body1);
+    LLVMValueRef k1 = LLVMBuildPhi(c->b, c->t_i64, "k1");
+    for (int i = 0; i < n_acc; i++) acc[i] = phi1[i] = LLVMBuildPhi(c->b, vt, "");
+    k_step(c, k, ap, bp, k1, rows, nv, acc);
+    LLVMValueRef k1next = LLVMBuildNUWAdd(c->b, k1, cg_i64(c, 1), "");
+    LLVMBasicBlockRef body1_end = LLVMGetInsertBlock(c->b);
+    LLVMBuildCondBr(c->b, LLVMBuildICmp(c->b, LLVMIntSLT, k1next, kc, ""), body1, done);
+    LLVMAddIncoming(k1, &kr, &mid, 1);
+    LLVMAddIncoming(k1, &k1next, &body1_end, 1);
+    for (int i = 0; i < n_acc; i++) {
+        LLVMAddIncoming(phi1[i], &phi_mid[i], &mid, 1);
+        LLVMAddIncoming(phi1[i], &acc[i], &body1_end, 1);
+    }
+
+    /* y's tile += alpha * acc */
+    LLVMPositionBuilderAtEnd(c->b, done);
+    for (int i = 0; i < n_acc; i++) {
+        LLVMValueRef s = LLVMBuildPhi(c->b, vt, "");
+        LLVMAddIncoming(s, &phi_mid[i], &mid, 1);
+        LLVMAddIncoming(s, &acc[i], &body1_end, 1);
+        acc[i] = s;
+    }
+    LLVMValueRef alpha = g->alpha != 1.0f ? splat(c, cg_f32(c, g->alpha), W) : NULL;
+    LLVMValueRef mask = lanes < W ? lane_mask(c, W, lanes) : NULL;
+    LLVMTypeRef over[2] = {vt, c->t_ptr};
+    for (int r = 0; r < rows; r++)
+        for (int v = 0; v < nv; v++) {
+            LLVMValueRef p = at(c, cp, cg_i64(c, r * g->ldy + v * W));
+            bool part = mask && v == nv - 1;
+            LLVMValueRef y;
+            if (part) {
+                LLVMValueRef args[4] = {p, LLVMConstInt(c->t_i32, 4, 0), mask, zero};
+                y = intrinsic(c, "llvm.masked.load", over, 2, args, 4);
+            } else {
+                y = load(c, vt, p, 4);
+            }
+            LLVMValueRef s = acc[r * nv + v];
+            if (alpha) {
+                LLVMValueRef args[3] = {alpha, s, y};
+                y = intrinsic(c, FMA, &vt, 1, args, 3);
+            } else {
+                y = LLVMBuildFAdd(c->b, y, s, "");
+            }
+            if (part) {
+                LLVMValueRef args[4] = {y, p, LLVMConstInt(c->t_i32, 4, 0), mask};
+                intrinsic(c, "llvm.masked.store", over, 2, args, 4);
+            } else {
+                store(c, y, p, 4);
+            }
+        }
+    LLVMBuildRetVoid(c->b);
+    return fn;
+}
+
+/* ---- the product ---- */
+
+static void call(Cg *c, LLVMValueRef fn, LLVMValueRef *args, unsigned n) {
+    LLVMTypeRef ps[4] = {c->t_ptr, c->t_ptr, c->t_ptr, c->t_i64};
+    LLVMBuildCall2(c->b, LLVMFunctionType(c->t_void, ps, n, 0), fn, args, n, "");
+}
+
+/* Micro-kernels along one row of tiles: full B panels, then the narrow
+ * last one when this N block has it. */
+static void row_of_tiles(Cg *c, const Blocking *k, LLVMValueRef uk_full, LLVMValueRef uk_edge, LLVMValueRef ap,
+                         LLVMValueRef bp, LLVMValueRef crow, LLVMValueRef kc, LLVMValueRef nc) {
+    LLVMValueRef np = LLVMBuildUDiv(c->b, nc, cg_i64(c, k->nr), "");
+    LLVMValueRef panel = cg_mul(c, kc, k->nr);
+    CgLoop l;
+    LLVMValueRef jp = cg_for(c, &l, np);
+    LLVMValueRef args[4] = {ap, at(c, bp, mul(c, jp, panel)), at(c, crow, cg_mul(c, jp, k->nr)), kc};
+    call(c, uk_full, args, 4);
+    cg_for_end(c, &l);
+    if (!uk_edge) return;
+    LLVMValueRef fn = LLVMGetBasicBlockParent(LLVMGetInsertBlock(c->b));
+    LLVMBasicBlockRef yes = LLVMAppendBasicBlockInContext(c->ctx, fn, "edge");
+    LLVMBasicBlockRef after = LLVMAppendBasicBlockInContext(c->ctx, fn, "after");
+    LLVMValueRef rem = LLVMBuildURem(c->b, nc, cg_i64(c, k->nr), "");
+    LLVMBuildCondBr(c->b, LLVMBuildICmp(c->b, LLVMIntNE, rem, cg_i64(c, 0), ""), yes, after);
+    LLVMPositionBuilderAtEnd(c->b, yes);
+    LLVMValueRef eargs[4] = {ap, at(c, bp, mul(c, np, panel)), at(c, crow, cg_mul(c, np, k->nr)), kc};
+    call(c, uk_edge, eargs, 4);
+    LLVMBuildBr(c->b, after);
+    LLVMPositionBuilderAtEnd(c->b, after);
+}
+
+static LLVMValueRef gemm_fn(Cg *c, const CgGemm *g, const Blocking *k) {
+    uint32_t abits;
+    memcpy(&abits, &g->alpha, 4);
+    char name[256];
+    snprintf(name, sizeof name, "cleave.gemm.%lldx%lldx%lld.a%lld_%lld.b%lld_%lld.y%lld.al%08x.%dx%dx%d.kc%lld.nc%lld",
+             (long long)g->M, (long long)g->N, (long long)g->K, (long long)g->a_si, (long long)g->a_sj,
+             (long long)g->b_si, (long long)g->b_sj, (long long)g->ldy, abits, k->mr, k->nv, k->w, (long long)k->kc,
+             (long long)k->nc);
+    LLVMValueRef fn = LLVMGetNamedFunction(c->mod, name);
+    if (fn) return fn;
+
+    const int64_t M = g->M, N = g->N, K = g->K;
+    const int64_t em = M % k->mr, en = N % k->nr; /* rows of the last A panel, columns of the last B panel */
+    const int nv_e = (int)ceil_div(en, k->w), lanes_e = (int)(en - (int64_t)(nv_e - 1) * k->w);
+    /* micro-kernels first: each is a function of its own */
+    LLVMValueRef uk = micro_kernel(c, g, k, k->mr, k->nv, k->w);
+    LLVMValueRef uk_n = en ? micro_kernel(c, g, k, k->mr, nv_e, lanes_e) : NULL;
+    LLVMValueRef uk_m = em ? micro_kernel(c, g, k, (int)em, k->nv, k->w) : NULL;
+    LLVMValueRef uk_mn = em && en ? micro_kernel(c, g, k, (int)em, nv_e, lanes_e) : NULL;
+    int64_t a_area = round_up((int64_t)k->mr * k->kc, 16);
+    LLVMValueRef area = pack_area(c, a_area + k->kc * k->nc);
+
+    fn = begin_fn(c, name, 3, 0, k, true);
+    LLVMValueRef A = LLVMGetParam(fn, 0), B = LLVMGetParam(fn, 1), Y = LLVMGetParam(fn, 2);
+    LLVMValueRef ap = at(c, area, cg_i64(c, 0)), bp = at(c, area, cg_i64(c, a_area));
+
+    CgLoop ljb, lkb, lip;
+    LLVMValueRef jb = cg_for(c, &ljb, cg_i64(c, k->nnb));
+    LLVMValueRef jc = cg_mul(c, jb, k->nc);
+    LLVMValueRef nc = min_i64(c, LLVMBuildNSWSub(c->b, cg_i64(c, N), jc, ""), k->nc);
+    LLVMValueRef kb = cg_for(c, &lkb, cg_i64(c, k->nkb));
+    LLVMValueRef pc = cg_mul(c, kb, k->kc);
+    LLVMValueRef kc = min_i64(c, LLVMBuildNSWSub(c->b, cg_i64(c, K), pc, ""), k->kc);
+
+    /* B[pc.., jc..] into panels of NR columns */
+    LLVMValueRef bsrc = at(c, B, cg_add(c, cg_mul(c, pc, g->b_si), cg_mul(c, jc, g->b_sj)));
+    LLVMValueRef panel = cg_mul(c, kc, k->nr);
+    {
+        LLVMValueRef np = LLVMBuildUDiv(c->b, nc, cg_i64(c, k->nr), "");
+        CgLoop lp;
+        LLVMValueRef p = cg_for(c, &lp, np);
+        pack_b_panel(c, g, k, at(c, bsrc, cg_mul(c, p, k->nr * g->b_sj)), at(c, bp, mul(c, p, panel)), kc, k->nr);
+        cg_for_end(c, &lp);
+        if (en) { /* the last panel: en columns */
+            LLVMValueRef f = LLVMGetBasicBlockParent(LLVMGetInsertBlock(c->b));
+            LLVMBasicBlockRef yes = LLVMAppendBasicBlockInContext(c->ctx, f, "bedge");
+            LLVMBasicBlockRef after = LLVMAppendBasicBlockInContext(c->ctx, f, "bdone");
+            LLVMValueRef rem = LLVMBuildURem(c->b, nc, cg_i64(c, k->nr), "");
+            LLVMBuildCondBr(c->b, LLVMBuildICmp(c->b, LLVMIntNE, rem, cg_i64(c, 0), ""), yes, after);
+            LLVMPositionBuilderAtEnd(c->b, yes);
+            pack_b_panel(c, g, k, at(c, bsrc, cg_mul(c, np, k->nr * g->b_sj)), at(c, bp, mul(c, np, panel)), kc, en);
+            LLVMBuildBr(c->b, after);
+            LLVMPositionBuilderAtEnd(c->b, after);
+        }
+    }
+
+    /* panels of MR rows of A, each against every B panel */
+    LLVMValueRef asrc = at(c, A, cg_mul(c, pc, g->a_sj));
+    LLVMValueRef ycol = at(c, Y, jc);
+    if (M / k->mr > 0) {
+        LLVMValueRef ip = cg_for(c, &lip, cg_i64(c, M / k->mr));
+        LLVMValueRef row = cg_mul(c, ip, k->mr);
+        pack_a_panel(c, g, k, at(c, asrc, cg_mul(c, row, g->a_si)), ap, kc, k->mr);
+        row_of_tiles(c, k, uk, uk_n, ap, bp, at(c, ycol, cg_mul(c, row, g->ldy)), kc, nc);
+        cg_for_end(c, &lip);
+    }
+    if (em) {
+        int64_t row = M - em;
+        pack_a_panel(c, g, k, at(c, asrc, cg_i64(c, row * g->a_si)), ap, kc, em);
+        row_of_tiles(c, k, uk_m, uk_mn, ap, bp, at(c, ycol, cg_i64(c, row * g->ldy)), kc, nc);
+    }
+    cg_for_end(c, &lkb);
+    cg_for_end(c, &ljb);
+    LLVMBuildRetVoid(c->b);
+    return fn;
+}
+
+void cg_gemm(Cg *c, const CgGemm *g, LLVMValueRef a, LLVMValueRef b, LLVMValueRef y) {
+    LLVMBasicBlockRef saved = LLVMGetInsertBlock(c->b);
+    Blocking k = blocking(g->N, g->K);
+    LLVMValueRef fn = gemm_fn(c, g, &k);
+    LLVMPositionBuilderAtEnd(c->b, saved);
+    LLVMValueRef args[3] = {a, b, y};
+    call(c, fn, args, 3);
+}

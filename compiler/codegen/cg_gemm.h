@@ -1,0 +1,64 @@
+/* cg_gemm.h - packed, cache-blocked float32 matrix products.
+ *
+ * For a product whose shapes, strides and alpha are known at compile time,
+ * cg_gemm emits (once per distinct product in a module) a function that
+ * computes
+ *
+ *     y[i*ldy + j] += alpha * sum_k a[i*a_si + k*a_sj] * b[k*b_si + j*b_sj]
+ *
+ * for 0 <= i < M, 0 <= j < N, 0 <= k < K, and calls it.  The function
+ * copies blocks of a and b into a scratch area in the layout its
+ * register-blocked micro-kernel reads (transposed operands are transposed
+ * while they are copied), then runs the micro-kernel over the blocks.  The
+ * scratch area is one zero-initialised module global, sized at compile
+ * time for the largest product of the module: nothing is allocated when
+ * the program runs.  The summation order is fixed by the shapes alone, so
+ * every run gives the same bits.  docs/perf.md explains the blocking.
+ *
+ * The caller decides with cg_gemm_applies whether a product takes this
+ * path; integer and 16-bit float products, and products too small for the
+ * copies to pay, keep gemm_block's loops (ops/ops_linalg.c). */
+#ifndef CLEAVE_CG_GEMM_H
+#define CLEAVE_CG_GEMM_H
+
+#include "cg.h"
+
+typedef struct CgGemm {
+    int64_t M, N, K;
+    int64_t a_si, a_sj; /* element (i, k) of op(A) at a + i*a_si + k*a_sj */
+    int64_t b_si, b_sj; /* element (k, j) of op(B) at b + k*b_si + j*b_sj */
+    int64_t ldy;        /* element (i, j) of y at y + i*ldy + j */
+    float alpha;
+} CgGemm;
+
+/* Whether a product of these float buffers with these sizes takes the
+ * packed path: all three float32, M, N, K >= 1, and M*N*K at least
+ * CG_GEMM_MIN_VOLUME (unless cg_gemm_configure forces a choice). */
+bool cg_gemm_applies(const Value *a, const Value *b, const Value *y, int64_t M, int64_t N, int64_t K);
+
+/* Emits the call at the builder's position (inside a kernel); a, b and y
+ * are pointers to the first element of each matrix. */
+void cg_gemm(Cg *c, const CgGemm *g, LLVMValueRef a, LLVMValueRef b, LLVMValueRef y);
+
+/* Below this many multiply-adds the packing does not pay for itself (see
+ * docs/perf.md for the measurement). */
+#define CG_GEMM_MIN_VOLUME (16 * 16 * 32)
+
+/* ---- settings for tests and measurements ---- */
+
+typedef struct CgGemmConfig {
+    int force;       /* 0: by volume; 1: every float32 product; -1: none */
+    int w;           /* floats per vector, 4, 8 or 16 (0: the target's) */
+    int mr, nv;      /* micro-tile rows and vectors (0: from the width) */
+    int64_t kc, nc;  /* largest K and N blocks (0: from the caches) */
+} CgGemmConfig;
+
+/* Replaces the settings (NULL restores the defaults).  Not thread-safe:
+ * call it before building modules. */
+void cg_gemm_configure(const CgGemmConfig *cfg);
+
+/* What the generator would use for a product of this size, as one line
+ * ("W=16 MR=8 NR=48 KC=272 NC=960 L1=49152 L2=2097152"). */
+void cg_gemm_describe(int64_t M, int64_t N, int64_t K, char *out, size_t len);
+
+#endif
