@@ -262,7 +262,8 @@ bool cluster_load(const char *path, Cluster *c, Diag *d) {
 
 void cluster_defaults(Cluster *c, int ranks) {
     assert(ranks >= 1 && ranks <= CLUSTER_MAX_RANKS);
-    static const double curve[][2] = {{1e3, 2}, {1e5, 6}, {1e7, 15}, {1e9, 20}};
+    static const double curve[][2] = {{1e3, 2}, {1e5, 10}, {1e7, 30}, {1e9, 40}};
+    static const double conv[][2] = {{1e3, 2}, {1e5, 6}, {1e7, 15}, {1e9, 20}};
     memset(c, 0, sizeof *c);
     snprintf(c->source, sizeof c->source, "defaults");
     snprintf(c->origin, sizeof c->origin, "defaults");
@@ -273,6 +274,11 @@ void cluster_defaults(Cluster *c, int ranks) {
     for (int i = 0; i < c->n_gemm; i++) {
         c->gemm_flops[i] = curve[i][0];
         c->gemm_gflops[i] = curve[i][1];
+    }
+    c->n_conv = (int)(sizeof conv / sizeof conv[0]);
+    for (int i = 0; i < c->n_conv; i++) {
+        c->conv_flops[i] = conv[i][0];
+        c->conv_gflops[i] = conv[i][1];
     }
     c->elementwise_gbps = 5.0;
     c->kernel_overhead_s = 3e-7;

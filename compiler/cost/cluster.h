@@ -104,9 +104,11 @@ bool cluster_parse(const char *text, size_t len, const char *path, Cluster *c, D
  * machine running cleave's generated code, so that a plan chosen on them
  * does not count on speed it may not get:
  *   - GEMM: 2 GFLOP/s for a product of about 1e3 FLOPs (8x8x8: loop
- *     set-up and edges dominate), 6 at 1e5, 15 at 1e7, 20 from 1e9 up
- *     (LLVM-vectorised loops without BLAS-grade blocking reach a fraction
- *     of a core's peak);
+ *     set-up and edges dominate), 10 at 1e5, 30 at 1e7, 40 from 1e9 up
+ *     (the packed kernels reach over half of a core's peak on AVX-512;
+ *     an AVX2 core has half the width, and the figures leave room);
+ *   - convolutions (direct loops, not the GEMM kernels): 2 GFLOP/s at
+ *     1e3 FLOPs, 6 at 1e5, 15 at 1e7, 20 from 1e9 up;
  *   - memory-bound kernels: 5 GB/s, what one core streams from DRAM once
  *     tensors outgrow the caches;
  *   - kernel overhead: 0.3 us per call (call, loop set-up, a cache miss

@@ -204,10 +204,14 @@ START_TEST(stated_defaults) {
     /* The numbers cluster.h states. */
     ck_assert(cluster_gemm_gflops(&c, 10) == 2.0);
     ck_assert(cluster_gemm_gflops(&c, 1e3) == 2.0);
-    ck_assert(cluster_gemm_gflops(&c, 1e5) == 6.0);
-    ck_assert(cluster_gemm_gflops(&c, 1e7) == 15.0);
-    ck_assert(cluster_gemm_gflops(&c, 1e9) == 20.0);
-    ck_assert(cluster_gemm_gflops(&c, 1e13) == 20.0);
+    ck_assert(cluster_gemm_gflops(&c, 1e5) == 10.0);
+    ck_assert(cluster_gemm_gflops(&c, 1e7) == 30.0);
+    ck_assert(cluster_gemm_gflops(&c, 1e9) == 40.0);
+    ck_assert(cluster_gemm_gflops(&c, 1e13) == 40.0);
+    ck_assert(cluster_conv_gflops(&c, 1e3) == 2.0);
+    ck_assert(cluster_conv_gflops(&c, 1e7) == 15.0);
+    ck_assert(cluster_conv_gflops(&c, 1e13) == 20.0);
+    ck_assert(c.step_overhead_s == 1e-5);
     ck_assert(c.elementwise_gbps == 5.0);
     ck_assert(c.kernel_overhead_s == 3e-7);
     ck_assert(c.intra_node.latency_s == 1e-6 && c.intra_node.bandwidth_gbps == 5.0);
