@@ -505,5 +505,8 @@ double cluster_allreduce_seconds(const Cluster *c, const int *ranks, int n, doub
         double t = cluster_p2p_seconds(c, ranks[i], ranks[(i + 1) % n], chunk);
         if (t > step) step = t;
     }
-    return 2.0 * (n - 1) * step;
+    /* the reduce-scatter half adds each received chunk into the rank's own:
+     * n - 1 adds of bytes / n, reading two and writing one */
+    double adds = (n - 1) * 3.0 * chunk / (c->elementwise_gbps * 1e9);
+    return 2.0 * (n - 1) * step + adds;
 }

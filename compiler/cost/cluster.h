@@ -16,7 +16,8 @@
  *     of the intra-node link when a and b share a node, else of the
  *     inter-node link (alpha + B / beta);
  *   - a ring allreduce of B bytes over n ranks: 2 (n - 1) steps, each a
- *     message of B / n bytes over the slowest link of the ring.
+ *     message of B / n bytes over the slowest link of the ring, and n - 1
+ *     additions of B / n bytes.
  * The fixed cost of a kernel call (kernel_overhead_s) is not part of these
  * helpers: the model adds it once per kernel it counts, whatever the
  * kernel's kind.
@@ -177,7 +178,9 @@ double cluster_p2p_seconds(const Cluster *c, int a, int b, double bytes);
  * ring order: a reduce-scatter and an allgather of n - 1 steps each, in
  * every step each rank sends bytes / n to the next (ranks[i] to
  * ranks[(i + 1) % n]), and a step lasts as long as its slowest link:
- * 2 (n - 1) * max_i p2p(ranks[i], ranks[i + 1], bytes / n).  0 for n <= 1.
+ * 2 (n - 1) * max_i p2p(ranks[i], ranks[i + 1], bytes / n); plus the
+ * reduce-scatter's n - 1 additions of bytes / n at the memory rate
+ * (3 bytes / n moved each, speed 1).  0 for n <= 1.
  * Rings that keep each node's ranks together cross nodes as few times as
  * possible, but with more than one node some step is still inter-node,
  * and that bounds every step. */

@@ -23,6 +23,8 @@ void profile_bind(KernelProfile *p, const Graph *g);
 /* Seconds per call of n's kernel, measured on first use; < 0 when n has
  * no kernel or could not be built alone (the caller prices it then). */
 double profile_node_seconds(KernelProfile *p, const Node *n);
+/* Seconds of adding a micro-batch's gradient v into its accumulator. */
+double profile_accumulate_seconds(KernelProfile *p, const Value *v);
 /* Kernels measured and kernels that could not be, so far. */
 void profile_counts(const KernelProfile *p, int *measured, int *failed);
 

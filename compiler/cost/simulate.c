@@ -183,7 +183,9 @@ static int advance(Sim *S, int r, const PlanStep *s, int *all) {
         break;
     }
     case STEP_ACCUMULATE: {
-        double dt = cluster_mem_seconds(S->c, r, 3.0 * (double)plan_value_bytes(s->value)) /
+        double measured = S->c->profile ? profile_accumulate_seconds(S->c->profile, s->value) : -1;
+        double dt = (measured >= 0 ? measured / cluster_rank_speed(S->c, r)
+                                   : cluster_mem_seconds(S->c, r, 3.0 * (double)plan_value_bytes(s->value))) /
                     cluster_core_share(S->c, r, S->n);
         event(S, r, S->t[r], S->t[r] + dt, compute_kind(s), s);
         S->t[r] += dt;

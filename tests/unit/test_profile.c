@@ -76,6 +76,12 @@ START_TEST(timed_once_and_charged_as_timed) {
     profile_counts(kp, &measured, &failed);
     ck_assert(a > 0 && a == b);
     ck_assert_int_eq(measured, 1);
+    /* accumulating a gradient shaped like the Gemm's weight: timed once too */
+    double acc = profile_accumulate_seconds(kp, gemm->in[1]);
+    ck_assert(acc > 0 && acc == profile_accumulate_seconds(kp, gemm->in[1]));
+    profile_counts(kp, &measured, &failed);
+    ck_assert_int_eq(measured, 2);
+    ck_assert_int_eq(failed, 0);
     /* the simulator charges the timed seconds, over the rank's speed */
     Cluster c;
     cluster_defaults(&c, 2);
