@@ -153,8 +153,14 @@ def plan_json(cleave, onnx_path, batch, n, cluster):
     del cmd[cmd.index("-o"):cmd.index("-o") + 2]
     cmd += ["--ranks", str(n), "--format", "json"]
     if cluster:
-        # "profile": this machine's times of the model's own kernels
-        cmd += ["--profile"] if cluster == "profile" else ["--cluster", cluster]
+        # "profile": this machine's times of the model's own kernels;
+        # "profile:FILE": those, with FILE's links, cores and memory
+        if cluster == "profile":
+            cmd += ["--profile"]
+        elif cluster.startswith("profile:"):
+            cmd += ["--profile", "--cluster", cluster[len("profile:"):]]
+        else:
+            cmd += ["--cluster", cluster]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=bt.TIMEOUT)
         if p.returncode != 0:
             if "the cluster" in p.stderr and "ranks" in p.stderr:   # too few ranks
@@ -434,7 +440,10 @@ def main():
     args.ranks = [int(n) for n in args.ranks.split(",") if n]
     if args.cluster is None:
         args.cluster = list(DEFAULT_CLUSTERS)
-    args.cluster = [c if c == "profile" else os.path.abspath(c) for c in args.cluster if c != "none"]
+    args.cluster = [c if c == "profile" else "profile:" + os.path.abspath(c[8:]) if c.startswith("profile:")
+                    else os.path.abspath(c) for c in args.cluster if c != "none"]
+    # "stated defaults" means them, not a calibration cached on this machine
+    os.environ["CLEAVE_CLUSTER_CACHE"] = os.path.join(tempfile.gettempdir(), "cleave-bench-no-calibration.json")
     for mname in args.models:
         if mname not in MODELS:
             sys.exit("unknown model %s (known: %s)" % (mname, ", ".join(MODELS)))

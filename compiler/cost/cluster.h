@@ -162,11 +162,11 @@ double cluster_gemm_seconds(const Cluster *c, int rank, double flops);
 /* Seconds of a memory-bound kernel moving `bytes` bytes (read and written)
  * on `rank` (0 for bytes <= 0). */
 double cluster_mem_seconds(const Cluster *c, int rank, double bytes);
-/* The part of a core rank `rank` gets when ranks 0 .. used - 1 run: 1
- * while its node has a core for each of them, else cores / ranks on the
- * node (they time-share: Open MPI's waiting ranks poll, so a rank waiting
- * for a message still takes its turn on a core).  Compute times are
- * divided by it, and so are message times within a node (copies). */
+/* The part of a core rank `rank` gets when ranks 0 .. used - 1 all
+ * compute at once: 1 while its node has a core for each of them, else
+ * cores / ranks on the node.  The simulator (simulate.c) uses it to tell
+ * whether a node is oversubscribed, then shares cores among the ranks
+ * that compute at the same time. */
 double cluster_core_share(const Cluster *c, int rank, int used);
 bool cluster_same_node(const Cluster *c, int a, int b);
 /* The link a message from a to b takes. */

@@ -31,6 +31,7 @@ typedef struct Sim {
     Box *box;
     double **bucket_done; /* per rank, per bucket: when its sum is complete */
     SimRank *out;
+    double *share; /* each rank's part of a core while it computes */
     SimEvent *ev;
     int n_ev, cap_ev;
     bool ev_failed;
@@ -108,7 +109,7 @@ static Msg *find(Box *b, int src, int tag) {
  * smaller of their shares. */
 static double copy_share(const Sim *S, int a, int b) {
     if (!cluster_same_node(S->c, a, b)) return 1.0;
-    double x = cluster_core_share(S->c, a, S->n), y = cluster_core_share(S->c, b, S->n);
+    double x = S->share[a], y = S->share[b];
     return x < y ? x : y;
 }
 
@@ -176,7 +177,7 @@ static int advance(Sim *S, int r, const PlanStep *s, int *all) {
     double before = S->t[r];
     switch (s->kind) {
     case STEP_COMPUTE: {
-        double dt = sim_node_seconds(S->c, r, s->node) / cluster_core_share(S->c, r, S->n);
+        double dt = sim_node_seconds(S->c, r, s->node) / S->share[r];
         event(S, r, S->t[r], S->t[r] + dt, compute_kind(s), s);
         S->t[r] += dt;
         S->out[r].busy_s += dt;
@@ -186,7 +187,7 @@ static int advance(Sim *S, int r, const PlanStep *s, int *all) {
         double measured = S->c->profile ? profile_accumulate_seconds(S->c->profile, s->value) : -1;
         double dt = (measured >= 0 ? measured / cluster_rank_speed(S->c, r)
                                    : cluster_mem_seconds(S->c, r, 3.0 * (double)plan_value_bytes(s->value))) /
-                    cluster_core_share(S->c, r, S->n);
+                    S->share[r];
         event(S, r, S->t[r], S->t[r] + dt, compute_kind(s), s);
         S->t[r] += dt;
         S->out[r].busy_s += dt;
@@ -223,6 +224,101 @@ static int advance(Sim *S, int r, const PlanStep *s, int *all) {
     return 1;
 }
 
+/* Every rank's steps from the start, on S's current shares. */
+static bool walk(Sim *S, int *all) {
+    int n = S->n;
+    for (int r = 0; r < n; r++) {
+        S->pc[r] = 0;
+        S->box[r].n = 0;
+        memset(S->bucket_done[r], 0, sizeof **S->bucket_done * ((size_t)S->p->ranks[r].n_buckets + 1));
+        S->out[r] = (SimRank){0};
+    }
+    S->n_ev = 0;
+    S->ev_failed = false;
+    /* The runtime's own work opens every rank's step (filling the batch):
+     * busy, as once-per-step work ('U'). */
+    for (int r = 0; r < n; r++) {
+        double dt = S->c->step_overhead_s / S->share[r];
+        event(S, r, 0, dt, 'U', NULL);
+        S->t[r] = S->out[r].busy_s = dt;
+    }
+    bool ok = true;
+    for (bool moved = true; ok && moved;) {
+        moved = false;
+        for (int r = 0; r < n && ok; r++) {
+            const PlanStep *s;
+            int res = 1;
+            while ((s = at(S, r)) != NULL && (res = advance(S, r, s, all)) > 0) moved = true;
+            if (s && res < 0) ok = false;
+        }
+    }
+    for (int r = 0; ok && r < n; r++)
+        if (at(S, r))
+            ok = diag_error(S->d, DIAG_INTERNAL, "simulating the plan: rank %d is stuck at step %d", r, S->pc[r]);
+    return ok;
+}
+
+typedef struct Edge {
+    double t;
+    int rank, up; /* +1: a busy interval starts, -1: ends */
+} Edge;
+
+static int by_time(const void *a, const void *b) {
+    const Edge *x = a, *y = b;
+    if (x->t != y->t) return x->t < y->t ? -1 : 1;
+    return x->up - y->up; /* ends before starts at the same instant */
+}
+
+/* Shares from a walk without contention: while rank r computes, on
+ * average k ranks of its node compute (itself included); with fewer cores
+ * than that it gets cores / k of one.  Ranks that wait for a message do
+ * not compete here: Open MPI yields the core of a waiting rank when
+ * ranks outnumber cores.  False when out of memory. */
+static bool contended_shares(Sim *S) {
+    const Cluster *c = S->c;
+    int n = S->n;
+    Edge *e = malloc(sizeof *e * (2 * (size_t)S->n_ev + 1));
+    double *weighted = calloc((size_t)n, sizeof *weighted), *busy = calloc((size_t)n, sizeof *busy);
+    int *active = calloc((size_t)n, sizeof *active);
+    bool ok = e && weighted && busy && active;
+    for (int node = 0; ok && node * c->ranks_per_node < n; node++) {
+        int lo = node * c->ranks_per_node, hi = lo + c->ranks_per_node < n ? lo + c->ranks_per_node : n, m = 0;
+        for (int i = 0; i < S->n_ev; i++) {
+            const SimEvent *v = &S->ev[i];
+            if (v->rank < lo || v->rank >= hi || v->kind == 'W') continue;
+            e[m++] = (Edge){v->t0, v->rank, 1};
+            e[m++] = (Edge){v->t1, v->rank, -1};
+        }
+        qsort(e, (size_t)m, sizeof *e, by_time);
+        int k = 0;
+        for (int i = 0; i < m; i++) {
+            if (i > 0 && k > 0) {
+                double len = e[i].t - e[i - 1].t;
+                for (int r = lo; r < hi; r++)
+                    if (active[r]) weighted[r] += len * k, busy[r] += len;
+            }
+            active[e[i].rank] += e[i].up;
+            k += e[i].up;
+        }
+    }
+    for (int r = 0; ok && r < n; r++) {
+        double k = busy[r] > 0 ? weighted[r] / busy[r] : 1;
+        S->share[r] = c->cores_per_node > 0 && k > c->cores_per_node ? c->cores_per_node / k : 1.0;
+    }
+    free(e);
+    free(weighted);
+    free(busy);
+    free(active);
+    return ok;
+}
+
+/* Whether some node runs more of the plan's ranks than it has cores. */
+static bool oversubscribed(const Cluster *c, int n) {
+    for (int r = 0; r < n; r += c->ranks_per_node)
+        if (cluster_core_share(c, r, n) < 1) return true;
+    return false;
+}
+
 static void free_sim(Sim *S) {
     if (S->box)
         for (int r = 0; r < S->n; r++) free(S->box[r].m);
@@ -247,32 +343,24 @@ bool simulate_plan(const Plan *p, const Cluster *c, SimResult *out, Diag *d) {
     S.box = calloc((size_t)n, sizeof *S.box);
     S.bucket_done = calloc((size_t)n, sizeof *S.bucket_done);
     S.out = calloc((size_t)n, sizeof *S.out);
+    S.share = malloc(sizeof *S.share * (size_t)n);
     int *all = malloc(sizeof *all * (size_t)n);
-    bool ok = S.pc && S.t && S.box && S.bucket_done && S.out && all;
+    bool ok = S.pc && S.t && S.box && S.bucket_done && S.out && S.share && all;
     for (int r = 0; ok && r < n; r++) {
         S.bucket_done[r] = calloc((size_t)p->ranks[r].n_buckets + 1, sizeof **S.bucket_done);
         ok = S.bucket_done[r] != NULL;
     }
     if (!ok) diag_error(d, DIAG_NOMEM, "out of memory simulating the plan");
-    /* The runtime's own work opens every rank's step (filling the batch):
-     * busy, as once-per-step work ('U'). */
-    for (int r = 0; ok && r < n; r++) {
-        double dt = c->step_overhead_s / cluster_core_share(c, r, n);
-        event(&S, r, 0, dt, 'U', NULL);
-        S.t[r] = S.out[r].busy_s = dt;
+    for (int r = 0; ok && r < n; r++) S.share[r] = 1.0;
+    ok = ok && walk(&S, all);
+    /* Ranks beyond their node's cores: walk again on the shares the first
+     * walk's overlaps give (one round of a fixed point; enough to tell a
+     * pipeline, whose stages take turns, from data parallelism, whose
+     * replicas all compute at once). */
+    if (ok && oversubscribed(c, n)) {
+        ok = (!S.ev_failed && contended_shares(&S)) || diag_error(d, DIAG_NOMEM, "out of memory simulating the plan");
+        ok = ok && walk(&S, all);
     }
-    for (bool moved = true; ok && moved;) {
-        moved = false;
-        for (int r = 0; r < n && ok; r++) {
-            const PlanStep *s;
-            int res = 1;
-            while ((s = at(&S, r)) != NULL && (res = advance(&S, r, s, all)) > 0) moved = true;
-            if (s && res < 0) ok = false;
-        }
-    }
-    for (int r = 0; ok && r < n; r++)
-        if (at(&S, r))
-            ok = diag_error(d, DIAG_INTERNAL, "simulating the plan: rank %d is stuck at step %d", r, S.pc[r]);
     if (ok) {
         double end = 0, busy = 0;
         for (int r = 0; r < n; r++) {
@@ -299,6 +387,7 @@ bool simulate_plan(const Plan *p, const Cluster *c, SimResult *out, Diag *d) {
         }
     }
     free(S.out);
+    free(S.share);
     free(S.ev);
     free(all);
     free_sim(&S);
