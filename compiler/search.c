@@ -140,17 +140,7 @@ static bool evaluate(const CompileOptions *o, const Cluster *cl, Candidate *c, D
 
 /* The cluster file at path, or the defaults for one node of `ranks`;
  * notes in s which one, for the report. */
-/* o with a kernel profile when --profile asks for one and none is live
- * yet; *made is the one made here, for the caller to free. */
-static bool with_profile(const CompileOptions *given, CompileOptions *o, KernelProfile **made, Diag *d) {
-    *o = *given;
-    *made = NULL;
-    if (!o->profile || o->kernel_profile) return true;
-    *made = o->kernel_profile = profile_new(0);
-    return *made || diag_error(d, DIAG_NOMEM, "out of memory");
-}
-
-static bool open_cluster(const char *path, int ranks, Cluster *cl, Search *s, Diag *d) {
+static bool load_cluster(const char *path, int ranks, Cluster *cl, Search *s, Diag *d) {
     if (path) {
         if (!cluster_load(path, cl, d)) return false;
         snprintf(s->cluster, sizeof s->cluster, "%s (%d node%s x %d ranks)", cl->origin, cl->nodes,
@@ -159,6 +149,29 @@ static bool open_cluster(const char *path, int ranks, Cluster *cl, Search *s, Di
         return false;
     }
     s->memory_per_rank = cl->memory_per_rank_bytes;
+    return true;
+}
+
+/* The cluster `given` plans on, in *cl, and in *o the options with their
+ * kernel profile attached: made here (*made, for the caller to free)
+ * when --profile asks for one and none is live yet. */
+static bool open_cluster(const CompileOptions *given, CompileOptions *o, KernelProfile **made, Cluster *cl, Search *s,
+                         Diag *d) {
+    *o = *given;
+    *made = NULL;
+    if (o->profile && !o->kernel_profile && !(*made = o->kernel_profile = profile_new(0)))
+        return diag_error(d, DIAG_NOMEM, "out of memory");
+    if (!load_cluster(o->cluster, (int)(o->ranks > 0 ? o->ranks : 1), cl, s, d)) {
+        profile_free(*made);
+        *made = NULL;
+        return false;
+    }
+    cl->profile = o->kernel_profile;
+    if (cl->profile) {
+        size_t used = strlen(s->cluster);
+        snprintf(s->cluster + used, sizeof s->cluster - used, ", with this machine's times of the model's kernels "
+                 "(--profile)");
+    }
     return true;
 }
 
@@ -180,17 +193,7 @@ bool driver_predict(const CompileOptions *given, Search *s, Diag *d) {
     Cluster cl;
     CompileOptions base, *o = &base;
     KernelProfile *made;
-    if (!with_profile(given, &base, &made, d)) return false;
-    if (!open_cluster(o->cluster, (int)(o->ranks > 0 ? o->ranks : 1), &cl, s, d)) {
-        profile_free(made);
-        return false;
-    }
-    cl.profile = o->kernel_profile;
-    if (cl.profile) {
-        size_t used = strlen(s->cluster);
-        snprintf(s->cluster + used, sizeof s->cluster - used, ", with this machine's times of the model's kernels "
-                 "(--profile)");
-    }
+    if (!open_cluster(given, &base, &made, &cl, s, d)) return false;
     s->c = calloc(1, sizeof *s->c);
     bool ok = s->c != NULL || diag_error(d, DIAG_NOMEM, "out of memory");
     if (ok) {
@@ -222,18 +225,8 @@ bool driver_search(const CompileOptions *given, Search *s, Diag *d) {
     Cluster cl;
     CompileOptions base, *o = &base;
     KernelProfile *made;
-    if (!with_profile(given, &base, &made, d)) return false;
+    if (!open_cluster(given, &base, &made, &cl, s, d)) return false;
     int N = (int)(o->ranks > 0 ? o->ranks : 1);
-    if (!open_cluster(o->cluster, N, &cl, s, d)) {
-        profile_free(made);
-        return false;
-    }
-    cl.profile = o->kernel_profile;
-    if (cl.profile) {
-        size_t used = strlen(s->cluster);
-        snprintf(s->cluster + used, sizeof s->cluster - used, ", with this machine's times of the model's kernels "
-                 "(--profile)");
-    }
     bool ok = true;
     if (N > cluster_ranks(&cl))
         ok = diag_error(d, DIAG_USAGE, "--ranks %d: the cluster (%s) has %d ranks", N, cl.origin, cluster_ranks(&cl));

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "frontend/onnx.h"
+#include "ops/ops.h"
 
 const char *test_src_path(const char *rel) {
     static char buf[4][4096];
@@ -393,4 +394,38 @@ void grad_check(GradCase *k, Value *y, double tol) {
     for (int p = 0; p < np; p++) free(grads[p]);
     free(grads);
     test_prog_free(&tp);
+}
+
+Value *test_graph_input(Graph *g, const char *name, DType t, int rank, const int64_t *dims) {
+    Value *v = graph_add_value(g, name);
+    ck_assert_ptr_nonnull(v);
+    v->kind = VAL_INPUT;
+    v->dtype = v->file_dtype = t;
+    v->rank = rank;
+    for (int j = 0; j < rank; j++) v->dims[j] = dim_const(dims[j]);
+    g->inputs[g->n_inputs++] = v;
+    return v;
+}
+
+Node *test_graph_op(Graph *g, const char *op, int n_in, Value *const *in) {
+    Node *n = graph_add_node(g, NULL, op, "", n_in, 1);
+    ck_assert_ptr_nonnull(n);
+    n->def = op_lookup("", op);
+    ck_assert_ptr_nonnull(n->def);
+    for (int i = 0; i < n_in; i++) n->in[i] = in[i];
+    Value *y = graph_add_value(g, arena_printf(&g->arena, "%s_y%d", op, n->id));
+    y->producer = n;
+    y->is_output = true;
+    n->out[0] = y;
+    g->outputs[g->n_outputs++] = y;
+    n->attrs = ARENA_ARRAY(&g->arena, Attr, 4);
+    return n;
+}
+
+void test_attr_i(Node *n, const char *name, int64_t x) {
+    n->attrs[n->n_attr++] = (Attr){.name = name, .kind = ATTR_INT, .i = x};
+}
+
+void test_attr_f(Node *n, const char *name, float x) {
+    n->attrs[n->n_attr++] = (Attr){.name = name, .kind = ATTR_FLOAT, .f = x};
 }

@@ -22,6 +22,13 @@ bool test_file_exists(const char *path);
 /* An empty hand-built graph at `opset` of the default domain, with room
  * for max_inputs graph inputs and max_outputs outputs (0: no array). */
 Graph *test_graph_new(const char *name, int64_t opset, int max_inputs, int max_outputs);
+/* A run-time input of g (room in g->inputs) of dtype t and static dims. */
+Value *test_graph_input(Graph *g, const char *name, DType t, int rank, const int64_t *dims);
+/* A node of the default domain whose one output is a graph output, with
+ * room for 4 attributes (test_attr_i / test_attr_f). */
+Node *test_graph_op(Graph *g, const char *op, int n_in, Value *const *in);
+void test_attr_i(Node *n, const char *name, int64_t x);
+void test_attr_f(Node *n, const char *name, float x);
 
 /* ---- programs compiled in-process ---- */
 

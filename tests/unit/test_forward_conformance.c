@@ -475,40 +475,6 @@ END_TEST
 
 static Graph *kg_new(int64_t opset) { return test_graph_new("kernels.onnx", opset, 16, 16); }
 
-/* A run-time input. */
-static Value *kg_in(Graph *g, const char *name, DType t, int rank, const int64_t *dims) {
-    Value *v = graph_add_value(g, name);
-    v->kind = VAL_INPUT;
-    v->dtype = v->file_dtype = t;
-    v->rank = rank;
-    for (int j = 0; j < rank; j++) v->dims[j] = dim_const(dims[j]);
-    g->inputs[g->n_inputs++] = v;
-    return v;
-}
-
-/* A node whose one output is a graph output. */
-static Node *kg_op(Graph *g, const char *op, int n_in, Value *const *in) {
-    Node *n = graph_add_node(g, NULL, op, "", n_in, 1);
-    ck_assert_ptr_nonnull(n);
-    n->def = op_lookup("", op);
-    ck_assert_ptr_nonnull(n->def);
-    for (int i = 0; i < n_in; i++) n->in[i] = in[i];
-    Value *y = graph_add_value(g, arena_printf(&g->arena, "%s_y%d", op, n->id));
-    y->producer = n;
-    y->is_output = true;
-    n->out[0] = y;
-    g->outputs[g->n_outputs++] = y;
-    n->attrs = ARENA_ARRAY(&g->arena, Attr, 4);
-    return n;
-}
-
-static void kg_attr_i(Node *n, const char *name, int64_t x) {
-    n->attrs[n->n_attr++] = (Attr){.name = name, .kind = ATTR_INT, .i = x};
-}
-
-static void kg_attr_f(Node *n, const char *name, float x) {
-    n->attrs[n->n_attr++] = (Attr){.name = name, .kind = ATTR_FLOAT, .f = x};
-}
 
 static void kg_attr_axis1(Node *n) {
     static int64_t one[] = {1};
@@ -587,16 +553,16 @@ static int64_t wrap_mul(int64_t a, int64_t b) { return (int64_t)((uint64_t)a * (
 START_TEST(int64_arithmetic_is_exact) {
     Graph *g = kg_new(17);
     const int64_t d4[] = {4};
-    Value *a = kg_in(g, "a", DT_INT64, 1, d4), *b = kg_in(g, "b", DT_INT64, 1, d4);
-    Node *add = kg_op(g, "Add", 2, (Value *[]){a, b});
-    Node *sub = kg_op(g, "Sub", 2, (Value *[]){a, b});
-    Node *mul = kg_op(g, "Mul", 2, (Value *[]){a, b});
-    Node *div = kg_op(g, "Div", 2, (Value *[]){a, b});
-    Node *neg = kg_op(g, "Neg", 1, (Value *[]){a});
-    Node *abs = kg_op(g, "Abs", 1, (Value *[]){a});
-    Node *mx = kg_op(g, "Max", 2, (Value *[]){a, b});
-    Node *lt = kg_op(g, "Less", 2, (Value *[]){a, b});
-    Node *eq = kg_op(g, "Equal", 2, (Value *[]){a, b});
+    Value *a = test_graph_input(g, "a", DT_INT64, 1, d4), *b = test_graph_input(g, "b", DT_INT64, 1, d4);
+    Node *add = test_graph_op(g, "Add", 2, (Value *[]){a, b});
+    Node *sub = test_graph_op(g, "Sub", 2, (Value *[]){a, b});
+    Node *mul = test_graph_op(g, "Mul", 2, (Value *[]){a, b});
+    Node *div = test_graph_op(g, "Div", 2, (Value *[]){a, b});
+    Node *neg = test_graph_op(g, "Neg", 1, (Value *[]){a});
+    Node *abs = test_graph_op(g, "Abs", 1, (Value *[]){a});
+    Node *mx = test_graph_op(g, "Max", 2, (Value *[]){a, b});
+    Node *lt = test_graph_op(g, "Less", 2, (Value *[]){a, b});
+    Node *eq = test_graph_op(g, "Equal", 2, (Value *[]){a, b});
     TestProg tp;
     kg_build(&tp, g);
     const int64_t av[] = {P40 + 1, -7, 5, INT64_MIN}, bv[] = {P40, 2, 0, -1};
@@ -620,14 +586,14 @@ END_TEST
 START_TEST(narrow_integers_wrap_and_read_unsigned) {
     Graph *g = kg_new(17);
     const int64_t d3[] = {3};
-    Value *a = kg_in(g, "a", DT_UINT8, 1, d3), *b = kg_in(g, "b", DT_UINT8, 1, d3);
-    Value *c = kg_in(g, "c", DT_INT32, 1, d3), *e = kg_in(g, "e", DT_INT32, 1, d3);
-    Node *add = kg_op(g, "Add", 2, (Value *[]){a, b});
-    Node *gt = kg_op(g, "Greater", 2, (Value *[]){a, b});
-    Node *toi64 = kg_op(g, "Cast", 1, (Value *[]){a});
-    kg_attr_i(toi64, "to", DT_INT64);
-    Node *add32 = kg_op(g, "Add", 2, (Value *[]){c, e});
-    Node *mul32 = kg_op(g, "Mul", 2, (Value *[]){c, e});
+    Value *a = test_graph_input(g, "a", DT_UINT8, 1, d3), *b = test_graph_input(g, "b", DT_UINT8, 1, d3);
+    Value *c = test_graph_input(g, "c", DT_INT32, 1, d3), *e = test_graph_input(g, "e", DT_INT32, 1, d3);
+    Node *add = test_graph_op(g, "Add", 2, (Value *[]){a, b});
+    Node *gt = test_graph_op(g, "Greater", 2, (Value *[]){a, b});
+    Node *toi64 = test_graph_op(g, "Cast", 1, (Value *[]){a});
+    test_attr_i(toi64, "to", DT_INT64);
+    Node *add32 = test_graph_op(g, "Add", 2, (Value *[]){c, e});
+    Node *mul32 = test_graph_op(g, "Mul", 2, (Value *[]){c, e});
     TestProg tp;
     kg_build(&tp, g);
     kg_put(&tp, a, NULL, (int64_t[]){200, 3, 255});
@@ -647,7 +613,7 @@ END_TEST
 START_TEST(casts_follow_onnx) {
     Graph *g = kg_new(19);
     const int64_t d4[] = {4};
-    Value *x = kg_in(g, "x", DT_FLOAT, 1, d4), *k = kg_in(g, "k", DT_INT64, 1, d4);
+    Value *x = test_graph_input(g, "x", DT_FLOAT, 1, d4), *k = test_graph_input(g, "k", DT_INT64, 1, d4);
     static const struct { int from_int; DType to; } casts[] = {
         {0, DT_BOOL}, {0, DT_UINT8}, {0, DT_INT32}, {0, DT_FLOAT16}, {0, DT_BFLOAT16},
         {1, DT_BOOL}, {1, DT_INT32}, {1, DT_UINT8}, {1, DT_FLOAT},
@@ -655,8 +621,8 @@ START_TEST(casts_follow_onnx) {
     enum { NC = sizeof casts / sizeof *casts };
     Node *n[NC];
     for (int i = 0; i < NC; i++) {
-        n[i] = kg_op(g, "Cast", 1, (Value *[]){casts[i].from_int ? k : x});
-        kg_attr_i(n[i], "to", casts[i].to);
+        n[i] = test_graph_op(g, "Cast", 1, (Value *[]){casts[i].from_int ? k : x});
+        test_attr_i(n[i], "to", casts[i].to);
     }
     TestProg tp;
     kg_build(&tp, g);
@@ -679,9 +645,9 @@ END_TEST
 START_TEST(float16_rounding) {
     Graph *g = kg_new(19);
     const int64_t d6[] = {6};
-    Value *x = kg_in(g, "x", DT_FLOAT, 1, d6);
-    Node *h = kg_op(g, "Cast", 1, (Value *[]){x});
-    kg_attr_i(h, "to", DT_FLOAT16);
+    Value *x = test_graph_input(g, "x", DT_FLOAT, 1, d6);
+    Node *h = test_graph_op(g, "Cast", 1, (Value *[]){x});
+    test_attr_i(h, "to", DT_FLOAT16);
     TestProg tp;
     kg_build(&tp, g);
     /* ties to even, subnormals, overflow to infinity, NaN */
@@ -700,14 +666,14 @@ END_TEST
 START_TEST(nan_propagates_through_max_and_min) {
     Graph *g = kg_new(13);
     const int64_t d3[] = {3}, d23[] = {2, 3};
-    Value *a = kg_in(g, "a", DT_FLOAT, 1, d3), *b = kg_in(g, "b", DT_FLOAT, 1, d3);
-    Value *m = kg_in(g, "m", DT_FLOAT, 2, d23);
-    Node *mx = kg_op(g, "Max", 2, (Value *[]){a, b});
-    Node *mn = kg_op(g, "Min", 2, (Value *[]){a, b});
-    Node *rmax = kg_op(g, "ReduceMax", 1, (Value *[]){m});
-    kg_attr_i(rmax, "keepdims", 0);
-    Node *rmin = kg_op(g, "ReduceMin", 1, (Value *[]){m});
-    kg_attr_i(rmin, "keepdims", 0);
+    Value *a = test_graph_input(g, "a", DT_FLOAT, 1, d3), *b = test_graph_input(g, "b", DT_FLOAT, 1, d3);
+    Value *m = test_graph_input(g, "m", DT_FLOAT, 2, d23);
+    Node *mx = test_graph_op(g, "Max", 2, (Value *[]){a, b});
+    Node *mn = test_graph_op(g, "Min", 2, (Value *[]){a, b});
+    Node *rmax = test_graph_op(g, "ReduceMax", 1, (Value *[]){m});
+    test_attr_i(rmax, "keepdims", 0);
+    Node *rmin = test_graph_op(g, "ReduceMin", 1, (Value *[]){m});
+    test_attr_i(rmin, "keepdims", 0);
     TestProg tp;
     kg_build(&tp, g);
     kg_put(&tp, a, (double[]){1, NAN, 2}, NULL);
@@ -725,20 +691,20 @@ END_TEST
 START_TEST(integer_and_bool_reductions) {
     Graph *g = kg_new(13);
     const int64_t d23[] = {2, 3};
-    Value *x = kg_in(g, "x", DT_INT64, 2, d23), *bl = kg_in(g, "bl", DT_BOOL, 2, d23);
-    Value *u = kg_in(g, "u", DT_UINT8, 2, d23);
-    Node *sum = kg_op(g, "ReduceSum", 1, (Value *[]){x});
-    kg_attr_i(sum, "keepdims", 0);
+    Value *x = test_graph_input(g, "x", DT_INT64, 2, d23), *bl = test_graph_input(g, "bl", DT_BOOL, 2, d23);
+    Value *u = test_graph_input(g, "u", DT_UINT8, 2, d23);
+    Node *sum = test_graph_op(g, "ReduceSum", 1, (Value *[]){x});
+    test_attr_i(sum, "keepdims", 0);
     /* opset 13: axes by attribute except for ReduceSum */
-    Node *mean = kg_op(g, "ReduceMean", 1, (Value *[]){x});
+    Node *mean = test_graph_op(g, "ReduceMean", 1, (Value *[]){x});
     kg_attr_axis1(mean);
-    Node *prod = kg_op(g, "ReduceProd", 1, (Value *[]){x});
+    Node *prod = test_graph_op(g, "ReduceProd", 1, (Value *[]){x});
     kg_attr_axis1(prod);
-    Node *bmin = kg_op(g, "ReduceMin", 1, (Value *[]){bl});
+    Node *bmin = test_graph_op(g, "ReduceMin", 1, (Value *[]){bl});
     kg_attr_axis1(bmin);
-    Node *bmax = kg_op(g, "ReduceMax", 1, (Value *[]){bl});
+    Node *bmax = test_graph_op(g, "ReduceMax", 1, (Value *[]){bl});
     kg_attr_axis1(bmax);
-    Node *umin = kg_op(g, "ReduceMin", 1, (Value *[]){u});
+    Node *umin = test_graph_op(g, "ReduceMin", 1, (Value *[]){u});
     kg_attr_axis1(umin);
     TestProg tp;
     kg_build(&tp, g);
@@ -759,17 +725,17 @@ END_TEST
 START_TEST(reductions_noop_and_half_precision) {
     Graph *g = kg_new(18);
     const int64_t d23[] = {2, 3}, d2048[] = {2048};
-    Value *x = kg_in(g, "x", DT_FLOAT, 2, d23), *h = kg_in(g, "h", DT_FLOAT16, 1, d2048);
+    Value *x = test_graph_input(g, "x", DT_FLOAT, 2, d23), *h = test_graph_input(g, "h", DT_FLOAT16, 1, d2048);
     /* opset 18: no axes input and noop_with_empty_axes=1 leave x as it is */
-    Node *l2 = kg_op(g, "ReduceL2", 1, (Value *[]){x});
-    kg_attr_i(l2, "noop_with_empty_axes", 1);
-    Node *ss = kg_op(g, "ReduceSumSquare", 1, (Value *[]){x});
-    kg_attr_i(ss, "noop_with_empty_axes", 1);
-    Node *all = kg_op(g, "ReduceL2", 1, (Value *[]){x});
-    kg_attr_i(all, "keepdims", 0);
+    Node *l2 = test_graph_op(g, "ReduceL2", 1, (Value *[]){x});
+    test_attr_i(l2, "noop_with_empty_axes", 1);
+    Node *ss = test_graph_op(g, "ReduceSumSquare", 1, (Value *[]){x});
+    test_attr_i(ss, "noop_with_empty_axes", 1);
+    Node *all = test_graph_op(g, "ReduceL2", 1, (Value *[]){x});
+    test_attr_i(all, "keepdims", 0);
     /* 2048 halves of 1 + 2^-10: a float16 running sum would stall at 2048 */
-    Node *hs = kg_op(g, "ReduceSum", 1, (Value *[]){h});
-    kg_attr_i(hs, "keepdims", 0);
+    Node *hs = test_graph_op(g, "ReduceSum", 1, (Value *[]){h});
+    test_attr_i(hs, "keepdims", 0);
     TestProg tp;
     kg_build(&tp, g);
     const double xv[] = {3, -4, 0, 1, -2, 2};
@@ -789,14 +755,14 @@ END_TEST
 START_TEST(matmul_promotes_1d_operands) {
     Graph *g = kg_new(13);
     const int64_t d3[] = {3}, d32[] = {3, 2}, d23[] = {2, 3};
-    Value *v = kg_in(g, "v", DT_FLOAT, 1, d3), *w = kg_in(g, "w", DT_FLOAT, 1, d3);
-    Value *b = kg_in(g, "b", DT_FLOAT, 2, d32), *a = kg_in(g, "a", DT_FLOAT, 2, d23);
-    Value *ia = kg_in(g, "ia", DT_INT64, 2, d23), *ib = kg_in(g, "ib", DT_INT64, 2, d32);
-    Node *vb = kg_op(g, "MatMul", 2, (Value *[]){v, b});
-    Node *av = kg_op(g, "MatMul", 2, (Value *[]){a, v});
-    Node *vw = kg_op(g, "MatMul", 2, (Value *[]){v, w});
-    Node *ii = kg_op(g, "MatMul", 2, (Value *[]){ia, ib});
-    Node *gi = kg_op(g, "Gemm", 2, (Value *[]){ia, ib});
+    Value *v = test_graph_input(g, "v", DT_FLOAT, 1, d3), *w = test_graph_input(g, "w", DT_FLOAT, 1, d3);
+    Value *b = test_graph_input(g, "b", DT_FLOAT, 2, d32), *a = test_graph_input(g, "a", DT_FLOAT, 2, d23);
+    Value *ia = test_graph_input(g, "ia", DT_INT64, 2, d23), *ib = test_graph_input(g, "ib", DT_INT64, 2, d32);
+    Node *vb = test_graph_op(g, "MatMul", 2, (Value *[]){v, b});
+    Node *av = test_graph_op(g, "MatMul", 2, (Value *[]){a, v});
+    Node *vw = test_graph_op(g, "MatMul", 2, (Value *[]){v, w});
+    Node *ii = test_graph_op(g, "MatMul", 2, (Value *[]){ia, ib});
+    Node *gi = test_graph_op(g, "Gemm", 2, (Value *[]){ia, ib});
     TestProg tp;
     kg_build(&tp, g);
     kg_put(&tp, v, (double[]){1, 2, 3}, NULL);
@@ -819,14 +785,14 @@ END_TEST
 START_TEST(pow_where_gather_with_integers) {
     Graph *g = kg_new(13);
     const int64_t d3[] = {3}, d32[] = {3, 2}, d2[] = {2};
-    Value *base = kg_in(g, "base", DT_INT64, 1, d3), *ex = kg_in(g, "ex", DT_INT64, 1, d3);
-    Value *fx = kg_in(g, "fx", DT_FLOAT, 1, d3), *iexp = kg_in(g, "iexp", DT_INT32, 1, d3);
-    Value *cond = kg_in(g, "cond", DT_BOOL, 1, d3);
-    Value *tab = kg_in(g, "tab", DT_INT64, 2, d32), *idx = kg_in(g, "idx", DT_INT64, 1, d2);
-    Node *pw = kg_op(g, "Pow", 2, (Value *[]){base, ex});
-    Node *pf = kg_op(g, "Pow", 2, (Value *[]){fx, iexp});
-    Node *wh = kg_op(g, "Where", 3, (Value *[]){cond, base, ex});
-    Node *ga = kg_op(g, "Gather", 2, (Value *[]){tab, idx});
+    Value *base = test_graph_input(g, "base", DT_INT64, 1, d3), *ex = test_graph_input(g, "ex", DT_INT64, 1, d3);
+    Value *fx = test_graph_input(g, "fx", DT_FLOAT, 1, d3), *iexp = test_graph_input(g, "iexp", DT_INT32, 1, d3);
+    Value *cond = test_graph_input(g, "cond", DT_BOOL, 1, d3);
+    Value *tab = test_graph_input(g, "tab", DT_INT64, 2, d32), *idx = test_graph_input(g, "idx", DT_INT64, 1, d2);
+    Node *pw = test_graph_op(g, "Pow", 2, (Value *[]){base, ex});
+    Node *pf = test_graph_op(g, "Pow", 2, (Value *[]){fx, iexp});
+    Node *wh = test_graph_op(g, "Where", 3, (Value *[]){cond, base, ex});
+    Node *ga = test_graph_op(g, "Gather", 2, (Value *[]){tab, idx});
     TestProg tp;
     kg_build(&tp, g);
     kg_put(&tp, base, NULL, (int64_t[]){3, (int64_t)1 << 20, -2});
@@ -851,9 +817,9 @@ START_TEST(softmax_before_opset_13_coerces_to_2d) {
     for (int i = 0; i < 12; i++) x[i] = 0.25 * i - (i % 5);
     for (int opset = 11; opset <= 13; opset += 2) {
         Graph *g = kg_new(opset);
-        Value *in = kg_in(g, "x", DT_FLOAT, 3, d);
-        Node *sm = kg_op(g, "Softmax", 1, (Value *[]){in});
-        kg_attr_i(sm, "axis", 1);
+        Value *in = test_graph_input(g, "x", DT_FLOAT, 3, d);
+        Node *sm = test_graph_op(g, "Softmax", 1, (Value *[]){in});
+        test_attr_i(sm, "axis", 1);
         TestProg tp;
         kg_build(&tp, g);
         kg_put(&tp, in, x, NULL);
@@ -879,9 +845,9 @@ START_TEST(unsupported_forms_are_refused) {
     /* integer Gemm with a scaling alpha is refused rather than rounded */
     Graph *g = kg_new(13);
     const int64_t d22[] = {2, 2};
-    Value *a = kg_in(g, "a", DT_INT64, 2, d22), *b = kg_in(g, "b", DT_INT64, 2, d22);
-    Node *gm = kg_op(g, "Gemm", 2, (Value *[]){a, b});
-    kg_attr_f(gm, "alpha", 2.0f);
+    Value *a = test_graph_input(g, "a", DT_INT64, 2, d22), *b = test_graph_input(g, "b", DT_INT64, 2, d22);
+    Node *gm = test_graph_op(g, "Gemm", 2, (Value *[]){a, b});
+    test_attr_f(gm, "alpha", 2.0f);
     TestProg tp;
     char msg[1024];
     ck_assert(!kg_compile(&tp, g, msg, sizeof msg));
@@ -895,8 +861,8 @@ START_TEST(unsupported_forms_are_refused) {
     g = kg_new(13);
     const int64_t d1[] = {1};
     Value *in[20];
-    for (int i = 0; i < 20; i++) in[i] = kg_in(g, arena_printf(&g->arena, "x%d", i), DT_FLOAT, 1, d1);
-    kg_op(g, "Max", 20, in);
+    for (int i = 0; i < 20; i++) in[i] = test_graph_input(g, arena_printf(&g->arena, "x%d", i), DT_FLOAT, 1, d1);
+    test_graph_op(g, "Max", 20, in);
     ck_assert(!kg_compile(&tp, g, msg, sizeof msg));
     ck_assert_int_eq(compile_error_code(g), DIAG_UNSUPPORTED);
     cg_jit_free(tp.jit);

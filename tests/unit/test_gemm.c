@@ -37,38 +37,9 @@ static float rnd(void) { return grad_rand_xorshift(&rng); }
 
 static Graph *new_graph(void) { return test_graph_new("gemm.onnx", 17, 16, 16); }
 
+/* A float32 input. */
 static Value *input(Graph *g, const char *name, int rank, const int64_t *dims) {
-    Value *v = graph_add_value(g, name);
-    v->kind = VAL_INPUT;
-    v->dtype = v->file_dtype = DT_FLOAT;
-    v->rank = rank;
-    for (int j = 0; j < rank; j++) v->dims[j] = dim_const(dims[j]);
-    g->inputs[g->n_inputs++] = v;
-    return v;
-}
-
-/* A node whose one output is a graph output. */
-static Node *node(Graph *g, const char *op, int n_in, Value *const *in) {
-    Node *n = graph_add_node(g, NULL, op, "", n_in, 1);
-    ck_assert_ptr_nonnull(n);
-    n->def = op_lookup("", op);
-    ck_assert_ptr_nonnull(n->def);
-    for (int i = 0; i < n_in; i++) n->in[i] = in[i];
-    Value *y = graph_add_value(g, arena_printf(&g->arena, "%s_y%d", op, n->id));
-    y->producer = n;
-    y->is_output = true;
-    n->out[0] = y;
-    g->outputs[g->n_outputs++] = y;
-    n->attrs = ARENA_ARRAY(&g->arena, Attr, 4);
-    return n;
-}
-
-static void attr_i(Node *n, const char *name, int64_t x) {
-    n->attrs[n->n_attr++] = (Attr){.name = name, .kind = ATTR_INT, .i = x};
-}
-
-static void attr_f(Node *n, const char *name, float x) {
-    n->attrs[n->n_attr++] = (Attr){.name = name, .kind = ATTR_FLOAT, .f = x};
+    return test_graph_input(g, name, DT_FLOAT, rank, dims);
 }
 
 static void compile(TestProg *tp, Graph *g) {
@@ -137,10 +108,10 @@ static void gemm_shape(int64_t M, int64_t N, int64_t K, float alpha, RunMode mod
     for (int v = 0; v < 8; v++) {
         int ta = v & 1, tb = (v >> 1) & 1;
         Value *in[2] = {ta ? At : A, tb ? Bt : B};
-        nodes[v] = node(g, "Gemm", 2, in);
-        attr_i(nodes[v], "transA", ta);
-        attr_i(nodes[v], "transB", tb);
-        if (v >= 4) attr_f(nodes[v], "alpha", alpha);
+        nodes[v] = test_graph_op(g, "Gemm", 2, in);
+        test_attr_i(nodes[v], "transA", ta);
+        test_attr_i(nodes[v], "transB", tb);
+        if (v >= 4) test_attr_f(nodes[v], "alpha", alpha);
     }
     TestProg tp;
     compile(&tp, g);
@@ -225,11 +196,11 @@ START_TEST(gemm_with_bias) {
         Node *nodes[3];
         for (int v = 0; v < 3; v++) {
             Value *in[3] = {At, Bt, cs[v]};
-            nodes[v] = node(g, "Gemm", 3, in);
-            attr_i(nodes[v], "transA", 1);
-            attr_i(nodes[v], "transB", 1);
-            attr_f(nodes[v], "alpha", 0.25f);
-            attr_f(nodes[v], "beta", v == 2 ? 1.0f : -3.0f);
+            nodes[v] = test_graph_op(g, "Gemm", 3, in);
+            test_attr_i(nodes[v], "transA", 1);
+            test_attr_i(nodes[v], "transB", 1);
+            test_attr_f(nodes[v], "alpha", 0.25f);
+            test_attr_f(nodes[v], "beta", v == 2 ? 1.0f : -3.0f);
         }
         TestProg tp;
         compile(&tp, g);
@@ -255,8 +226,8 @@ START_TEST(matmul_batched) {
         Graph *g = new_graph();
         Value *A = input(g, "A", 4, (int64_t[]){2, 1, 37, 29}), *B = input(g, "B", 3, (int64_t[]){3, 29, 41});
         Value *X = input(g, "X", 3, (int64_t[]){5, 60, 70}), *W = input(g, "W", 2, (int64_t[]){70, 50});
-        Node *ab = node(g, "MatMul", 2, (Value *[]){A, B});
-        Node *xw = node(g, "MatMul", 2, (Value *[]){X, W});
+        Node *ab = test_graph_op(g, "MatMul", 2, (Value *[]){A, B});
+        Node *xw = test_graph_op(g, "MatMul", 2, (Value *[]){X, W});
         TestProg tp;
         compile(&tp, g);
         float *a = fill(&tp, A), *b = fill(&tp, B), *x = fill(&tp, X), *w = fill(&tp, W);
