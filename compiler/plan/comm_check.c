@@ -31,6 +31,12 @@ typedef struct Sim {
     int *pc;
     Box *box;
     Diag *d;
+    /* Thousands of replicas meet in one collective, so the work per rank
+     * must not grow with the group: each rank's membership of a group is
+     * checked once (checked[r], the group it was found in), and a group's
+     * members are scanned from where the last look stopped (scan[g], the
+     * first member not yet there; scan_all for every rank). */
+    int *checked, *scan, scan_all;
 } Sim;
 
 static bool is_collective(const PlanStep *s) { return s->kind == STEP_ALLREDUCE || s->kind == STEP_ALLREDUCE_START; }
@@ -79,6 +85,11 @@ static bool group_of(Sim *S, int r, const PlanStep *s, int *n, const int **ranks
         return diag_error(S->d, DIAG_INTERNAL, "%s: rank %d step %d allreduces over group %d, but there are %d groups",
                           S->what, r, S->pc[r], s->group, S->n_groups);
     const PlanGroup *g = &S->groups[s->group];
+    if (S->checked[r] == s->group) {
+        *n = g->n;
+        *ranks = g->ranks;
+        return true;
+    }
     bool member = false;
     for (int i = 0; i < g->n; i++) {
         if (g->ranks[i] < 0 || g->ranks[i] >= S->n_ranks)
@@ -89,6 +100,7 @@ static bool group_of(Sim *S, int r, const PlanStep *s, int *n, const int **ranks
     if (!member)
         return diag_error(S->d, DIAG_INTERNAL, "%s: rank %d step %d allreduces over group %d, which it is not a member of",
                           S->what, r, S->pc[r], s->group);
+    S->checked[r] = s->group;
     *n = g->n;
     *ranks = g->ranks;
     return true;
@@ -167,8 +179,12 @@ static int collective(Sim *S, int r, const PlanStep *s) {
     int n;
     const int *ranks;
     if (!group_of(S, r, s, &n, &ranks)) return -1;
-    for (int i = 0; i < n; i++)
-        if (!same_collective(S, member(ranks, i), s)) return 0;
+    /* members before *scan stand at this collective already: a member
+     * that has arrived stays until the collective completes */
+    int *scan = ranks ? &S->scan[s->group] : &S->scan_all;
+    for (; *scan < n; (*scan)++)
+        if (!same_collective(S, member(ranks, *scan), s)) return 0;
+    *scan = 0;
     for (int i = 0; i < n; i++) {
         int m = member(ranks, i);
         const PlanStep *o = at(S, m);
@@ -299,7 +315,10 @@ bool comm_check(int n_ranks, const PlanStep *const *seq, const int *n_steps, con
     Sim S = {n_ranks, seq, n_steps, groups, n_groups, what ? what : "plan", NULL, NULL, d};
     S.pc = calloc((size_t)n_ranks + 1, sizeof *S.pc);
     S.box = calloc((size_t)n_ranks + 1, sizeof *S.box);
-    bool ok = S.pc && S.box;
+    S.checked = malloc(sizeof *S.checked * ((size_t)n_ranks + 1));
+    S.scan = calloc((size_t)n_groups + 1, sizeof *S.scan);
+    bool ok = S.pc && S.box && S.checked && S.scan;
+    for (int r = 0; ok && r < n_ranks; r++) S.checked[r] = -1;
     if (!ok) diag_error(d, DIAG_NOMEM, "out of memory checking communication");
     for (bool moved = true; ok && moved;) {
         moved = false;
@@ -322,27 +341,29 @@ bool comm_check(int n_ranks, const PlanStep *const *seq, const int *n_steps, con
         for (int r = 0; r < n_ranks && ok; r++)
             if (at(&S, r)) ok = report_stuck(&S);
     }
-    /* every rank finished: every message must have been received */
-    for (int src = 0; src < n_ranks && ok; src++) {
-        const Msg *first = NULL;
-        int to = -1;
-        for (int q = 0; q < n_ranks; q++)
-            for (int i = 0; i < S.box[q].n; i++) {
-                const Msg *m = &S.box[q].m[i];
-                if (m->src == src && (!first || m->step < first->step)) {
-                    first = m;
-                    to = q;
-                }
+    /* every rank finished: every message must have been received; the
+     * lowest sending rank's earliest leftover message is reported */
+    const Msg *first = NULL;
+    int to = -1;
+    for (int q = 0; q < n_ranks && ok; q++)
+        for (int i = 0; i < S.box[q].n; i++) {
+            const Msg *m = &S.box[q].m[i];
+            if (!first || m->src < first->src || (m->src == first->src && m->step < first->step)) {
+                first = m;
+                to = q;
             }
-        if (first)
-            ok = diag_error(d, DIAG_INTERNAL, "%s: rank %d step %d sends %s%s%s(tag %d, %lld bytes) to rank %d, which never receives it",
-                            S.what, src, first->step, first->value ? "'" : "", first->value ? first->value->name : "",
-                            first->value ? "' " : "", first->tag, (long long)first->bytes, to);
+        }
+    if (ok && first) {
+        ok = diag_error(d, DIAG_INTERNAL, "%s: rank %d step %d sends %s%s%s(tag %d, %lld bytes) to rank %d, which never receives it",
+                        S.what, first->src, first->step, first->value ? "'" : "", first->value ? first->value->name : "",
+                        first->value ? "' " : "", first->tag, (long long)first->bytes, to);
     }
     if (S.box)
         for (int r = 0; r < n_ranks; r++) free(S.box[r].m);
     free(S.box);
     free(S.pc);
+    free(S.checked);
+    free(S.scan);
     return ok;
 }
 
