@@ -24,6 +24,10 @@ bool kernel_run_build(Graph *g, KernelRun *k, Diag *d);
 /* Seconds of one run: the median over `reps` (at most 16) repetitions of
  * as many runs as fill min_s, after one run that warms caches and pages. */
 double kernel_run_time(KernelRun *k, double min_s, int reps);
+/* The same on cold caches: the median over `reps` repetitions of the mean
+ * of `calls` runs, each after walking a buffer four times the L2 cache's size
+ * (the walk not timed). */
+double kernel_run_time_cold(KernelRun *k, int calls, int reps);
 void kernel_run_free(KernelRun *k);
 
 #endif

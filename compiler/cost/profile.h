@@ -3,7 +3,7 @@
  * Requires: nodes of a graph with static shapes (a training graph built at
  * a plan's rows).  Provides: the seconds one call of a node's generated
  * kernel takes on this machine, compiled alone at the node's shapes and
- * attributes and run (kernel_run.h), remembered by what makes two
+ * attributes and run on cold caches (kernel_run.h), remembered by what makes two
  * kernels the same.  A cluster carrying a profile (Cluster.profile)
  * charges these times instead of its rates (cost/simulate.h); rank_speed
  * and shared cores still apply, so the profile stands for one core of
