@@ -195,8 +195,7 @@ static bool staged_plan(const CompileOptions *o, const Layout *l, Graph *g, Trai
     bool timed = o->balance_time && o->n_cuts == 0;
     if (timed) {
         char which[1100];
-        if (o->cluster ? !cluster_load(o->cluster, cl, d) : !cluster_machine(cl, l->ranks, which, sizeof which, d))
-            return false;
+        if (!cluster_open(o->cluster, l->ranks, cl, which, sizeof which, d)) return false;
         cl->profile = o->kernel_profile;
         profile_bind(cl->profile, g);
         /* The activations stage s keeps: every micro-batch's under GPipe,

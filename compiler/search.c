@@ -138,20 +138,6 @@ static bool evaluate(const CompileOptions *o, const Cluster *cl, Candidate *c, D
     return false;
 }
 
-/* The cluster file at path, or the defaults for one node of `ranks`;
- * notes in s which one, for the report. */
-static bool load_cluster(const char *path, int ranks, Cluster *cl, Search *s, Diag *d) {
-    if (path) {
-        if (!cluster_load(path, cl, d)) return false;
-        snprintf(s->cluster, sizeof s->cluster, "%s (%d node%s x %d ranks)", cl->origin, cl->nodes,
-                 cl->nodes > 1 ? "s" : "", cl->ranks_per_node);
-    } else if (!cluster_machine(cl, ranks, s->cluster, sizeof s->cluster, d)) {
-        return false;
-    }
-    s->memory_per_rank = cl->memory_per_rank_bytes;
-    return true;
-}
-
 /* The cluster `given` plans on, in *cl, and in *o the options with their
  * kernel profile attached: made here (*made, for the caller to free)
  * when --profile asks for one and none is live yet. */
@@ -159,13 +145,14 @@ static bool open_cluster(const CompileOptions *given, CompileOptions *o, KernelP
                          Diag *d) {
     *o = *given;
     *made = NULL;
-    if (o->profile && !o->kernel_profile && !(*made = o->kernel_profile = profile_new(0)))
+    if (o->profile && !o->kernel_profile && !(*made = o->kernel_profile = profile_new()))
         return diag_error(d, DIAG_NOMEM, "out of memory");
-    if (!load_cluster(o->cluster, (int)(o->ranks > 0 ? o->ranks : 1), cl, s, d)) {
+    if (!cluster_open(o->cluster, (int)(o->ranks > 0 ? o->ranks : 1), cl, s->cluster, sizeof s->cluster, d)) {
         profile_free(*made);
         *made = NULL;
         return false;
     }
+    s->memory_per_rank = cl->memory_per_rank_bytes;
     cl->profile = o->kernel_profile;
     if (cl->profile) {
         size_t used = strlen(s->cluster);

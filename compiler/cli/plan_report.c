@@ -102,8 +102,7 @@ static bool chosen_plan(const CompileOptions *o, const Search *s, Graph **g, Tra
  * cluster file, or this machine's calibration or the stated defaults. */
 static bool simulate_chosen(const CompileOptions *o, const Plan *p, Cluster *cl, SimResult *r, Diag *d) {
     char which[1100];
-    if (!(o->cluster ? cluster_load(o->cluster, cl, d) : cluster_machine(cl, p->n_ranks, which, sizeof which, d)))
-        return false;
+    if (!cluster_open(o->cluster, p->n_ranks, cl, which, sizeof which, d)) return false;
     cl->profile = o->kernel_profile;
     if (simulate_plan(p, cl, r, d) && (r->events || diag_error(d, DIAG_NOMEM, "out of memory for the timeline")))
         return true;
@@ -390,7 +389,7 @@ int plan_report(const CompileOptions *given, const char *format) {
     Search s;
     /* one profile for the search and the chosen plan's drawing */
     CompileOptions opts = *given, *o = &opts;
-    if (o->profile && !o->kernel_profile && !(o->kernel_profile = profile_new(0))) {
+    if (o->profile && !o->kernel_profile && !(o->kernel_profile = profile_new())) {
         diag_error(&d, DIAG_NOMEM, "out of memory");
         return cli_fail(&d);
     }

@@ -137,6 +137,10 @@ bool cluster_cache_dir(const char *path, Diag *d);
  * not load. */
 bool cluster_machine(Cluster *c, int ranks, char *which, size_t which_len, Diag *d);
 
+/* The cluster a command plans on: the file at path, or without one (NULL)
+ * cluster_machine's; `which` says which, for people. */
+bool cluster_open(const char *path, int ranks, Cluster *c, char *which, size_t which_len, Diag *d);
+
 /* Frees rank_speed and name; c may be zeroed or already freed. */
 void cluster_free(Cluster *c);
 

@@ -75,3 +75,11 @@ bool cluster_cache_dir(const char *path, Diag *d) {
     }
     return true;
 }
+
+bool cluster_open(const char *path, int ranks, Cluster *c, char *which, size_t which_len, Diag *d) {
+    if (!path) return cluster_machine(c, ranks, which, which_len, d);
+    if (!cluster_load(path, c, d)) return false;
+    snprintf(which, which_len, "%s (%d node%s x %d ranks)", c->origin, c->nodes, c->nodes > 1 ? "s" : "",
+             c->ranks_per_node);
+    return true;
+}

@@ -25,7 +25,6 @@ struct KernelProfile {
     Entry *e;
     int n, cap;
     int measured, failed;
-    double min_s;
     const Graph *g; /* whose opsets node graphs take (profile_bind) */
 };
 
@@ -33,11 +32,7 @@ void profile_bind(KernelProfile *p, const Graph *g) {
     if (p) p->g = g;
 }
 
-KernelProfile *profile_new(double min_s) {
-    KernelProfile *p = calloc(1, sizeof *p);
-    if (p) p->min_s = min_s > 0 ? min_s : 0.002;
-    return p;
-}
+KernelProfile *profile_new(void) { return calloc(1, sizeof(KernelProfile)); }
 
 void profile_free(KernelProfile *p) {
     if (!p) return;

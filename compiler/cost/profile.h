@@ -15,8 +15,7 @@
 
 typedef struct KernelProfile KernelProfile;
 
-/* min_s: the least time each kernel is run for per repetition. */
-KernelProfile *profile_new(double min_s);
+KernelProfile *profile_new(void);
 void profile_free(KernelProfile *p);
 /* The graph whose nodes are asked about next (their opsets). */
 void profile_bind(KernelProfile *p, const Graph *g);

@@ -77,6 +77,21 @@ def failure(cmd, p):
                                  (p.stderr.strip() or p.stdout.strip())[-1500:])
 
 
+def missing(modules=(), programs=()):
+    """The first of the Python modules and programs on PATH a script needs
+    that is not there, as a SKIP reason; None when all are."""
+    import importlib
+    for m in modules:
+        try:
+            importlib.import_module(m)
+        except ImportError:
+            return "%s not available" % m
+    for p in programs:
+        if not shutil.which(p):
+            return "%s not available" % p
+    return None
+
+
 def compile_available(cleave):
     """False while the binary has no `compile` command."""
     p, _ = run([cleave, "compile", "--help"], timeout=60)

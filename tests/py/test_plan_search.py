@@ -18,7 +18,6 @@ Ends with "N passed, M failed"; SKIP (exit 0) without mpirun or numpy.
 import argparse
 import json
 import os
-import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -257,13 +256,9 @@ def main():
     ap.add_argument("--cleave", required=True)
     ap.add_argument("--workdir")
     args = ap.parse_args()
-    try:
-        import numpy  # noqa: F401
-    except ImportError:
-        print("SKIP: numpy not available")
-        return 0
-    if not shutil.which("mpirun"):
-        print("SKIP: mpirun not available")
+    why = harness.missing(modules=("numpy",), programs=("mpirun",))
+    if why:
+        print("SKIP: " + why)
         return 0
     rep = harness.Report()
     if not rep.executable(args.cleave):

@@ -310,14 +310,11 @@ def main():
     ap.add_argument("--cleave", required=True)
     ap.add_argument("--workdir", required=True)
     args = ap.parse_args()
-    if not shutil.which("mpirun"):
-        print("SKIP: mpirun not found")
+    why = harness.missing(modules=("numpy",), programs=("mpirun",))
+    if why:
+        print("SKIP: " + why)
         return 0
-    try:
-        import numpy as np
-    except ImportError:
-        print("SKIP: numpy missing")
-        return 0
+    import numpy as np
     rep = harness.Report()
     if not rep.executable(args.cleave):
         return rep.summary()

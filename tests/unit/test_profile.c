@@ -28,7 +28,7 @@ static void profile_all(const char *model, const char *strategy, int ranks, int 
     TrainGraph t;
     Plan p;
     build(model, strategy, ranks, micro, loss, &g, &t, &p);
-    KernelProfile *kp = profile_new(1e-4);
+    KernelProfile *kp = profile_new();
     ck_assert_ptr_nonnull(kp);
     profile_bind(kp, g);
     int asked = 0;
@@ -64,7 +64,7 @@ START_TEST(timed_once_and_charged_as_timed) {
     TrainGraph t;
     Plan p;
     build("samples/mlp.onnx", "single", 1, 0, LOSS_CE, &g, &t, &p);
-    KernelProfile *kp = profile_new(1e-4);
+    KernelProfile *kp = profile_new();
     profile_bind(kp, g);
     const Node *gemm = NULL;
     for (int i = 0; i < p.ranks[0].n_train && !gemm; i++)
@@ -96,7 +96,7 @@ START_TEST(timed_once_and_charged_as_timed) {
     profile_free(kp);
     /* no profile bound, or none at all: nothing measured */
     ck_assert(profile_node_seconds(NULL, gemm) < 0);
-    KernelProfile *unbound = profile_new(0);
+    KernelProfile *unbound = profile_new();
     ck_assert(profile_node_seconds(unbound, gemm) < 0);
     profile_free(unbound);
     graph_free(g);
