@@ -1,4 +1,7 @@
-/* ops_linalg.c - Gemm and MatMul. */
+/* ops_linalg.c - Gemm, MatMul, and MatMulT (cleave's MatMul with either
+ * operand's last two dims swapped, which MatMul's gradient uses so that no
+ * transposed copy is made: the packed GEMM folds the swap into its
+ * packing). */
 #include "op_util.h"
 #include "ops_families.h"
 #include "../autodiff/grad.h"
@@ -46,6 +49,9 @@ static bool infer_matmul(OpCtx *c, Node *n) {
     for (int i = 0; i < br; i++) bd[i] = b->dims[i];
     if (ar == 1) { ad[1] = ad[0]; ad[0] = dim_const(1); ar = 2; }
     if (br == 1) { bd[1] = dim_const(1); br = 2; }
+    /* MatMulT: the operand's last two dims are read swapped */
+    if (node_attr_i(n, "transA", 0)) { Dim t0 = ad[ar - 1]; ad[ar - 1] = ad[ar - 2]; ad[ar - 2] = t0; }
+    if (node_attr_i(n, "transB", 0)) { Dim t0 = bd[br - 1]; bd[br - 1] = bd[br - 2]; bd[br - 2] = t0; }
     Dim ka = ad[ar - 1], kb = bd[br - 2];
     if (dim_is_const(ka) && dim_is_const(kb) && ka.k != kb.k)
         return op_error(c, n, "inner dimensions differ: %lld vs %lld", (long long)ka.k, (long long)kb.k);
@@ -80,7 +86,8 @@ static double flops_gemm(const Node *n) {
 static double flops_matmul(const Node *n) {
     const Value *a = n->in[0], *y = n->out[0];
     if (!value_shape_known(a) || !value_shape_known(y)) return 0;
-    return 2 * (double)value_numel(y) * (double)a->dims[a->rank - 1].k;
+    int kdim = a->rank >= 2 && node_attr_i(n, "transA", 0) ? a->rank - 2 : a->rank - 1;
+    return 2 * (double)value_numel(y) * (double)a->dims[kdim].k;
 }
 
 /* ---- code generation ---- */
@@ -211,8 +218,10 @@ static bool k_gemm(Cg *c, const Node *n) {
  * [K,1]), and the promoted dims are absent from Y. */
 static bool k_matmul(Cg *c, const Node *n) {
     const Value *A = n->in[0], *B = n->in[1], *Y = n->out[0];
-    int64_t M = A->rank >= 2 ? A->dims[A->rank - 2].k : 1, K = A->dims[A->rank - 1].k;
-    int64_t N = B->rank >= 2 ? B->dims[B->rank - 1].k : 1;
+    /* MatMulT's operands are at least 2-D (infer_matmul_t) */
+    bool ta = node_attr_i(n, "transA", 0) != 0, tb = node_attr_i(n, "transB", 0) != 0;
+    int64_t M = A->rank >= 2 ? A->dims[A->rank - (ta ? 1 : 2)].k : 1, K = A->dims[A->rank - (ta ? 2 : 1)].k;
+    int64_t N = B->rank >= 2 ? B->dims[B->rank - (tb ? 2 : 1)].k : 1;
     int ab = A->rank > 2 ? A->rank - 2 : 0, bb = B->rank > 2 ? B->rank - 2 : 0;
     int nb = ab > bb ? ab : bb;
     int64_t bdims[MAX_RANK], as[MAX_RANK], bs[MAX_RANK];
@@ -237,7 +246,8 @@ static bool k_matmul(Cg *c, const Node *n) {
         yo = cg_mad(c, yo, bdims[j], iv);
     }
     yo = cg_mul(c, yo, M * N);
-    Mat a = {A, ao, K, 1}, b = {B, bo, N, 1};
+    /* element (i, k) of op(A) and (k, j) of op(B) */
+    Mat a = {A, ao, ta ? 1 : K, ta ? M : 1}, b = {B, bo, tb ? 1 : N, tb ? K : 1};
     gemm_block(c, &a, &b, Y, yo, M, N, K, 1.0f);
     for (int j = nb - 1; j >= 0; j--) cg_for_end(c, &loops[j]);
     cg_kernel_end(c);
@@ -268,31 +278,40 @@ static bool g_gemm(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool
     return true;
 }
 
-/* Swaps the last two dims. */
-static Value *transpose_last2(GradCtx *c, Value *x) {
-    int64_t perm[MAX_RANK];
-    for (int j = 0; j < x->rank; j++) perm[j] = j;
-    perm[x->rank - 1] = x->rank - 2;
-    perm[x->rank - 2] = x->rank - 1;
-    return gb_transpose(c, x, perm, x->rank);
+/* op(A) op(B) as MatMulT, op swapping the last two dims where asked. */
+static Value *matmul_t(GradCtx *c, Value *a, Value *b, bool ta, bool tb) {
+    if (!a || !b) return NULL;
+    Value *in[2] = {a, b};
+    Node *m = gb_start(c, "cleave", "MatMulT", 2, in, 1);
+    gb_attr_i(c, m, "transA", ta);
+    gb_attr_i(c, m, "transB", tb);
+    return gb_finish(c, m);
 }
 
 /* Y = A B (batched): dA = dY B^T, dB = A^T dY, summed over broadcast
- * batch dims. */
+ * batch dims; the transposes are MatMulT's, never copies. */
 static bool g_matmul(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
     Value *A = n->in[0], *B = n->in[1];
     if (A->rank < 2 || B->rank < 2)
         return diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (MatMul): gradient of 1-D operands is not supported",
                           c->g->path, n->name);
-    if (need[0]) dx[0] = gb_sum_to(c, gb_op2(c, "MatMul", dy[0], transpose_last2(c, B)), A);
-    if (need[1]) dx[1] = gb_sum_to(c, gb_op2(c, "MatMul", transpose_last2(c, A), dy[0]), B);
+    if (need[0]) dx[0] = gb_sum_to(c, matmul_t(c, dy[0], B, false, true), A);
+    if (need[1]) dx[1] = gb_sum_to(c, matmul_t(c, A, dy[0], true, false), B);
     return true;
+}
+
+/* MatMulT is made only by g_matmul, on operands of rank >= 2. */
+static bool infer_matmul_t(OpCtx *c, Node *n) {
+    if (n->in[0]->rank < 2 || n->in[1]->rank < 2) return op_error(c, n, "MatMulT's inputs must have rank >= 2");
+    return infer_matmul(c, n);
 }
 
 static const AttrSpec attrs_gemm[] = {
     {"alpha", ATTR_FLOAT, .f = 1.0f}, {"beta", ATTR_FLOAT, .f = 1.0f},
     {"transA", ATTR_INT, .i = 0},     {"transB", ATTR_INT, .i = 0}, {0}};
 static const AttrSpec attrs_none[] = {{0}};
+static const AttrSpec attrs_matmul_t[] = {{"transA", ATTR_INT, .i = 0}, {"transB", ATTR_INT, .i = 0}, {0}};
 
 const OpDef op_Gemm = {"Gemm", "", 1, 0, 2, 3, 1, 1, attrs_gemm, 0, infer_gemm, NULL, flops_gemm, .grad = g_gemm, .cg = k_gemm, .dense = true};
 const OpDef op_MatMul = {"MatMul", "", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_matmul, NULL, flops_matmul, .grad = g_matmul, .cg = k_matmul, .dense = true};
+const OpDef op_MatMulT = {"MatMulT", "cleave", 1, 0, 2, 2, 1, 1, attrs_matmul_t, 0, infer_matmul_t, NULL, flops_matmul, .cg = k_matmul, .dense = true};

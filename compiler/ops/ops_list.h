@@ -14,6 +14,6 @@ X(Tanh) X(Transpose) X(Unsqueeze) X(Where) X(Xor)
 X(SoftmaxCrossEntropyLoss)
 /* cleave's own ops (domain "cleave"): gradients and optimizer updates */
 X(SoftmaxCrossEntropyLossGrad) X(SumTo) X(ReluGrad) X(LeakyReluGrad) X(SigmoidGrad)
-X(TanhGrad) X(SoftmaxGrad) X(LogSoftmaxGrad) X(ReduceGrad) X(SGD) X(Adam)
+X(TanhGrad) X(SoftmaxGrad) X(LogSoftmaxGrad) X(ReduceGrad) X(SGD) X(Adam) X(MatMulT)
 /* gradients of convolution, pooling and normalisation (ops_nn.c) */
 X(ConvGradInput) X(ConvGradWeight) X(ConvGradBias) X(MaxPoolGrad) X(AveragePoolGrad) X(BatchNormGrad) X(LayerNormGrad)

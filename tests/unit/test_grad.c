@@ -72,6 +72,16 @@ START_TEST(matmul_broadcast) {
 }
 END_TEST
 
+/* The gradient's products (MatMulT, transposes read in place) large
+ * enough for the packed GEMM, with A broadcast over B's batch. */
+START_TEST(matmul_packed) {
+    GradCase k;
+    grad_case_init(&k, &rules);
+    Value *in[2] = {grad_param(&k, "A", 2, D(24, 32)), grad_param(&k, "B", 3, D(2, 32, 40))};
+    grad_check(&k, op(&k, "MatMul", 2, in, NULL, NULL, 0, 0), 2e-2);
+}
+END_TEST
+
 static void binary_case(const char *name, const int64_t *da, int ra, const int64_t *db, int rb, Fill fill_b) {
     GradCase k;
     grad_case_init(&k, &rules);
@@ -179,6 +189,7 @@ int main(void) {
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, gemm);
     tcase_add_test(tc, matmul_broadcast);
+    tcase_add_test(tc, matmul_packed);
     tcase_add_test(tc, arithmetic_broadcast);
     tcase_add_test(tc, activations);
     tcase_add_test(tc, softmax_family);
