@@ -287,7 +287,7 @@ bool driver_compile(const CompileOptions *o, Diag *d) {
     }
     if (ok) {
         CgOptions co = {.target_cpu = o->target_cpu, .emit = o->emit, .output = o->output, .model_path = o->model,
-                        .meta_json = meta, .verbose = o->verbose};
+                        .meta_json = meta, .verbose = o->verbose, .no_fuse = o->no_fuse};
         ok = cg_compile_plan(&p, &co, d);
     }
     if (ok) report_plan(&p, o);

@@ -42,6 +42,7 @@ typedef struct CompileOptions {
     struct KernelProfile *kernel_profile;
     TrainOptions train;
     bool verbose;
+    bool no_fuse; /* --no-fuse: no element-wise chains fused (codegen/cg_fuse.h) */
     /* --plan FILE: the decisions above came from this plan file, whose
      * derived fields are checked against the plan they give (plan_file.h) */
     const struct PlanFile *plan_file;

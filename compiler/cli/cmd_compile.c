@@ -66,6 +66,8 @@ static const char compile_help[] =
     "                       --emit-plan, perhaps edited): its strategy, stages,\n"
     "                       micro-batches, schedule, batch, loss and optimizer replace\n"
     "                       the flags that set them (MODEL defaults to the plan's)\n"
+    "  --no-fuse            run every element-wise node as its own loop (fused chains\n"
+    "                       give the same bits; this is for comparing)\n"
     "  -v, --verbose        report the stages and the planned memory\n";
 
 static const char plan_help[] =
@@ -261,6 +263,8 @@ static int parse_flags(const char *cmd, int argc, char **argv, CompileFlags *f) 
             o.bucket_mb = mb;
         } else if (strcmp(a, "--profile") == 0) {
             o.profile = true;
+        } else if (strcmp(a, "--no-fuse") == 0) {
+            o.no_fuse = true;
         } else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) {
             o.verbose = true;
         } else if (a[0] == '-') {

@@ -29,6 +29,7 @@ typedef struct CgKernel {
 } CgKernel;
 
 typedef struct Cg Cg;
+typedef struct CgFuse CgFuse; /* cg_fuse.h */
 struct Cg {
     LLVMContextRef ctx;
     LLVMModuleRef mod;
@@ -39,6 +40,7 @@ struct Cg {
     const Plan *plan;
     const RankPlan *rp; /* single and dp plans: the one program's; NULL for staged plans */
     CgKernel *kernels; /* per node id */
+    CgFuse *fuse;      /* fused element-wise chains (cg_fuse.h) */
     /* the kernel being built */
     const Node *node;
     CgKernel *cur;
@@ -50,6 +52,11 @@ struct Cg {
  * state; duplicates allowed).  Leaves the builder in its entry block. */
 bool cg_kernel_begin(Cg *c, const Node *n, int n_bufs, const Value *const *bufs);
 void cg_kernel_end(Cg *c);
+/* The same for a kernel that is not one node's (fused chains, cg_fuse.c):
+ * built into k under `name`, errors naming node n; shared[i]: buffer i may
+ * overlap another in some call (no noalias). */
+bool cg_kernel_begin_as(Cg *c, CgKernel *k, const char *name, const Node *n, int n_bufs, const Value *const *bufs,
+                        const bool *shared);
 /* Kernel over all present inputs then all present outputs. */
 bool cg_kernel_begin_io(Cg *c, const Node *n);
 /* Base pointer of v's buffer inside the current kernel. */
@@ -99,6 +106,11 @@ void cg_copy(Cg *c, const Value *dst, const Value *src);
  * present inputs against output 0; inputs listed in order. */
 typedef LLVMValueRef (*CgScalarFn)(Cg *c, const Node *n, LLVMValueRef *x);
 bool cg_elementwise(Cg *c, const Node *n, CgScalarFn fn);
+/* The broadcasting loop nest alone: loops over y's elements, and body
+ * called once inside with y's element index and each input's (numpy
+ * broadcasting of ins against y).  cg_elementwise and fused chains use it. */
+typedef void (*CgEwBody)(Cg *c, void *ctx, LLVMValueRef out_idx, const LLVMValueRef *in_idx);
+void cg_ew_nest(Cg *c, const Value *y, int n_in, const Value *const *ins, CgEwBody body, void *ctx);
 /* Row decomposition of an axis: [outer, len, inner] of v around axis. */
 void cg_axis_split(const Value *v, int axis, int64_t *outer, int64_t *len, int64_t *inner);
 
@@ -112,6 +124,7 @@ typedef struct CgOptions {
     const char *passes;      /* LLVM pass pipeline; NULL: "default<O3>" (tests
                                 use O1 to compile hundreds of models quickly) */
     bool verbose;
+    bool no_fuse;            /* every node runs its own kernel (tests compare) */
 } CgOptions;
 
 bool cg_compile_plan(const Plan *p, const CgOptions *o, Diag *d);

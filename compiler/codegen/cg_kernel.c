@@ -27,9 +27,9 @@ static bool may_share(const Cg *c, const Node *n, const Value *a, const Value *b
     return false;
 }
 
-bool cg_kernel_begin(Cg *c, const Node *n, int n_bufs, const Value *const *bufs) {
+bool cg_kernel_begin_as(Cg *c, CgKernel *k, const char *name, const Node *n, int n_bufs, const Value *const *bufs,
+                        const bool *shared) {
     if (n_bufs > CG_MAX_BUFS) return diag_error(c->d, DIAG_INTERNAL, "node '%s': too many buffers", n->name);
-    CgKernel *k = &c->kernels[n->id];
     k->n_bufs = n_bufs;
     LLVMTypeRef params[CG_MAX_BUFS];
     for (int i = 0; i < n_bufs; i++) {
@@ -38,18 +38,13 @@ bool cg_kernel_begin(Cg *c, const Node *n, int n_bufs, const Value *const *bufs)
         if (c->rp && c->rp->offset[bufs[i]->id] < 0)
             return diag_error(c->d, DIAG_INTERNAL, "node '%s': value '%s' has no buffer", n->name, bufs[i]->name);
     }
-    char name[64];
-    snprintf(name, sizeof name, "k%d_%s", n->id, n->op_type);
     LLVMTypeRef fty = LLVMFunctionType(c->t_void, params, (unsigned)n_bufs, 0);
     k->fn = LLVMAddFunction(c->mod, name, fty);
     LLVMSetLinkage(k->fn, LLVMInternalLinkage);
     /* Distinct buffers never overlap: tell LLVM so it can vectorise. */
     unsigned noalias = LLVMGetEnumAttributeKindForName("noalias", 7);
     for (int i = 0; i < n_bufs; i++) {
-        bool shared = false;
-        for (int j = 0; j < n_bufs; j++)
-            if (j != i && (bufs[j] == bufs[i] || may_share(c, n, bufs[i], bufs[j]))) shared = true;
-        if (!shared)
+        if (!shared[i])
             LLVMAddAttributeAtIndex(k->fn, (unsigned)i + 1, LLVMCreateEnumAttribute(c->ctx, noalias, 0));
         c->args[i] = LLVMGetParam(k->fn, (unsigned)i);
     }
@@ -58,6 +53,19 @@ bool cg_kernel_begin(Cg *c, const Node *n, int n_bufs, const Value *const *bufs)
     c->node = n;
     c->cur = k;
     return true;
+}
+
+bool cg_kernel_begin(Cg *c, const Node *n, int n_bufs, const Value *const *bufs) {
+    if (n_bufs > CG_MAX_BUFS) return diag_error(c->d, DIAG_INTERNAL, "node '%s': too many buffers", n->name);
+    bool shared[CG_MAX_BUFS];
+    for (int i = 0; i < n_bufs; i++) {
+        shared[i] = false;
+        for (int j = 0; j < n_bufs; j++)
+            if (j != i && (bufs[j] == bufs[i] || may_share(c, n, bufs[i], bufs[j]))) shared[i] = true;
+    }
+    char name[64];
+    snprintf(name, sizeof name, "k%d_%s", n->id, n->op_type);
+    return cg_kernel_begin_as(c, &c->kernels[n->id], name, n, n_bufs, bufs, shared);
 }
 
 bool cg_kernel_begin_io(Cg *c, const Node *n) {
@@ -294,21 +302,8 @@ void cg_axis_split(const Value *v, int axis, int64_t *outer, int64_t *len, int64
  * receives the elements as i64 (cg_load_i) and must build integer
  * instructions, so int64 arithmetic stays exact; otherwise it receives
  * float32 (cg_load).  Its result is converted by cg_store. */
-bool cg_elementwise(Cg *c, const Node *n, CgScalarFn fn) {
-    enum { MAXIN = CG_MAX_BUFS - 1 };
-    const Value *y = n->out[0];
-    const Value *ins[MAXIN];
-    int n_in = 0;
-    for (int i = 0; i < n->n_in; i++) {
-        if (!n->in[i]) continue;
-        if (n_in == MAXIN)
-            return diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (%s): more than %d inputs are not compiled",
-                              c->g->path, n->name, n->op_type, MAXIN);
-        ins[n_in++] = n->in[i];
-    }
-    bool ints = n_in > 0;
-    for (int i = 0; i < n_in; i++)
-        if (!dtype_is_int(ins[i]->dtype)) ints = false;
+void cg_ew_nest(Cg *c, const Value *y, int n_in, const Value *const *ins, CgEwBody body, void *ctx) {
+    enum { MAXIN = CG_MAX_BUFS };
     int r = y->rank;
     /* strides[i][j]: input i's stride along output dim j */
     int64_t strides[MAXIN][MAX_RANK], ydims[MAX_RANK];
@@ -338,7 +333,6 @@ bool cg_elementwise(Cg *c, const Node *n, CgScalarFn fn) {
             mr++;
         }
     }
-    if (!cg_kernel_begin_io(c, n)) return false;
     CgLoop loops[MAX_RANK];
     LLVMValueRef out_idx = cg_i64(c, 0), in_idx[MAXIN];
     for (int i = 0; i < n_in; i++) in_idx[i] = cg_i64(c, 0);
@@ -348,10 +342,43 @@ bool cg_elementwise(Cg *c, const Node *n, CgScalarFn fn) {
         for (int i = 0; i < n_in; i++)
             if (ms[i][j]) in_idx[i] = cg_add(c, in_idx[i], cg_mul(c, iv, ms[i][j]));
     }
-    LLVMValueRef x[MAXIN];
-    for (int i = 0; i < n_in; i++) x[i] = ints ? cg_load_i(c, ins[i], in_idx[i]) : cg_load(c, ins[i], in_idx[i]);
-    cg_store(c, y, out_idx, fn(c, n, x));
+    body(c, ctx, out_idx, in_idx);
     for (int j = mr - 1; j >= 0; j--) cg_for_end(c, &loops[j]);
+}
+
+typedef struct EwOne {
+    const Node *n;
+    CgScalarFn fn;
+    int n_in;
+    const Value *const *ins;
+    bool ints;
+} EwOne;
+
+static void ew_one_body(Cg *c, void *ctx, LLVMValueRef out_idx, const LLVMValueRef *in_idx) {
+    EwOne *e = ctx;
+    LLVMValueRef x[CG_MAX_BUFS];
+    for (int i = 0; i < e->n_in; i++)
+        x[i] = e->ints ? cg_load_i(c, e->ins[i], in_idx[i]) : cg_load(c, e->ins[i], in_idx[i]);
+    cg_store(c, e->n->out[0], out_idx, e->fn(c, e->n, x));
+}
+
+bool cg_elementwise(Cg *c, const Node *n, CgScalarFn fn) {
+    enum { MAXIN = CG_MAX_BUFS - 1 };
+    const Value *ins[MAXIN];
+    int n_in = 0;
+    for (int i = 0; i < n->n_in; i++) {
+        if (!n->in[i]) continue;
+        if (n_in == MAXIN)
+            return diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (%s): more than %d inputs are not compiled",
+                              c->g->path, n->name, n->op_type, MAXIN);
+        ins[n_in++] = n->in[i];
+    }
+    bool ints = n_in > 0;
+    for (int i = 0; i < n_in; i++)
+        if (!dtype_is_int(ins[i]->dtype)) ints = false;
+    if (!cg_kernel_begin_io(c, n)) return false;
+    EwOne e = {n, fn, n_in, ins, ints};
+    cg_ew_nest(c, n->out[0], n_in, ins, ew_one_body, &e);
     cg_kernel_end(c);
     return true;
 }

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "cg.h"
+#include "cg_fuse.h"
 #include "../frontend/file_util.h"
 #include "../ops/ops.h"
 #include "../plan/pipeline.h"
@@ -110,7 +111,7 @@ static void call_kernel(Cg *c, const CgKernel *k, LLVMValueRef *args) {
 /* Calls node kernels from a step function in plan order; collectives call
  * the runtime, which also gets a chance to progress outstanding ones after
  * every kernel while any is in flight. */
-static void build_step_fn(Cg *c, const char *name, const PlanStep *steps, int n) {
+static void build_step_fn(Cg *c, const char *name, int pass, const PlanStep *steps, int n) {
     LLVMTypeRef pt = c->t_ptr;
     LLVMValueRef fn = LLVMAddFunction(c->mod, name, LLVMFunctionType(c->t_void, &pt, 1, 0));
     LLVMPositionBuilderAtEnd(c->b, LLVMAppendBasicBlockInContext(c->ctx, fn, "entry"));
@@ -127,7 +128,10 @@ static void build_step_fn(Cg *c, const char *name, const PlanStep *steps, int n)
             in_flight--;
             continue;
         }
-        const CgKernel *k = &c->kernels[steps[s].node->id];
+        int span = 1;
+        const CgKernel *k = cg_fused_at(c, 0, pass, s, &span);
+        if (!k) k = &c->kernels[steps[s].node->id];
+        s += span - 1; /* a fused chain stands for its steps */
         if (!k->fn) continue; /* views: nothing to run */
         LLVMValueRef args[CG_MAX_BUFS];
         for (int i = 0; i < k->n_bufs; i++) args[i] = at_offset(c, arena, c->rp->offset[k->bufs[i]->id]);
@@ -170,8 +174,8 @@ static LLVMValueRef accumulate_fn(Cg *c, LLVMValueRef *cache, const Value *v) {
  * each step's micro-batch instances (pipeline_buffer), transfers and
  * collectives through the runtime, and a cleave_rt_unit call wherever the
  * unit of work changes, which the runtime's traces use. */
-static bool build_staged_step_fn(Cg *c, const char *name, const RankPlan *rp, const PlanStep *steps, int n,
-                                 LLVMValueRef *acc_cache) {
+static bool build_staged_step_fn(Cg *c, const char *name, int prog, int pass, const RankPlan *rp,
+                                 const PlanStep *steps, int n, LLVMValueRef *acc_cache) {
     const Plan *p = c->plan;
     LLVMTypeRef pt = c->t_ptr;
     LLVMValueRef fn = LLVMAddFunction(c->mod, name, LLVMFunctionType(c->t_void, &pt, 1, 0));
@@ -203,7 +207,10 @@ static bool build_staged_step_fn(Cg *c, const char *name, const RankPlan *rp, co
             continue;
         }
         if (st->kind == STEP_COMPUTE) {
-            const CgKernel *k = &c->kernels[st->node->id];
+            int span = 1;
+            const CgKernel *k = cg_fused_at(c, prog, pass, s, &span);
+            if (!k) k = &c->kernels[st->node->id];
+            s += span - 1; /* a fused chain stands for its steps, all in this unit */
             if (!k->fn) continue;
             LLVMValueRef args[CG_MAX_BUFS];
             for (int i = 0; i < k->n_bufs; i++) {
@@ -371,8 +378,8 @@ static bool build_steps(Cg *c, const Plan *p) {
     LLVMValueRef program = LLVMAddGlobal(c->mod, c->t_i32, "cleave_program");
     LLVMSetInitializer(program, LLVMConstInt(c->t_i32, 0, 0));
     if (!p->n_stages) {
-        build_step_fn(c, "cleave_train_step", c->rp->train, c->rp->n_train);
-        build_step_fn(c, "cleave_eval_step", c->rp->eval, c->rp->n_eval);
+        build_step_fn(c, "cleave_train_step", 0, c->rp->train, c->rp->n_train);
+        build_step_fn(c, "cleave_eval_step", 1, c->rp->eval, c->rp->n_eval);
         return true;
     }
     int n = p->n_stages;
@@ -384,10 +391,10 @@ static bool build_steps(Cg *c, const Plan *p) {
         const RankPlan *rp = plan_stage_rank(p, k);
         char name[64];
         snprintf(name, sizeof name, "cleave_train_step_%d", k);
-        ok = build_staged_step_fn(c, name, rp, rp->train, rp->n_train, acc);
+        ok = build_staged_step_fn(c, name, k, 0, rp, rp->train, rp->n_train, acc);
         train[k] = LLVMGetNamedFunction(c->mod, name);
         snprintf(name, sizeof name, "cleave_eval_step_%d", k);
-        ok = ok && build_staged_step_fn(c, name, rp, rp->eval, rp->n_eval, acc);
+        ok = ok && build_staged_step_fn(c, name, k, 1, rp, rp->eval, rp->n_eval, acc);
         eval[k] = LLVMGetNamedFunction(c->mod, name);
     }
     if (ok) {
@@ -439,6 +446,7 @@ void cg_module_free(CgModule *m) {
     if (m->tsc) LLVMOrcDisposeThreadSafeContext(m->tsc);
     if (m->tm) LLVMDisposeTargetMachine(m->tm);
     free(m->c.kernels);
+    cg_fuse_free(m->c.fuse);
     free(m);
 }
 
@@ -480,7 +488,13 @@ CgModule *cg_build(const Plan *p, const CgOptions *o, Diag *d) {
     LLVMDisposeTargetData(layout);
     bool ok = true;
     for (int k = 0; ok && k < n_programs(p); k++) ok = generate_kernels(c, plan_stage_rank(p, k));
-    ok = ok && build_steps(c, p);
+    ok = ok && (o->no_fuse || cg_fuse_scan(c, n_programs(p))) && build_steps(c, p);
+    if (ok && o->verbose) {
+        int chains, nodes, unfused;
+        cg_fuse_stats(c, &chains, &nodes, &unfused);
+        fprintf(stderr, "cleave: fused %d element-wise chains (%d nodes); %d left apart, their buffers overlapping\n",
+                chains, nodes, unfused);
+    }
     if (ok) {
         const char *meta = o->meta_json ? o->meta_json : "{}";
         add_bytes(c, "cleave_meta", meta, strlen(meta));

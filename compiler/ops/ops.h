@@ -71,6 +71,10 @@ typedef struct OpDef {
      * DENSE_CONV: convolutions and their gradients); other ops (0) by the
      * bytes they read and write. */
     unsigned char dense;
+    /* Element-wise ops whose kernel is cg_elementwise over this scalar
+     * function: codegen may fuse a chain of such nodes into one loop
+     * (codegen/cg_fuse.c).  NULL: the node's kernel always runs alone. */
+    struct LLVMOpaqueValue *(*scalar)(Cg *c, const Node *n, struct LLVMOpaqueValue **x);
 } OpDef;
 
 enum { DENSE_GEMM = 1, DENSE_CONV = 2 };

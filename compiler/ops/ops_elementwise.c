@@ -690,42 +690,42 @@ static const AttrSpec attrs_mod[] = {{"fmod", ATTR_INT, .i = 0}, {0}};
 static const AttrSpec attrs_castlike[] = {{"saturate", ATTR_INT, .i = 1}, {0}};
 static const AttrSpec attrs_dropout[] = {{"ratio", ATTR_FLOAT, .f = 0.5f}, {"seed", ATTR_INT}, {0}};
 
-#define BINARY(NAME, fold, since, G, K) \
+#define BINARY(NAME, fold, since, G, K, S) \
     {NAME, "", since, 0, 2, 2, 1, 1, attrs_none, 0, infer_broadcast, fold, flops_1, .grad = G, .cg = K, \
-     .inplace = true}
-#define UNARY(NAME, infer, fold, flops, G, K) \
-    {NAME, "", 1, 0, 1, 1, 1, 1, attrs_none, 0, infer, fold, flops, .grad = G, .cg = K, .inplace = true}
+     .inplace = true, .scalar = S}
+#define UNARY(NAME, infer, fold, flops, G, K, S) \
+    {NAME, "", 1, 0, 1, 1, 1, 1, attrs_none, 0, infer, fold, flops, .grad = G, .cg = K, .inplace = true, .scalar = S}
 
-const OpDef op_Add = BINARY("Add", fold_add, 1, g_add, cg_add_checked);
-const OpDef op_Sub = BINARY("Sub", fold_sub, 1, g_sub, cg_sub_checked);
-const OpDef op_Mul = BINARY("Mul", fold_mul, 1, g_mul, cg_mul_checked);
-const OpDef op_Div = BINARY("Div", fold_div, 1, g_div, cg_div_checked);
-const OpDef op_Pow = {"Pow", "", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_pow, fold_pow, flops_transcend, .grad = g_pow, .cg = cg_pow_checked};
+const OpDef op_Add = BINARY("Add", fold_add, 1, g_add, cg_add_checked, s_add);
+const OpDef op_Sub = BINARY("Sub", fold_sub, 1, g_sub, cg_sub_checked, s_sub);
+const OpDef op_Mul = BINARY("Mul", fold_mul, 1, g_mul, cg_mul_checked, s_mul);
+const OpDef op_Div = BINARY("Div", fold_div, 1, g_div, cg_div_checked, s_div);
+const OpDef op_Pow = {"Pow", "", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_pow, fold_pow, flops_transcend, .grad = g_pow, .cg = cg_pow_checked, .scalar = s_pow};
 const OpDef op_Equal = {"Equal", "", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_compare, fold_equal, flops_1, .cg = k_equal};
 const OpDef op_Less = {"Less", "", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_compare, fold_less, flops_1, .cg = k_less};
 const OpDef op_Greater = {"Greater", "", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_compare, fold_greater, flops_1, .cg = k_greater};
 const OpDef op_GreaterOrEqual = {"GreaterOrEqual", "", 12, 0, 2, 2, 1, 1, attrs_none, 0, infer_compare, fold_ge, flops_1};
 const OpDef op_LessOrEqual = {"LessOrEqual", "", 12, 0, 2, 2, 1, 1, attrs_none, 0, infer_compare, fold_le, flops_1};
-const OpDef op_Not = UNARY("Not", infer_unary, fold_not, flops_1, NULL, NULL);
+const OpDef op_Not = UNARY("Not", infer_unary, fold_not, flops_1, NULL, NULL, NULL);
 const OpDef op_And = {"And", "", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_compare, fold_and, flops_1};
 const OpDef op_Or = {"Or", "", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_compare, fold_or, flops_1};
 const OpDef op_Xor = {"Xor", "", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_compare, fold_xor, flops_1};
-const OpDef op_Max = {"Max", "", 1, 0, 1, 1 << 16, 1, 1, attrs_none, 0, infer_variadic, fold_max, flops_1, .cg = k_max};
-const OpDef op_Min = {"Min", "", 1, 0, 1, 1 << 16, 1, 1, attrs_none, 0, infer_variadic, fold_min, flops_1, .cg = k_min};
+const OpDef op_Max = {"Max", "", 1, 0, 1, 1 << 16, 1, 1, attrs_none, 0, infer_variadic, fold_max, flops_1, .cg = k_max, .scalar = s_max};
+const OpDef op_Min = {"Min", "", 1, 0, 1, 1 << 16, 1, 1, attrs_none, 0, infer_variadic, fold_min, flops_1, .cg = k_min, .scalar = s_min};
 const OpDef op_Mod = {"Mod", "", 10, 0, 2, 2, 1, 1, attrs_mod, 0, infer_broadcast, fold_mod, flops_1};
 const OpDef op_Where = {"Where", "", 9, 0, 3, 3, 1, 1, attrs_none, 0, infer_where, fold_where, flops_1, .grad = g_where, .cg = k_where};
-const OpDef op_Relu = UNARY("Relu", infer_unary, fold_relu, flops_1, g_relu, k_relu);
-const OpDef op_LeakyRelu = {"LeakyRelu", "", 1, 0, 1, 1, 1, 1, attrs_leaky, 0, infer_float_unary, fold_leaky, flops_1, .grad = g_leaky, .cg = k_leaky, .inplace = true};
-const OpDef op_Sigmoid = UNARY("Sigmoid", infer_float_unary, fold_sigmoid, flops_transcend, g_sigmoid, k_sigmoid);
-const OpDef op_Tanh = UNARY("Tanh", infer_float_unary, fold_tanh, flops_transcend, g_tanh, k_tanh);
-const OpDef op_Erf = UNARY("Erf", infer_unary, fold_erf, flops_transcend, g_erf, k_erf);
-const OpDef op_Sqrt = UNARY("Sqrt", infer_float_unary, fold_sqrt, flops_transcend, g_sqrt, k_sqrt);
-const OpDef op_Exp = UNARY("Exp", infer_float_unary, fold_exp, flops_transcend, g_exp, k_exp);
-const OpDef op_Log = UNARY("Log", infer_float_unary, fold_log, flops_transcend, g_log, k_log);
-const OpDef op_Neg = UNARY("Neg", infer_unary, fold_neg, flops_1, g_neg, k_neg);
-const OpDef op_Abs = UNARY("Abs", infer_unary, fold_abs, flops_1, NULL, k_abs);
-const OpDef op_Reciprocal = UNARY("Reciprocal", infer_float_unary, fold_recip, flops_1, g_recip, k_recip);
-const OpDef op_Identity = UNARY("Identity", infer_unary, fold_copy, flops_zero, g_identity, k_copy);
+const OpDef op_Relu = UNARY("Relu", infer_unary, fold_relu, flops_1, g_relu, k_relu, s_relu);
+const OpDef op_LeakyRelu = {"LeakyRelu", "", 1, 0, 1, 1, 1, 1, attrs_leaky, 0, infer_float_unary, fold_leaky, flops_1, .grad = g_leaky, .cg = k_leaky, .inplace = true, .scalar = s_leaky};
+const OpDef op_Sigmoid = UNARY("Sigmoid", infer_float_unary, fold_sigmoid, flops_transcend, g_sigmoid, k_sigmoid, s_sigmoid);
+const OpDef op_Tanh = UNARY("Tanh", infer_float_unary, fold_tanh, flops_transcend, g_tanh, k_tanh, s_tanh);
+const OpDef op_Erf = UNARY("Erf", infer_unary, fold_erf, flops_transcend, g_erf, k_erf, s_erf);
+const OpDef op_Sqrt = UNARY("Sqrt", infer_float_unary, fold_sqrt, flops_transcend, g_sqrt, k_sqrt, s_sqrt);
+const OpDef op_Exp = UNARY("Exp", infer_float_unary, fold_exp, flops_transcend, g_exp, k_exp, s_exp);
+const OpDef op_Log = UNARY("Log", infer_float_unary, fold_log, flops_transcend, g_log, k_log, s_log);
+const OpDef op_Neg = UNARY("Neg", infer_unary, fold_neg, flops_1, g_neg, k_neg, s_neg);
+const OpDef op_Abs = UNARY("Abs", infer_unary, fold_abs, flops_1, NULL, k_abs, s_abs);
+const OpDef op_Reciprocal = UNARY("Reciprocal", infer_float_unary, fold_recip, flops_1, g_recip, k_recip, s_recip);
+const OpDef op_Identity = UNARY("Identity", infer_unary, fold_copy, flops_zero, g_identity, k_copy, s_copy);
 const OpDef op_Cast = {"Cast", "", 1, 0, 1, 1, 1, 1, attrs_cast, 0, infer_cast, fold_cast, flops_zero, .grad = g_cast, .cg = k_copy};
 const OpDef op_CastLike = {"CastLike", "", 15, 0, 2, 2, 1, 1, attrs_castlike, 0, infer_castlike, fold_castlike, flops_zero};
 /* Dropout is the identity at inference and in cleave's deterministic

@@ -408,10 +408,10 @@ static const AttrSpec attrs_sce_grad[] = {{"mean", ATTR_INT, .i = 1}, {"ignore_i
 const OpDef op_SoftmaxCrossEntropyLossGrad = {"SoftmaxCrossEntropyLossGrad", "cleave", 1, 0, 3, 3, 1, 1, attrs_sce_grad, 0,
                                               infer_sce_grad, NULL, flops_sce, .cg = cg_sce_grad};
 const OpDef op_SumTo = {"SumTo", "cleave", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_sum_to, NULL, NULL, .cg = cg_sum_to};
-const OpDef op_ReluGrad = {"ReluGrad", "cleave", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_like_first, NULL, NULL, .cg = cg_relu_grad, .inplace = true};
-const OpDef op_LeakyReluGrad = {"LeakyReluGrad", "cleave", 1, 0, 2, 2, 1, 1, attrs_alpha, 0, infer_like_first, NULL, NULL, .cg = cg_leaky_grad, .inplace = true};
-const OpDef op_SigmoidGrad = {"SigmoidGrad", "cleave", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_like_first, NULL, NULL, .cg = cg_sigmoid_grad, .inplace = true};
-const OpDef op_TanhGrad = {"TanhGrad", "cleave", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_like_first, NULL, NULL, .cg = cg_tanh_grad, .inplace = true};
+const OpDef op_ReluGrad = {"ReluGrad", "cleave", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_like_first, NULL, NULL, .cg = cg_relu_grad, .inplace = true, .scalar = s_relu_grad};
+const OpDef op_LeakyReluGrad = {"LeakyReluGrad", "cleave", 1, 0, 2, 2, 1, 1, attrs_alpha, 0, infer_like_first, NULL, NULL, .cg = cg_leaky_grad, .inplace = true, .scalar = s_leaky_grad};
+const OpDef op_SigmoidGrad = {"SigmoidGrad", "cleave", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_like_first, NULL, NULL, .cg = cg_sigmoid_grad, .inplace = true, .scalar = s_sigmoid_grad};
+const OpDef op_TanhGrad = {"TanhGrad", "cleave", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_like_first, NULL, NULL, .cg = cg_tanh_grad, .inplace = true, .scalar = s_tanh_grad};
 const OpDef op_SoftmaxGrad = {"SoftmaxGrad", "cleave", 1, 0, 2, 2, 1, 1, attrs_axis, 0, infer_like_first, NULL, NULL, .cg = cg_softmax_grad};
 const OpDef op_LogSoftmaxGrad = {"LogSoftmaxGrad", "cleave", 1, 0, 2, 2, 1, 1, attrs_axis, 0, infer_like_first, NULL, NULL, .cg = cg_logsoftmax_grad};
 const OpDef op_ReduceGrad = {"ReduceGrad", "cleave", 1, 0, 2, 2, 1, 1, attrs_reduce_grad, 0, infer_reduce_grad, NULL, NULL, .cg = cg_reduce_grad};

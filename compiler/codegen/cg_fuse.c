@@ -1,0 +1,320 @@
+/* cg_fuse.c - chains of element-wise nodes fused into one loop.
+ *
+ * A run of consecutive compute steps of one program whose nodes are
+ * element-wise (OpDef.scalar), float32 throughout and of one output shape,
+ * each node after the first reading a value an earlier one made, runs as
+ * one kernel: a single pass over the elements computes every node's value
+ * in registers, reads the chain's outside inputs once, and stores only the
+ * values that something outside the chain reads.  Each value is rounded to
+ * float32 exactly as the separate kernels round it (no fast-math flags), so
+ * fusing changes no bit of any result: the separate kernels stay in the
+ * module and a chain may be fused in one call and not in another.
+ *
+ * The memory plan placed the chain's values for separate kernels, which
+ * finish one node before the next starts.  The fused loop computes the
+ * same values only when none of its stores lands on bytes it reads later;
+ * cg_fuse_scan checks the buffers of every call of a chain (every program,
+ * pass and micro-batch) and leaves the chain unfused when one call could. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cg_fuse.h"
+#include "../ops/ops.h"
+#include "../plan/pipeline.h"
+
+enum { MAX_CHAIN = 32 };
+
+typedef struct Chain {
+    int n;
+    const Node *nodes[MAX_CHAIN];
+    /* kernel buffers: the outside inputs, then the stored outputs */
+    int n_in, n_out;
+    const Value *bufs[CG_MAX_BUFS];
+    bool bcast[CG_MAX_BUFS];    /* input read through broadcasting by some node */
+    int first_reader[CG_MAX_BUFS], last_reader[CG_MAX_BUFS]; /* chain positions reading input i */
+    int maker[CG_MAX_BUFS];     /* chain position making output i */
+    bool shared[CG_MAX_BUFS];   /* overlaps another buffer in some call */
+    bool unsafe;                /* some call's stores overwrite bytes it still reads */
+    CgKernel k;
+} Chain;
+
+struct CgFuse {
+    int n_chains, cap;
+    Chain *chains;
+    int n_seq;
+    int **start; /* per (program, pass): chain index starting at each step, or -1 */
+    int *uses;   /* per value id: input slots reading it over the whole graph */
+};
+
+static int seq_index(int prog, int pass) { return prog * 2 + pass; }
+
+static bool same_dims(const Value *a, const Value *b) {
+    if (a->rank != b->rank) return false;
+    for (int j = 0; j < a->rank; j++)
+        if (a->dims[j].k != b->dims[j].k) return false;
+    return true;
+}
+
+static bool fusable(const Cg *c, const Node *n) {
+    if (!n->def || !n->def->scalar || !c->kernels[n->id].fn) return false;
+    if (n->n_out != 1 || !n->out[0] || n->out[0]->dtype != DT_FLOAT || !value_shape_known(n->out[0])) return false;
+    for (int i = 0; i < n->n_in; i++)
+        if (n->in[i] && n->in[i]->dtype != DT_FLOAT) return false;
+    return true;
+}
+
+static int chain_pos(const Chain *ch, const Value *v) {
+    for (int j = 0; j < ch->n; j++)
+        if (ch->nodes[j]->out[0] == v) return j;
+    return -1;
+}
+
+static int buf_index(const Chain *ch, const Value *v, int from, int to) {
+    for (int i = from; i < to; i++)
+        if (ch->bufs[i] == v) return i;
+    return -1;
+}
+
+/* Whether the chain's output at position j is read only inside the chain:
+ * then it lives in a register and is never stored. */
+static bool internal(const Cg *c, const CgFuse *f, const Chain *ch, int j) {
+    const Value *v = ch->nodes[j]->out[0];
+    const TrainGraph *t = c->plan->t;
+    if (v->kind != VAL_INTERMEDIATE || v->is_output || (t && (v == t->loss || v == t->output))) return false;
+    int in_chain = 0;
+    for (int m = 0; m < ch->n; m++)
+        for (int i = 0; i < ch->nodes[m]->n_in; i++) in_chain += ch->nodes[m]->in[i] == v;
+    return in_chain > 0 && in_chain == f->uses[v->id];
+}
+
+/* Fills the buffer lists of a chain whose nodes are set; false when they
+ * are more than a kernel takes. */
+static bool chain_buffers(const Cg *c, const CgFuse *f, Chain *ch) {
+    const Value *dom = ch->nodes[0]->out[0];
+    ch->n_in = ch->n_out = 0;
+    for (int j = 0; j < ch->n; j++) {
+        const Node *nd = ch->nodes[j];
+        for (int i = 0; i < nd->n_in; i++) {
+            const Value *x = nd->in[i];
+            if (!x || chain_pos(ch, x) >= 0) continue;
+            int b = buf_index(ch, x, 0, ch->n_in);
+            if (b < 0) {
+                if (ch->n_in == CG_MAX_BUFS) return false;
+                b = ch->n_in++;
+                ch->bufs[b] = x;
+                ch->bcast[b] = false;
+                ch->first_reader[b] = j;
+            }
+            ch->bcast[b] |= !same_dims(x, dom);
+            ch->last_reader[b] = j;
+        }
+    }
+    for (int j = 0; j < ch->n; j++) {
+        if (internal(c, f, ch, j)) continue;
+        if (ch->n_in + ch->n_out == CG_MAX_BUFS) return false;
+        ch->bufs[ch->n_in + ch->n_out] = ch->nodes[j]->out[0];
+        ch->maker[ch->n_in + ch->n_out] = j;
+        ch->n_out++;
+    }
+    return true;
+}
+
+static int64_t offset_of(const Cg *c, const RankPlan *rp, const Value *v, int micro) {
+    return c->plan->n_stages ? pipeline_buffer(c->plan, rp, v, micro) : rp->offset[v->id];
+}
+
+/* One call of the chain with its buffers where this program has them:
+ * marks overlapping buffers shared, and the chain unsafe when a store can
+ * land on bytes the loop reads afterwards.  An outside input may share its
+ * bytes with an output only exactly (in place), when every node reading it
+ * reads element i at step i and comes no later than the node storing the
+ * output: element i is then read before it is overwritten, and never again. */
+static void check_call(const Cg *c, Chain *ch, const RankPlan *rp, int micro) {
+    int nb = ch->n_in + ch->n_out;
+    int64_t off[CG_MAX_BUFS], len[CG_MAX_BUFS];
+    for (int i = 0; i < nb; i++) {
+        off[i] = offset_of(c, rp, ch->bufs[i], micro);
+        len[i] = plan_value_bytes(ch->bufs[i]);
+        if (off[i] < 0) ch->unsafe = true;
+    }
+    for (int a = 0; a < nb && !ch->unsafe; a++)
+        for (int b = a + 1; b < nb; b++) {
+            bool overlap = off[a] < off[b] + len[b] && off[b] < off[a] + len[a];
+            if (!overlap) continue;
+            ch->shared[a] = ch->shared[b] = true;
+            if (b < ch->n_in) continue; /* two inputs: both only read */
+            if (a >= ch->n_in) { /* two stored outputs */
+                ch->unsafe = true;
+                break;
+            }
+            bool exact = off[a] == off[b] && len[a] == len[b];
+            if (!exact || ch->bcast[a] || ch->last_reader[a] > ch->maker[b]) {
+                ch->unsafe = true;
+                break;
+            }
+        }
+}
+
+static int find_chain(const CgFuse *f, const Chain *ch) {
+    for (int i = 0; i < f->n_chains; i++) {
+        const Chain *o = &f->chains[i];
+        if (o->n == ch->n && memcmp(o->nodes, ch->nodes, sizeof(ch->nodes[0]) * (size_t)ch->n) == 0) return i;
+    }
+    return -1;
+}
+
+/* The chain starting at step s of a program's sequence, if any: its
+ * length in *len.  Staged plans keep a chain inside one unit of work (one
+ * micro-batch's forward or backward), which the traces time. */
+static bool chain_at(const Cg *c, const CgFuse *f, const PlanStep *steps, int n, int s, Chain *ch) {
+    const PlanStep *st0 = &steps[s];
+    if (st0->kind != STEP_COMPUTE || !fusable(c, st0->node)) return false;
+    const Plan *p = c->plan;
+    memset(ch, 0, sizeof *ch);
+    ch->nodes[0] = st0->node;
+    ch->n = 1;
+    const Value *dom = st0->node->out[0];
+    for (int t = s + 1; t < n && ch->n < MAX_CHAIN; t++) {
+        const PlanStep *st = &steps[t];
+        if (st->kind != STEP_COMPUTE || st->micro != st0->micro || !fusable(c, st->node)) break;
+        if (p->n_stages && plan_step_unit(p, st) != plan_step_unit(p, st0)) break;
+        const Node *nd = st->node;
+        if (!same_dims(nd->out[0], dom)) break;
+        bool reads = false;
+        for (int i = 0; i < nd->n_in; i++) reads |= nd->in[i] && chain_pos(ch, nd->in[i]) >= 0;
+        if (!reads) break;
+        ch->nodes[ch->n++] = nd;
+        if (!chain_buffers(c, f, ch)) {
+            ch->n--;
+            break;
+        }
+    }
+    return ch->n >= 2 && chain_buffers(c, f, ch);
+}
+
+static bool scan_seq(Cg *c, CgFuse *f, const RankPlan *rp, const PlanStep *steps, int n, int *start) {
+    for (int s = 0; s < n; s++) start[s] = -1;
+    for (int s = 0; s < n;) {
+        Chain ch;
+        if (!chain_at(c, f, steps, n, s, &ch)) {
+            s++;
+            continue;
+        }
+        int i = find_chain(f, &ch);
+        if (i < 0) {
+            if (f->n_chains == f->cap) {
+                int cap = f->cap ? 2 * f->cap : 16;
+                Chain *nc = realloc(f->chains, sizeof *nc * (size_t)cap);
+                if (!nc) return diag_error(c->d, DIAG_NOMEM, "out of memory fusing element-wise chains");
+                f->chains = nc;
+                f->cap = cap;
+            }
+            i = f->n_chains++;
+            f->chains[i] = ch;
+        }
+        check_call(c, &f->chains[i], rp, steps[s].micro);
+        start[s] = i;
+        s += ch.n;
+    }
+    return true;
+}
+
+typedef struct ChainBody {
+    const Chain *ch;
+} ChainBody;
+
+static void chain_body(Cg *c, void *ctx, LLVMValueRef out_idx, const LLVMValueRef *in_idx) {
+    const Chain *ch = ((ChainBody *)ctx)->ch;
+    LLVMValueRef val[MAX_CHAIN];
+    for (int j = 0; j < ch->n; j++) {
+        const Node *nd = ch->nodes[j];
+        LLVMValueRef x[CG_MAX_BUFS];
+        int k = 0;
+        for (int i = 0; i < nd->n_in; i++) {
+            const Value *v = nd->in[i];
+            if (!v) continue;
+            int pos = chain_pos(ch, v);
+            if (pos >= 0 && pos < j) {
+                x[k++] = val[pos];
+            } else {
+                int b = buf_index(ch, v, 0, ch->n_in);
+                x[k++] = cg_load(c, v, in_idx[b]);
+            }
+        }
+        val[j] = nd->def->scalar(c, nd, x);
+        int o = buf_index(ch, nd->out[0], ch->n_in, ch->n_in + ch->n_out);
+        if (o >= 0) cg_store(c, nd->out[0], out_idx, val[j]);
+    }
+}
+
+static bool build_chain(Cg *c, Chain *ch) {
+    char name[96];
+    snprintf(name, sizeof name, "f%d_%s_x%d", ch->nodes[0]->id, ch->nodes[0]->op_type, ch->n);
+    if (!cg_kernel_begin_as(c, &ch->k, name, ch->nodes[0], ch->n_in + ch->n_out, ch->bufs, ch->shared))
+        return false;
+    ChainBody body = {ch};
+    cg_ew_nest(c, ch->nodes[0]->out[0], ch->n_in, ch->bufs, chain_body, &body);
+    cg_kernel_end(c);
+    return !diag_failed(c->d);
+}
+
+bool cg_fuse_scan(Cg *c, int n_programs) {
+    const Plan *p = c->plan;
+    CgFuse *f = calloc(1, sizeof *f);
+    if (!f) return diag_error(c->d, DIAG_NOMEM, "out of memory fusing element-wise chains");
+    c->fuse = f;
+    f->n_seq = 2 * n_programs;
+    f->start = calloc((size_t)f->n_seq, sizeof *f->start);
+    f->uses = calloc((size_t)p->g->n_values + 1, sizeof *f->uses);
+    if (!f->start || !f->uses) return diag_error(c->d, DIAG_NOMEM, "out of memory fusing element-wise chains");
+    GRAPH_FOR_NODES(p->g, nd) {
+        for (int i = 0; i < nd->n_in; i++)
+            if (nd->in[i]) f->uses[nd->in[i]->id]++;
+    }
+    for (int k = 0; k < n_programs; k++) {
+        const RankPlan *rp = plan_stage_rank(p, k);
+        for (int pass = 0; pass < 2; pass++) {
+            const PlanStep *steps = pass ? rp->eval : rp->train;
+            int n = pass ? rp->n_eval : rp->n_train;
+            int *start = malloc(sizeof *start * (size_t)(n ? n : 1));
+            f->start[seq_index(k, pass)] = start;
+            if (!start) return diag_error(c->d, DIAG_NOMEM, "out of memory fusing element-wise chains");
+            if (!scan_seq(c, f, rp, steps, n, start)) return false;
+        }
+    }
+    for (int i = 0; i < f->n_chains; i++)
+        if (!f->chains[i].unsafe && !build_chain(c, &f->chains[i])) return false;
+    return true;
+}
+
+const CgKernel *cg_fused_at(const Cg *c, int prog, int pass, int s, int *n_steps) {
+    const CgFuse *f = c->fuse;
+    if (!f || seq_index(prog, pass) >= f->n_seq) return NULL;
+    int i = f->start[seq_index(prog, pass)][s];
+    if (i < 0 || f->chains[i].unsafe) return NULL;
+    *n_steps = f->chains[i].n;
+    return &f->chains[i].k;
+}
+
+void cg_fuse_stats(const Cg *c, int *chains, int *nodes, int *unfused) {
+    *chains = *nodes = *unfused = 0;
+    const CgFuse *f = c->fuse;
+    for (int i = 0; f && i < f->n_chains; i++) {
+        if (f->chains[i].unsafe) {
+            (*unfused)++;
+            continue;
+        }
+        (*chains)++;
+        *nodes += f->chains[i].n;
+    }
+}
+
+void cg_fuse_free(CgFuse *f) {
+    if (!f) return;
+    for (int i = 0; f->start && i < f->n_seq; i++) free(f->start[i]);
+    free(f->start);
+    free(f->uses);
+    free(f->chains);
+    free(f);
+}

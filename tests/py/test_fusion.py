@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Fused element-wise chains change no bit.
+
+cleave compiles chains of element-wise nodes into one loop (compiler/
+codegen/cg_fuse.c); `--no-fuse` runs every node as its own loop.  For the
+transformer sample (layer norms written out as Sub/Pow/Div/Mul/Add) and a
+model made of activation chains with a broadcast parameter, each under
+single-process, data-parallel and pipeline plans, this checks that the
+fused program reports fused chains, and that it trains to exactly the
+losses and the weights of the unfused one.
+
+usage: test_fusion.py --cleave BIN [--workdir DIR]
+Ends with "N passed, M failed"; SKIP (exit 0) without numpy, onnx, torch
+or mpirun.
+"""
+import argparse
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import harness  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BATCH = 16
+STEPS = 4
+
+LAYOUTS = {
+    "single": [],
+    "dp2": ["--ranks", "2", "--strategy", "dp"],
+    "pipeline2": ["--ranks", "2", "--strategy", "pipeline", "--microbatches", "4", "--schedule", "1f1b"],
+}
+
+
+def export_chains(path):
+    """A model whose hidden layer is a long element-wise chain: GELU by erf,
+    tanh scaled by a per-feature parameter (broadcast), a sigmoid gate, a
+    division by sqrt, exp, and a leaky ReLU."""
+    import torch
+    from torch import nn
+
+    class Chains(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(24, 32)
+            self.b = nn.Linear(32, 10)
+            self.scale = nn.Parameter(torch.linspace(0.5, 1.5, 32))
+
+        def forward(self, x):
+            h = self.a(x)
+            g = h * 0.5 * (1.0 + torch.erf(h / 1.4142135))
+            g = torch.tanh(g) * self.scale + torch.sigmoid(-h)
+            g = g / torch.sqrt(h * h + 1.0) - torch.exp(-(h * h))
+            return self.b(nn.functional.leaky_relu(g, 0.2))
+
+    torch.manual_seed(0)
+    torch.onnx.export(Chains(), torch.randn(BATCH, 24), path, input_names=["input"], output_names=["output"],
+                      opset_version=13, do_constant_folding=False,
+                      dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
+
+
+def data(work, name, x_shape, y):
+    import numpy as np
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((BATCH * STEPS,) + x_shape).astype(np.float32)
+    xp = os.path.join(work, name + "_x.npy")
+    yp = os.path.join(work, name + "_y.npy")
+    np.save(xp, x)
+    if y == "ce":
+        np.save(yp, rng.integers(0, 10, size=BATCH * STEPS).astype(np.int64))
+    else:
+        np.save(yp, rng.standard_normal((BATCH * STEPS,) + x_shape).astype(np.float32))
+    return xp, yp
+
+
+def train(rep, args, work, label, model, loss, flags, fuse, xp, yp):
+    """Compiles and trains; (losses, weights, fused chain count) or None."""
+    tag = "%s_%s" % (label, "fused" if fuse else "apart")
+    prog = os.path.join(work, tag + ".train")
+    cmd = [args.cleave, "compile", model, "--batch", str(BATCH), "--loss", loss, "--optimizer", "adam",
+           "--lr", "0.01", "-o", prog, "-v"] + flags + ([] if fuse else ["--no-fuse"])
+    p, _ = harness.run(cmd, timeout=600)
+    if not rep.check("%s: compiles" % tag, p.returncode == 0, harness.failure(cmd, p)):
+        return None
+    m = re.search(r"fused (\d+) element-wise chains", p.stderr)
+    chains = int(m.group(1)) if m else -1
+    metrics = os.path.join(work, tag + ".jsonl")
+    saved = os.path.join(work, tag + ".onnx")
+    run = [prog, "--data", "input=" + xp, "--data", "labels=" + yp, "--steps", str(STEPS), "--metrics", metrics,
+           "--save", saved]
+    ranks = int(flags[flags.index("--ranks") + 1]) if "--ranks" in flags else 1
+    if ranks > 1:
+        run = harness.mpirun(ranks, run)
+    p, _ = harness.run(run, env=harness.mpi_env(), timeout=600)
+    if not rep.check("%s: trains" % tag, p.returncode == 0, harness.failure(run, p)):
+        return None
+    return harness.read_losses(metrics), harness.read_weights(saved), chains
+
+
+def check_model(rep, args, work, name, model, loss, x_shape):
+    import numpy as np
+    xp, yp = data(work, name, x_shape, loss)
+    for layout, flags in LAYOUTS.items():
+        label = "%s %s" % (name, layout)
+        fused = train(rep, args, work, label.replace(" ", "_"), model, loss, flags, True, xp, yp)
+        apart = train(rep, args, work, label.replace(" ", "_"), model, loss, flags, False, xp, yp)
+        if not fused or not apart:
+            continue
+        rep.check("%s: chains fused (%d)" % (label, fused[2]), fused[2] > 0, "verbose output reports none")
+        rep.equal("%s: --no-fuse fuses nothing" % label, apart[2], 0)
+        rep.check("%s: the same %d losses, bit for bit" % (label, STEPS),
+                  len(fused[0]) == STEPS and fused[0] == apart[0], "fused %r, apart %r" % (fused[0], apart[0]))
+        wf, wa = fused[1], apart[1]
+        same = sorted(wf) == sorted(wa) and all(
+            wf[k].shape == wa[k].shape and np.array_equal(wf[k].view(np.uint8), wa[k].view(np.uint8)) for k in wf)
+        diff = [k for k in wf if k in wa and not np.array_equal(wf[k], wa[k])]
+        rep.check("%s: the same trained weights, bit for bit" % label, same, "differ: %s" % diff[:5])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cleave", required=True)
+    ap.add_argument("--workdir")
+    args = ap.parse_args()
+    why = harness.missing(("numpy", "onnx", "torch"), ("mpirun",))
+    if why:
+        print("SKIP %s" % why)
+        return 0
+    rep = harness.Report()
+    if not rep.executable(args.cleave):
+        return rep.summary()
+    with harness.workdir(args.workdir, "cleave_fusion_") as work:
+        chains = os.path.join(work, "chains.onnx")
+        if rep.guarded("export the chains model", lambda: export_chains(chains) or True):
+            check_model(rep, args, work, "chains", chains, "ce", (24,))
+        check_model(rep, args, work, "transformer", os.path.join(ROOT, "samples", "transformer.onnx"), "mse",
+                    (16, 32))
+    return rep.summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
