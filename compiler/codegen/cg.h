@@ -91,6 +91,12 @@ LLVMValueRef cg_max(Cg *c, LLVMValueRef a, LLVMValueRef b);
 LLVMValueRef cg_alloca(Cg *c, LLVMTypeRef t);
 /* Vector dot product of K contiguous floats of a and b. */
 LLVMValueRef cg_dot(Cg *c, const Value *a, LLVMValueRef abase, const Value *b, LLVMValueRef bbase, int64_t K);
+/* Sum over K contiguous floats of a (from abase) of a*b, a, a^2 or |a|,
+ * vectorised with partial sums combined in a fixed order (b only for
+ * CG_SUM_DOT). */
+typedef enum { CG_SUM_PLAIN, CG_SUM_DOT, CG_SUM_SQUARES, CG_SUM_ABS } CgSumKind;
+LLVMValueRef cg_row_sum(Cg *c, CgSumKind kind, const Value *a, LLVMValueRef abase, const Value *b,
+                        LLVMValueRef bbase, int64_t K);
 /* dst[dst_off + sum_j i_j*dst_strides[j]] = src[src_off + sum_j i_j*src_strides[j]]
  * for every index (i_0..i_rank-1) < dims: transposes, slices, broadcasts,
  * concatenation blocks. */

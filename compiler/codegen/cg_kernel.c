@@ -397,9 +397,30 @@ LLVMValueRef cg_alloca(Cg *c, LLVMTypeRef t) {
     return a;
 }
 
-/* sum_k a[abase+k] * b[bbase+k] with 8-wide vector partial sums combined
- * in a fixed order, so the result does not depend on anything but K. */
-LLVMValueRef cg_dot(Cg *c, const Value *a, LLVMValueRef abase, const Value *b, LLVMValueRef bbase, int64_t K) {
+/* Term k of a row sum: a[k] * b[k], a[k], a[k]^2 or |a[k]| (vectors or
+ * scalars alike). */
+static LLVMValueRef sum_term(Cg *c, CgSumKind kind, LLVMValueRef a, LLVMValueRef b) {
+    switch (kind) {
+    case CG_SUM_DOT: return LLVMBuildFMul(c->b, a, b, "");
+    case CG_SUM_SQUARES: return LLVMBuildFMul(c->b, a, a, "");
+    case CG_SUM_ABS: {
+        LLVMTypeRef t = LLVMTypeOf(a);
+        char name[32];
+        snprintf(name, sizeof name, "llvm.fabs.%s", LLVMGetTypeKind(t) == LLVMVectorTypeKind ? "v8f32" : "f32");
+        LLVMValueRef f = LLVMGetNamedFunction(c->mod, name);
+        LLVMTypeRef fty = LLVMFunctionType(t, &t, 1, 0);
+        if (!f) f = LLVMAddFunction(c->mod, name, fty);
+        return LLVMBuildCall2(c->b, fty, f, &a, 1, "");
+    }
+    default: return a;
+    }
+}
+
+/* The row sum with 8-wide vector partial sums combined in a fixed order
+ * (pairwise over the lanes, then the scalar tail), so the result depends
+ * on nothing but K: vectorised, and the same bits on every run. */
+LLVMValueRef cg_row_sum(Cg *c, CgSumKind kind, const Value *a, LLVMValueRef abase, const Value *b,
+                        LLVMValueRef bbase, int64_t K) {
     enum { W = 8 };
     LLVMTypeRef vt = LLVMVectorType(c->t_f32, W);
     LLVMValueRef acc = cg_alloca(c, vt), tail = cg_alloca(c, c->t_f32);
@@ -410,13 +431,17 @@ LLVMValueRef cg_dot(Cg *c, const Value *a, LLVMValueRef abase, const Value *b, L
         CgLoop l;
         LLVMValueRef i = cg_for(c, &l, cg_i64(c, kv));
         LLVMValueRef off = cg_mul(c, i, W);
-        LLVMValueRef ia = cg_add(c, abase, off), ib = cg_add(c, bbase, off);
+        LLVMValueRef ia = cg_add(c, abase, off);
         LLVMValueRef pa = LLVMBuildInBoundsGEP2(c->b, c->t_f32, cg_buf(c, a), &ia, 1, "");
-        LLVMValueRef pb = LLVMBuildInBoundsGEP2(c->b, c->t_f32, cg_buf(c, b), &ib, 1, "");
-        LLVMValueRef va = LLVMBuildLoad2(c->b, vt, pa, ""), vb = LLVMBuildLoad2(c->b, vt, pb, "");
+        LLVMValueRef va = LLVMBuildLoad2(c->b, vt, pa, ""), vb = NULL;
         LLVMSetAlignment(va, 4);
-        LLVMSetAlignment(vb, 4);
-        LLVMValueRef sum = LLVMBuildFAdd(c->b, LLVMBuildLoad2(c->b, vt, acc, ""), LLVMBuildFMul(c->b, va, vb, ""), "");
+        if (kind == CG_SUM_DOT) {
+            LLVMValueRef ib = cg_add(c, bbase, off);
+            LLVMValueRef pb = LLVMBuildInBoundsGEP2(c->b, c->t_f32, cg_buf(c, b), &ib, 1, "");
+            vb = LLVMBuildLoad2(c->b, vt, pb, "");
+            LLVMSetAlignment(vb, 4);
+        }
+        LLVMValueRef sum = LLVMBuildFAdd(c->b, LLVMBuildLoad2(c->b, vt, acc, ""), sum_term(c, kind, va, vb), "");
         LLVMBuildStore(c->b, sum, acc);
         cg_for_end(c, &l);
     }
@@ -424,8 +449,10 @@ LLVMValueRef cg_dot(Cg *c, const Value *a, LLVMValueRef abase, const Value *b, L
         CgLoop l;
         LLVMValueRef i = cg_for(c, &l, cg_i64(c, K % W));
         LLVMValueRef k = cg_add(c, i, cg_i64(c, kv * W));
-        LLVMValueRef p = LLVMBuildFMul(c->b, cg_load(c, a, cg_add(c, abase, k)), cg_load(c, b, cg_add(c, bbase, k)), "");
-        LLVMBuildStore(c->b, LLVMBuildFAdd(c->b, LLVMBuildLoad2(c->b, c->t_f32, tail, ""), p, ""), tail);
+        LLVMValueRef x = cg_load(c, a, cg_add(c, abase, k));
+        LLVMValueRef y = kind == CG_SUM_DOT ? cg_load(c, b, cg_add(c, bbase, k)) : NULL;
+        LLVMBuildStore(c->b, LLVMBuildFAdd(c->b, LLVMBuildLoad2(c->b, c->t_f32, tail, ""), sum_term(c, kind, x, y), ""),
+                       tail);
         cg_for_end(c, &l);
     }
     LLVMValueRef v = LLVMBuildLoad2(c->b, vt, acc, "");
@@ -434,6 +461,10 @@ LLVMValueRef cg_dot(Cg *c, const Value *a, LLVMValueRef abase, const Value *b, L
     for (int w = W; w > 1; w /= 2)
         for (int i = 0; i < w / 2; i++) lanes[i] = LLVMBuildFAdd(c->b, lanes[2 * i], lanes[2 * i + 1], "");
     return LLVMBuildFAdd(c->b, lanes[0], LLVMBuildLoad2(c->b, c->t_f32, tail, ""), "");
+}
+
+LLVMValueRef cg_dot(Cg *c, const Value *a, LLVMValueRef abase, const Value *b, LLVMValueRef bbase, int64_t K) {
+    return cg_row_sum(c, CG_SUM_DOT, a, abase, b, bbase, K);
 }
 
 void cg_strided_copy(Cg *c, const Value *dst, int64_t dst_off, const int64_t *dst_strides, const Value *src,

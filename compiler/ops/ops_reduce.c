@@ -178,6 +178,30 @@ static void reduce_acc(Cg *c, const Value *x, const Value *y, const bool *red, R
     for (int j = nk - 1; j >= 0; j--) cg_for_end(c, &keep[j]);
 }
 
+/* Whether the reduced axes are the trailing ones (and some are): each
+ * output element then sums one contiguous row of the input. */
+static bool trailing_rows(const Value *x, const bool *red) {
+    int t = x->rank;
+    while (t > 0 && red[t - 1]) t--;
+    if (t == x->rank) return false;
+    for (int j = 0; j < t; j++)
+        if (red[j]) return false;
+    return true;
+}
+
+/* Sums over contiguous rows of `len` floats, vectorised (cg_row_sum), then
+ * the mean's scale, the square root or the log. */
+static void row_sums(Cg *c, const Value *x, const Value *y, int64_t rows, int64_t len, ReduceKind kind) {
+    CgSumKind sk = kind == R_SUMSQ || kind == R_L2 ? CG_SUM_SQUARES : kind == R_L1 ? CG_SUM_ABS : CG_SUM_PLAIN;
+    CgLoop l;
+    LLVMValueRef i = cg_for(c, &l, cg_i64(c, rows));
+    LLVMValueRef r = cg_row_sum(c, sk, x, cg_mul(c, i, len), NULL, NULL, len);
+    if (kind == R_MEAN) r = LLVMBuildFMul(c->b, r, cg_f32(c, 1.0 / (double)len), "");
+    else if (kind == R_L2 || kind == R_LOGSUM) r = cg_math(c, kind == R_L2 ? "sqrt" : "log", r, NULL);
+    cg_store(c, y, i, r);
+    cg_for_end(c, &l);
+}
+
 /* Float reductions: the output starts at the identity of the reduction;
  * every input element is combined into the output element it maps to; a
  * final pass applies the mean's scale, the square root or the log. */
@@ -209,6 +233,11 @@ static bool k_reduce(Cg *c, const Node *n) {
         else s *= x->dims[j].k;
     }
     if (!cg_kernel_begin(c, n, 2, bufs)) return false;
+    if (kind != R_MAX && kind != R_MIN && kind != R_PROD && trailing_rows(x, red) && count > 0) {
+        row_sums(c, x, y, ny, count, kind);
+        cg_kernel_end(c);
+        return true;
+    }
     double init = kind == R_MAX ? -INFINITY : kind == R_MIN ? INFINITY : kind == R_PROD ? 1 : 0;
     cg_fill(c, y, ny, cg_f32(c, init));
     CgLoop loops[MAX_RANK];
