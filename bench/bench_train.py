@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Training throughput of cleave-compiled programs against PyTorch on one core.
+"""Training throughput of cleave-compiled programs against PyTorch at the same thread count.
 
 For each model below the script exports an ONNX file (opset 13, fixed batch,
 training mode, no constant folding), writes a synthetic data set, and then
@@ -8,17 +8,21 @@ alternates, --runs times:
   cleave  `cleave compile` (timed), then the program for K steps with
           --metrics; samples/s over the steps after the warm-up, from the
           metrics' elapsed_s (so loading the data is not counted);
-  torch   a fresh process (OMP_NUM_THREADS=1, torch.set_num_threads(1)) that
+  torch   a fresh process (OMP_NUM_THREADS=T, torch.set_num_threads(T)) that
           trains the same model from the same initial weights on the same
           batches with torch.optim.SGD and cross-entropy; samples/s from
           time.perf_counter around the steps after the same warm-up.
+
+T is --threads (default 1): cleave compiles with --threads T, and torch
+gets T intra-op threads, with OMP_NUM_THREADS, MKL_NUM_THREADS and
+OPENBLAS_NUM_THREADS set to T for its BLAS.
 
 The table gives the medians.  Both sides train on identical weights and
 batches, so the loss of the first and of the last step must agree: the script
 checks that, to be sure both sides do the same work.
 
     /usr/bin/python3 bench/bench_train.py [--cleave PATH] [--runs 5] [--steps N]
-                                          [--out results.json]
+                                          [--threads T] [--out results.json]
 
 Needs Debian's /usr/bin/python3 (torch 1.13, numpy); the default --cleave is
 build-dev/cleave next to this folder.  Progress goes to stderr, the table to
@@ -113,7 +117,7 @@ def blas_libraries():
 
 def torch_worker(job):
     """Runs in its own process: one timed torch training run, result as JSON."""
-    torch.set_num_threads(1)
+    torch.set_num_threads(job.get("threads", 1))
     model = build_model(job["in_dim"], job["hidden"])
     model.load_state_dict(torch.load(job["weights"]))
     model.train()
@@ -153,7 +157,8 @@ def torch_worker(job):
 
 
 def run_torch(script, job):
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    t = str(job.get("threads", 1))  # bench_dp.py's jobs say nothing: 1
+    env = dict(os.environ, OMP_NUM_THREADS=t, MKL_NUM_THREADS=t, OPENBLAS_NUM_THREADS=t)
     cmd = [sys.executable, script, "--torch-worker", json.dumps(job)]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     if p.returncode != 0:
@@ -164,9 +169,11 @@ def run_torch(script, job):
 # ---------------------------------------------------------------- cleave side
 
 
-def compile_cmd(cleave, onnx_path, prog, batch):
-    return [cleave, "compile", onnx_path, "-o", prog, "--batch", str(batch),
-            "--loss", "ce", "--optimizer", "sgd", "--lr", repr(LR)]
+def compile_cmd(cleave, onnx_path, prog, batch, threads=1):
+    """The compile command; the other benchmarks call it with 4 arguments."""
+    cmd = [cleave, "compile", onnx_path, "-o", prog, "--batch", str(batch),
+           "--loss", "ce", "--optimizer", "sgd", "--lr", repr(LR)]
+    return cmd + ["--threads", str(threads)] if threads != 1 else cmd
 
 
 def program_cmd(prog, x, y, steps, metrics):
@@ -181,9 +188,9 @@ def run_checked(cmd, what):
     return p
 
 
-def run_cleave(cleave, onnx_path, prog, x, y, batch, steps, warm, metrics):
+def run_cleave(cleave, onnx_path, prog, x, y, batch, steps, warm, metrics, threads):
     t0 = time.perf_counter()
-    run_checked(compile_cmd(cleave, onnx_path, prog, batch), "cleave compile")
+    run_checked(compile_cmd(cleave, onnx_path, prog, batch, threads), "cleave compile")
     compile_s = time.perf_counter() - t0
 
     if os.path.exists(metrics):
@@ -287,13 +294,13 @@ def bench_model(args, workdir, name, in_dim, hidden, batch, steps):
 
     warm = warmup_steps(steps)
     job = {"in_dim": in_dim, "hidden": hidden, "weights": weights, "x": x_path, "y": y_path,
-           "batch": batch, "steps": steps, "warmup": warm, "lr": LR}
+           "batch": batch, "steps": steps, "warmup": warm, "lr": LR, "threads": args.threads}
     log("[%s] %d params, batch %d, %d steps (%d warm-up), %d runs"
         % (name, params, batch, steps, warm, args.runs))
 
     cl_runs, th_runs = [], []
     for r in range(args.runs):
-        c = run_cleave(args.cleave, onnx_path, prog, x_path, y_path, batch, steps, warm, metrics)
+        c = run_cleave(args.cleave, onnx_path, prog, x_path, y_path, batch, steps, warm, metrics, args.threads)
         cl_runs.append(c)
         log("[%s] run %d/%d cleave: compile %.2f s, %.1f samples/s"
             % (name, r + 1, args.runs, c["compile_s"], c["samples_per_s"]))
@@ -324,7 +331,7 @@ def bench_model(args, workdir, name, in_dim, hidden, batch, steps):
                        "cleave_first": c0["loss_first"], "torch_first": t0["loss_first"],
                        "cleave_last": c0["loss_last"], "torch_last": t0["loss_last"]},
         "commands": {
-            "compile": shlex.join(compile_cmd(args.cleave, "model.onnx", "prog", batch)),
+            "compile": shlex.join(compile_cmd(args.cleave, "model.onnx", "prog", batch, args.threads)),
             "program": shlex.join(program_cmd("./prog", "x.npy", "y.npy", steps, "metrics.jsonl")),
         },
         "cleave_runs": cl_runs,
@@ -340,8 +347,10 @@ def print_report(report):
     print("machine: %s, %d cores (%d usable), Linux %s"
           % (m["cpu"], m["cores"], m["cores_usable"], m["kernel"]))
     print("cleave:  %s (%s)" % (report["cleave"], report["cleave_version"]))
-    print("torch:   %s, %d thread, BLAS %s"
-          % (report["torch_version"], report["torch_threads"], ", ".join(report["torch_blas"]) or "?"))
+    print("threads: cleave --threads %d; torch %d intra-op thread%s, BLAS %s"
+          % (report["threads"], report["torch_threads"], "s" if report["torch_threads"] > 1 else "",
+             ", ".join(report["torch_blas"]) or "?"))
+    print("torch:   %s" % report["torch_version"])
     print("load:    1-minute load average %s before, %s after; %.0f s in all"
           % (report["load_before"], report["load_after"], report["total_s"]))
     print("medians of %d alternating runs; samples/s over the steps after a %d%% warm-up"
@@ -393,10 +402,14 @@ def main():
                     % ", ".join("%d for %s" % (m[4], m[0]) for m in MODELS))
     ap.add_argument("--models", nargs="+", choices=[m[0] for m in MODELS],
                     help="only these models")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="threads per side: cleave --threads T, torch.set_num_threads(T) (default 1)")
     ap.add_argument("--out", help="also write the results as JSON to this file")
     args = ap.parse_args()
     if args.runs < 1:
         ap.error("--runs must be at least 1")
+    if not 1 <= args.threads <= 64:
+        ap.error("--threads must be from 1 to 64")
     if args.steps is not None and args.steps < 2:
         ap.error("--steps must be at least 2 (one warm-up step, one timed)")
     args.cleave = os.path.abspath(args.cleave)
@@ -404,7 +417,7 @@ def main():
         sys.exit("%s is not an executable; build cleave or pass --cleave" % args.cleave)
 
     import_torch()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     report = {
         "command": shlex.join([sys.executable] + sys.argv),
         "machine": machine_info(),
@@ -412,6 +425,7 @@ def main():
         "cleave_version": cleave_version(args.cleave),
         "torch_version": torch.__version__,
         "runs": args.runs,
+        "threads": args.threads,
         "warmup_fraction": WARMUP_FRACTION,
         "lr": LR,
         "load_before": load_average(),

@@ -151,8 +151,10 @@ static void report_plan(const Plan *p, const CompileOptions *o) {
         snprintf(detail, sizeof detail, " (%d stage%s x %d replica%s, %d micro-batch%s, %s)", p->n_stages,
                  p->n_stages > 1 ? "s" : "", p->replicas, p->replicas > 1 ? "s" : "", p->microbatches,
                  p->microbatches > 1 ? "es" : "", p->schedule);
-    fprintf(stderr, "cleave: %s -> %s: %s%s on %d rank%s, batch %lld; arena %.1f MiB per rank (largest)\n", o->model,
-            o->output, p->strategy, detail, p->n_ranks, p->n_ranks > 1 ? "s" : "", (long long)o->batch,
+    char threads[48] = "";
+    if (p->threads > 1) snprintf(threads, sizeof threads, " x %d threads", p->threads);
+    fprintf(stderr, "cleave: %s -> %s: %s%s on %d rank%s%s, batch %lld; arena %.1f MiB per rank (largest)\n", o->model,
+            o->output, p->strategy, detail, p->n_ranks, p->n_ranks > 1 ? "s" : "", threads, (long long)o->batch,
             (double)arena / (1 << 20));
 }
 
@@ -244,6 +246,7 @@ bool driver_build_plan(const CompileOptions *o, Graph **gp, TrainGraph *t, Plan 
         graph_free(g);
         return false;
     }
+    p->threads = o->threads > 1 ? (int)o->threads : 1;
     *gp = g;
     return true;
 }

@@ -23,6 +23,9 @@ typedef struct CompileOptions {
     const char *model, *output, *emit, *plan_out, *target_cpu;
     const char *strategy; /* "single", "dp", "layer", "pipeline", "hybrid" or "auto" */
     int64_t batch, ranks;
+    /* --threads: threads per rank for the large matrix products (0: 1);
+     * the results are the same bits for any value (docs/perf.md) */
+    int64_t threads;
     double bucket_mb;
     /* layer, pipeline, hybrid: micro-batches (0: default), schedule (NULL:
      * gpipe), the first node of every stage after the first (n_cuts = 0:

@@ -155,10 +155,17 @@ bool plan_file_load(const char *path, CompileOptions *o, PlanFile *f, Diag *d) {
                           (long long)replicas, (long long)ranks);
     }
     json_t *bucket = json_object_get(f->root, "bucket_mb");
-    if (bucket && (!json_is_number(bucket) || !(json_number_value(bucket) > 0)))
+    /* plans without replicas have no gradient buckets and write 0 */
+    bool unbucketed = bucket && replicas == 1 && json_is_number(bucket) && json_number_value(bucket) == 0;
+    if (bucket && !unbucketed && (!json_is_number(bucket) || !(json_number_value(bucket) > 0)))
         return diag_error(d, DIAG_FORMAT, "%s: bucket_mb must be a positive number", path);
-    if (bucket) o->bucket_mb = json_number_value(bucket);
+    if (bucket && !unbucketed) o->bucket_mb = json_number_value(bucket);
     if (!read_training(f, o, d)) return false;
+    /* threads is a program option the file records, not a decision the
+     * plan follows from: --threads on the command line wins over it */
+    int64_t threads = 1;
+    if (!get_int(f, f->root, "", "threads", false, 1, 64, &threads, d)) return false;
+    if (!o->threads) o->threads = threads;
     if (!o->model) o->model = model;
     o->batch = batch;
     o->ranks = ranks;
@@ -228,6 +235,8 @@ bool plan_file_compare(const PlanFile *f, const char *derived, char *where, size
     /* the model path is where the file was planned from, not a decision */
     json_t *got = json_deep_copy(f->root);
     json_object_del(got, "model");
+    /* nor is threads (--threads may replace the file's) */
+    json_object_del(got, "threads");
     bool differs = got && first_difference(want, got, where, len);
     json_decref(got);
     json_decref(want);

@@ -70,6 +70,7 @@ static char *flat_meta(const Plan *p, const CompileOptions *o) {
     json_object_set_new(root, "strategy", json_string(p->strategy));
     json_object_set_new(root, "local_batch", json_integer(p->local_batch));
     json_object_set_new(root, "buckets", buckets);
+    json_object_set_new(root, "threads", json_integer(p->threads > 1 ? p->threads : 1));
     char *s = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(root);
     return s;
@@ -158,6 +159,7 @@ static char *staged_meta(const Plan *p, const CompileOptions *o) {
         "name", t->output->name, "shape", shape_json(t->output, output_rows(p, t->output)), "params",
         params, "loss_kind", loss_kind_name(o->train.loss), "optimizer", optimizer_json(o), "programs", programs);
     if (root) json_object_set_new(root, "placement", json_string(plan_placement_name(p->placement)));
+    if (root) json_object_set_new(root, "threads", json_integer(p->threads > 1 ? p->threads : 1));
     char *str = root ? json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(root);
     return str;

@@ -130,6 +130,7 @@ typedef struct RtMeta {
     RtLossKind loss_kind;
     int labels;       /* index of the input named "labels", -1 if none */
     int64_t classes;  /* ce: the output's last dimension */
+    int threads;      /* "threads": threads per rank for the matrix products (1..RT_MAX_THREADS) */
     RtStaged staged;
 } RtMeta;
 
@@ -240,6 +241,21 @@ struct RtLog;
 void rt_staged_report(struct RtLog *l, const RtMeta *m);
 /* m with every parameter of every stage (offsets unset), for checks. */
 void rt_staged_save_view(const RtMeta *m, RtMeta *view);
+
+/* ---- threads: rt_pool.c ---------------------------------------------------
+ *
+ * The workers behind cleave_rt_parallel (rt_abi.h), for programs compiled
+ * with --threads T ("threads" in the metadata). */
+
+#define RT_MAX_THREADS 64
+
+/* Starts threads - 1 workers (none for 1), once, before the first step;
+ * false with an error in e when the system refuses a thread. */
+bool rt_pool_start(int threads, RtErr *e);
+/* Joins the workers; cleave_rt_parallel then runs everything on the caller. */
+void rt_pool_stop(void);
+/* Threads cleave_rt_parallel runs a task on (1 without a pool). */
+int rt_pool_threads(void);
 
 /* ---- traces: rt_trace.c ---------------------------------------------------- */
 

@@ -53,7 +53,11 @@
  *              "offset": o, "trainable": bool}],
  *                                   initializers as the ONNX file names
  *                                   them; --save writes these back
- *  "loss_kind": "ce"|"mse"|"model", "optimizer": {...}}
+ *  "loss_kind": "ce"|"mse"|"model", "optimizer": {...},
+ *  "threads": T}                    threads each rank runs its large matrix
+ *                                   products on, 1 to 64 (absent: 1); the
+ *                                   runtime starts T - 1 workers for
+ *                                   cleave_rt_parallel before the first step
  *
  * Offsets are byte offsets into the arena, aligned to 64. */
 /* How the runtime reads the metadata (runtime/README.md): every field above
@@ -102,6 +106,14 @@ void cleave_rt_allreduce_wait(int32_t bucket);
  * make progress during the backward pass (Open MPI has no progress thread).
  * Cheap when nothing is outstanding. */
 void cleave_rt_progress(void);
+
+/* Runs task(ctx, t, T) for t = 0 .. T-1, T the program's "threads", and
+ * returns when every call has returned: t = 0 on the calling thread, the
+ * others on the runtime's workers (rt_pool.c), at the same time.  Called
+ * by the generated matrix products, which give each t a fixed share of
+ * the work that depends only on t and T; with T = 1 (or no workers) it
+ * simply calls task(ctx, 0, 1). */
+void cleave_rt_parallel(void (*task)(void *ctx, int64_t t, int64_t T), void *ctx);
 
 /* Staged programs (strategy "layer", "pipeline", "hybrid"): one module
  * holds a program per stage; the runtime stores the stage of its rank in

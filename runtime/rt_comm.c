@@ -39,8 +39,11 @@ void rt_comm_init(int *argc, char ***argv) {
         g_prog = slash ? slash + 1 : (*argv)[0];
     }
     /* MPI_Init's default error handler aborts with Open MPI's own message,
-     * which is all that can be said when the MPI environment is broken. */
-    MPI_Init(argc, argv);
+     * which is all that can be said when the MPI environment is broken.
+     * FUNNELED: with --threads the process has worker threads (rt_pool.c),
+     * but only this one ever calls MPI. */
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
     g_mpi_up = true;
     MPI_Comm_dup(MPI_COMM_WORLD, &g_comm);
     MPI_Comm_rank(g_comm, &g_rank);

@@ -136,6 +136,8 @@ static bool run(const RtProgram *prog, const RtArgs *args, const RtMeta *meta, R
                .shards = meta->dp ? ranks : meta->staged.on ? meta->staged.dp : 1};
     if (!train_paths || !eval_paths) rt_error(e, "out of memory");
     else prepare(prog, args, meta, &r, train_paths, eval_paths, e);
+    /* The workers of a program compiled with --threads, once for the run. */
+    if (!e->status) rt_pool_start(meta->threads, e);
     /* The first collective after start-up: a rank that failed above (a file
      * only it cannot read) stops every rank here, with its message. */
     if (!rt_comm_agree_rows(r.train_rows, r.eval_rows, e)) goto out;
@@ -175,6 +177,7 @@ static bool run(const RtProgram *prog, const RtArgs *args, const RtMeta *meta, R
     if (!rt_comm_agree(e)) goto out;
     ok = true;
 out:
+    rt_pool_stop();
     rt_log_discard(&r.log);
     if (meta->dp || meta->n_buckets) rt_dp_free();
     if (meta->staged.on) rt_staged_free();

@@ -409,6 +409,12 @@ static bool parse_root(json_t *root, int rank, RtMeta *m, RtErr *e) {
     if (st->on && !parse_all_params(root, m, e)) return false;
 
     if (!member(root, "optimizer", "", JSON_OBJECT, e)) return false;
+    /* Absent in programs compiled before --threads: one thread. */
+    int64_t threads = 1;
+    if (json_object_get(root, "threads") && !get_int(root, "threads", "", 1, &threads, e)) return false;
+    if (threads > RT_MAX_THREADS)
+        return rt_error(e, BAD "\"threads\" is %" PRId64 ", expected at most %d", threads, RT_MAX_THREADS);
+    m->threads = (int)threads;
 
     m->labels = rt_meta_input(m, "labels");
     if (m->loss_kind == RT_LOSS_CE) {

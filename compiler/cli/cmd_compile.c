@@ -32,6 +32,8 @@ static const char compile_help[] =
     "  --emit exe|obj|llvm  executable (default), object file, or readable LLVM IR\n"
     "  --emit-plan FILE     also write the plan (JSON, see docs/plan.md)\n"
     "  --target-cpu CPU     generate code for CPU instead of this machine's\n"
+    "  --threads T          threads per rank for the large matrix products, 1 to 64\n"
+    "                       (default 1); the program computes the same bits for any T\n"
     "  --ranks N            number of MPI ranks (default 1)\n"
     "  --strategy S          how N ranks share the work (default single, one rank):\n"
     "                       dp: every rank holds the model and computes B/N rows of\n"
@@ -216,6 +218,10 @@ static int parse_flags(const char *cmd, int argc, char **argv, CompileFlags *f) 
         } else if (strcmp(a, "--target-cpu") == 0) {
             NEED_VALUE();
             o.target_cpu = v;
+        } else if (strcmp(a, "--threads") == 0) {
+            NEED_VALUE();
+            if (!cli_parse_i64(v, 1, 64, &o.threads))
+                status = cli_usage(cmd, "--threads needs an integer from 1 to 64, got '%s'", v);
         } else if (strcmp(a, "--ranks") == 0) {
             NEED_VALUE();
             if (!cli_parse_i64(v, 1, 1 << 20, &ranks)) status = cli_usage(cmd, "--ranks needs a positive integer");

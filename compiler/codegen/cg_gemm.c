@@ -32,7 +32,15 @@
  * generated code; only the last block of each loop is shorter, and its
  * length is computed with a min at run time.  Each k of each element of y
  * is added in the same order in every run (within a KC block in k order,
- * the blocks in order), so results are reproducible bit for bit. */
+ * the blocks in order), so results are reproducible bit for bit.
+ *
+ * With --threads T (Plan.threads) a large product is split among T
+ * threads: the panels of NR columns of y (or of MR rows, when y is too
+ * narrow to share) are dealt out in fixed contiguous runs, and each
+ * thread runs the loop nest above over its own columns (rows) with its
+ * own slice of the scratch area.  The K blocking, the micro-kernels and
+ * the order of the multiply-adds of every element stay those of T = 1, so
+ * the bits do not depend on T; no sum is ever split between threads. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -279,8 +287,9 @@ static LLVMValueRef begin_fn(Cg *c, const char *name, int n_ptr, int n_i64, cons
 #define PACK_GLOBAL "cleave.gemm.pack"
 
 /* The module's scratch area with room for at least n floats.  One area
- * serves every product (kernels run one at a time), so it is replaced by
- * a larger one when a product needs more. */
+ * serves every product (kernels run one at a time; a product split among
+ * threads takes one slice per thread), so it is replaced by a larger one
+ * when a product needs more. */
 static LLVMValueRef pack_area(Cg *c, int64_t n) {
     LLVMValueRef old = LLVMGetNamedGlobal(c->mod, PACK_GLOBAL);
     if (old && (int64_t)LLVMGetArrayLength(LLVMGlobalGetValueType(old)) >= n) return old;
@@ -629,36 +638,29 @@ static void row_of_tiles(Cg *c, const Blocking *k, LLVMValueRef uk_full, LLVMVal
     LLVMPositionBuilderAtEnd(c->b, after);
 }
 
-static LLVMValueRef gemm_fn(Cg *c, const CgGemm *g, const Blocking *k) {
-    uint32_t abits;
-    memcpy(&abits, &g->alpha, 4);
-    char name[256];
-    snprintf(name, sizeof name, "cleave.gemm.%lldx%lldx%lld.a%lld_%lld.b%lld_%lld.y%lld.al%08x.%dx%dx%d.kc%lld.nc%lld",
-             (long long)g->M, (long long)g->N, (long long)g->K, (long long)g->a_si, (long long)g->a_sj,
-             (long long)g->b_si, (long long)g->b_sj, (long long)g->ldy, abits, k->mr, k->nv, k->w, (long long)k->kc,
-             (long long)k->nc);
-    LLVMValueRef fn = LLVMGetNamedFunction(c->mod, name);
-    if (fn) return fn;
+/* The micro-kernels of a product: full tiles, the narrow last column of
+ * tiles, the short last row, and the corner (NULL where N or M has no
+ * remainder). */
+typedef struct Kernels {
+    LLVMValueRef full, n_edge, m_edge, corner;
+} Kernels;
 
-    const int64_t M = g->M, N = g->N, K = g->K;
-    const int64_t em = M % k->mr, en = N % k->nr; /* rows of the last A panel, columns of the last B panel */
-    const int nv_e = (int)ceil_div(en, k->w), lanes_e = (int)(en - (int64_t)(nv_e - 1) * k->w);
-    /* micro-kernels first: each is a function of its own */
-    LLVMValueRef uk = micro_kernel(c, g, k, k->mr, k->nv, k->w);
-    LLVMValueRef uk_n = en ? micro_kernel(c, g, k, k->mr, nv_e, lanes_e) : NULL;
-    LLVMValueRef uk_m = em ? micro_kernel(c, g, k, (int)em, k->nv, k->w) : NULL;
-    LLVMValueRef uk_mn = em && en ? micro_kernel(c, g, k, (int)em, nv_e, lanes_e) : NULL;
-    int64_t a_area = round_up((int64_t)k->mr * k->kc, 16);
-    LLVMValueRef area = pack_area(c, a_area + k->kc * k->nc);
-
-    fn = begin_fn(c, name, 3, 0, k, true);
-    LLVMValueRef A = LLVMGetParam(fn, 0), B = LLVMGetParam(fn, 1), Y = LLVMGetParam(fn, 2);
-    LLVMValueRef ap = at(c, area, cg_i64(c, 0)), bp = at(c, area, cg_i64(c, a_area));
-
+/* Rows [0, m) and columns [0, n) of the product, with a, b and y already
+ * pointing at the part's first row and column, packing into ap and bp.
+ * m and n are i64 values: the constants M and N for a whole product, run
+ * time values for one thread's part.  A part's rows other than the
+ * last are whole panels of MR, and its columns whole panels of NR (the
+ * split deals out panels), so only a part that ends at M or N has the
+ * product's edge tiles. */
+static void emit_part(Cg *c, const CgGemm *g, const Blocking *k, const Kernels *uk, LLVMValueRef A, LLVMValueRef B,
+                      LLVMValueRef Y, LLVMValueRef ap, LLVMValueRef bp, LLVMValueRef m, LLVMValueRef n) {
+    const int64_t K = g->K;
+    const int64_t em = g->M % k->mr, en = g->N % k->nr; /* rows of the last A panel, columns of the last B panel */
+    LLVMValueRef nnb = LLVMBuildUDiv(c->b, cg_add(c, n, cg_i64(c, k->nc - 1)), cg_i64(c, k->nc), "");
     CgLoop ljb, lkb, lip;
-    LLVMValueRef jb = cg_for(c, &ljb, cg_i64(c, k->nnb));
+    LLVMValueRef jb = cg_for(c, &ljb, nnb);
     LLVMValueRef jc = cg_mul(c, jb, k->nc);
-    LLVMValueRef nc = min_i64(c, LLVMBuildNSWSub(c->b, cg_i64(c, N), jc, ""), k->nc);
+    LLVMValueRef nc = min_i64(c, LLVMBuildNSWSub(c->b, n, jc, ""), k->nc);
     LLVMValueRef kb = cg_for(c, &lkb, cg_i64(c, k->nkb));
     LLVMValueRef pc = cg_mul(c, kb, k->kc);
     LLVMValueRef kc = min_i64(c, LLVMBuildNSWSub(c->b, cg_i64(c, K), pc, ""), k->kc);
@@ -688,20 +690,162 @@ static LLVMValueRef gemm_fn(Cg *c, const CgGemm *g, const Blocking *k) {
     /* panels of MR rows of A, each against every B panel */
     LLVMValueRef asrc = at(c, A, cg_mul(c, pc, g->a_sj));
     LLVMValueRef ycol = at(c, Y, jc);
-    if (M / k->mr > 0) {
-        LLVMValueRef ip = cg_for(c, &lip, cg_i64(c, M / k->mr));
-        LLVMValueRef row = cg_mul(c, ip, k->mr);
-        pack_a_panel(c, g, k, at(c, asrc, cg_mul(c, row, g->a_si)), ap, kc, k->mr);
-        row_of_tiles(c, k, uk, uk_n, ap, bp, at(c, ycol, cg_mul(c, row, g->ldy)), kc, nc);
-        cg_for_end(c, &lip);
-    }
-    if (em) {
-        int64_t row = M - em;
-        pack_a_panel(c, g, k, at(c, asrc, cg_i64(c, row * g->a_si)), ap, kc, em);
-        row_of_tiles(c, k, uk_m, uk_mn, ap, bp, at(c, ycol, cg_i64(c, row * g->ldy)), kc, nc);
+    LLVMValueRef ip = cg_for(c, &lip, LLVMBuildUDiv(c->b, m, cg_i64(c, k->mr), ""));
+    LLVMValueRef row = cg_mul(c, ip, k->mr);
+    pack_a_panel(c, g, k, at(c, asrc, cg_mul(c, row, g->a_si)), ap, kc, k->mr);
+    row_of_tiles(c, k, uk->full, uk->n_edge, ap, bp, at(c, ycol, cg_mul(c, row, g->ldy)), kc, nc);
+    cg_for_end(c, &lip);
+    if (em) { /* the last panel: em rows, in the part that ends at M */
+        LLVMValueRef f = LLVMGetBasicBlockParent(LLVMGetInsertBlock(c->b));
+        LLVMBasicBlockRef yes = LLVMAppendBasicBlockInContext(c->ctx, f, "aedge");
+        LLVMBasicBlockRef after = LLVMAppendBasicBlockInContext(c->ctx, f, "adone");
+        LLVMValueRef rem = LLVMBuildURem(c->b, m, cg_i64(c, k->mr), "");
+        LLVMBuildCondBr(c->b, LLVMBuildICmp(c->b, LLVMIntNE, rem, cg_i64(c, 0), ""), yes, after);
+        LLVMPositionBuilderAtEnd(c->b, yes);
+        LLVMValueRef last = LLVMBuildNSWSub(c->b, m, cg_i64(c, em), "");
+        pack_a_panel(c, g, k, at(c, asrc, cg_mul(c, last, g->a_si)), ap, kc, em);
+        row_of_tiles(c, k, uk->m_edge, uk->corner, ap, bp, at(c, ycol, cg_mul(c, last, g->ldy)), kc, nc);
+        LLVMBuildBr(c->b, after);
+        LLVMPositionBuilderAtEnd(c->b, after);
     }
     cg_for_end(c, &lkb);
     cg_for_end(c, &ljb);
+}
+
+/* ---- threads ---- */
+
+/* How a product is shared among threads.  The panels of one dimension of
+ * y are dealt out in contiguous runs: thread t of T takes panels
+ * [t*P/T, (t+1)*P/T).  Each element of y is still computed by one thread
+ * with the same K blocks, the same micro-kernel and the same order of
+ * multiply-adds as without threads, so the bits do not depend on T. */
+typedef struct Split {
+    int threads;    /* parts, each with its own packing scratch; 1: not split */
+    bool rows;      /* panels of MR rows of y, else of NR columns */
+    int64_t panels; /* panels of the split dimension */
+} Split;
+
+/* Columns are preferred: each thread then copies only its share of B (the
+ * weights, in a forward product), and only A is copied by every thread.
+ * Rows are taken when they balance clearly better (15%), which is what
+ * the narrow products need (an output layer's 10 columns are one panel).
+ * A product no split would speed up by 1.5 stays on one thread. */
+static Split split_of(const CgGemm *g, const Blocking *k, int threads) {
+    Split s = {.threads = 1};
+    int64_t min_volume = config.par_volume > 0 ? config.par_volume : CG_GEMM_PAR_MIN_VOLUME;
+    if (threads <= 1 || (double)g->M * (double)g->N * (double)g->K < (double)min_volume) return s;
+    int64_t pn = ceil_div(g->N, k->nr), pm = ceil_div(g->M, k->mr);
+    int tn = pn < threads ? (int)pn : threads, tm = pm < threads ? (int)pm : threads;
+    /* speed-up over one thread: panels over the most any thread gets */
+    double sn = (double)pn / (double)ceil_div(pn, tn), sm = (double)pm / (double)ceil_div(pm, tm);
+    if (sn < 1.5 && sm < 1.5) return s;
+    s.rows = sm > sn * 1.15;
+    s.threads = s.rows ? tm : tn;
+    s.panels = s.rows ? pm : pn;
+    return s;
+}
+
+/* task(ctx, t, T): thread t's part of the product, ctx holding a, b and y.
+ * With T larger than the split's parts, the extra threads return; with T
+ * smaller (no pool), each thread takes several parts' panels. */
+static LLVMValueRef task_fn(Cg *c, const CgGemm *g, const Blocking *k, const Split *s, const Kernels *uk,
+                            LLVMValueRef area, int64_t slice, int64_t a_area, const char *name) {
+    LLVMTypeRef ps[3] = {c->t_ptr, c->t_i64, c->t_i64};
+    LLVMValueRef fn = LLVMAddFunction(c->mod, name, LLVMFunctionType(c->t_void, ps, 3, 0));
+    LLVMSetLinkage(fn, LLVMInternalLinkage);
+    set_attrs(c, fn, k->w, true);
+    LLVMPositionBuilderAtEnd(c->b, LLVMAppendBasicBlockInContext(c->ctx, fn, "entry"));
+    LLVMValueRef ctx = LLVMGetParam(fn, 0), t = LLVMGetParam(fn, 1), T = LLVMGetParam(fn, 2);
+    LLVMValueRef ops[3];
+    for (int i = 0; i < 3; i++) {
+        LLVMValueRef idx = cg_i64(c, i);
+        ops[i] = LLVMBuildLoad2(c->b, c->t_ptr, LLVMBuildInBoundsGEP2(c->b, c->t_ptr, ctx, &idx, 1, ""), "");
+    }
+    LLVMValueRef parts = min_i64(c, T, s->threads);
+    LLVMBasicBlockRef work = LLVMAppendBasicBlockInContext(c->ctx, fn, "work");
+    LLVMBasicBlockRef idle = LLVMAppendBasicBlockInContext(c->ctx, fn, "idle");
+    LLVMBuildCondBr(c->b, LLVMBuildICmp(c->b, LLVMIntSLT, t, parts, ""), work, idle);
+    LLVMPositionBuilderAtEnd(c->b, idle);
+    LLVMBuildRetVoid(c->b);
+    LLVMPositionBuilderAtEnd(c->b, work);
+    LLVMValueRef p0 = LLVMBuildSDiv(c->b, cg_mul(c, t, s->panels), parts, "");
+    LLVMValueRef p1 = LLVMBuildSDiv(c->b, cg_mul(c, cg_add(c, t, cg_i64(c, 1)), s->panels), parts, "");
+    int64_t width = s->rows ? k->mr : k->nr, extent = s->rows ? g->M : g->N;
+    LLVMValueRef lo = cg_mul(c, p0, width), hi = min_i64(c, cg_mul(c, p1, width), extent);
+    LLVMValueRef len = LLVMBuildNSWSub(c->b, hi, lo, "");
+    LLVMValueRef A = ops[0], B = ops[1], Y = ops[2], m = cg_i64(c, g->M), n = cg_i64(c, g->N);
+    if (s->rows) {
+        A = at(c, A, cg_mul(c, lo, g->a_si));
+        Y = at(c, Y, cg_mul(c, lo, g->ldy));
+        m = len;
+    } else {
+        B = at(c, B, cg_mul(c, lo, g->b_sj));
+        Y = at(c, Y, lo);
+        n = len;
+    }
+    LLVMValueRef ap = at(c, area, cg_mul(c, t, slice));
+    emit_part(c, g, k, uk, A, B, Y, ap, at(c, ap, cg_i64(c, a_area)), m, n);
+    LLVMBuildRetVoid(c->b);
+    return fn;
+}
+
+/* cleave_rt_parallel(task, ctx) (runtime/rt_abi.h), declared on first use. */
+static void call_parallel(Cg *c, LLVMValueRef task, LLVMValueRef ctx) {
+    LLVMTypeRef ps[2] = {c->t_ptr, c->t_ptr};
+    LLVMTypeRef fty = LLVMFunctionType(c->t_void, ps, 2, 0);
+    LLVMValueRef fn = LLVMGetNamedFunction(c->mod, "cleave_rt_parallel");
+    if (!fn) fn = LLVMAddFunction(c->mod, "cleave_rt_parallel", fty);
+    LLVMValueRef args[2] = {task, ctx};
+    LLVMBuildCall2(c->b, fty, fn, args, 2, "");
+}
+
+static LLVMValueRef gemm_fn(Cg *c, const CgGemm *g, const Blocking *k) {
+    Split s = split_of(g, k, c->plan && c->plan->threads > 1 ? c->plan->threads : 1);
+    uint32_t abits;
+    memcpy(&abits, &g->alpha, 4);
+    char name[256], split[32] = "";
+    if (s.threads > 1) snprintf(split, sizeof split, ".t%d%s", s.threads, s.rows ? "r" : "c");
+    snprintf(name, sizeof name,
+             "cleave.gemm.%lldx%lldx%lld.a%lld_%lld.b%lld_%lld.y%lld.al%08x.%dx%dx%d.kc%lld.nc%lld%s", (long long)g->M,
+             (long long)g->N, (long long)g->K, (long long)g->a_si, (long long)g->a_sj, (long long)g->b_si,
+             (long long)g->b_sj, (long long)g->ldy, abits, k->mr, k->nv, k->w, (long long)k->kc, (long long)k->nc,
+             split);
+    LLVMValueRef fn = LLVMGetNamedFunction(c->mod, name);
+    if (fn) return fn;
+
+    const int64_t M = g->M, N = g->N;
+    const int64_t em = M % k->mr, en = N % k->nr;
+    const int nv_e = (int)ceil_div(en, k->w), lanes_e = (int)(en - (int64_t)(nv_e - 1) * k->w);
+    /* micro-kernels first: each is a function of its own */
+    Kernels uk = {.full = micro_kernel(c, g, k, k->mr, k->nv, k->w)};
+    uk.n_edge = en ? micro_kernel(c, g, k, k->mr, nv_e, lanes_e) : NULL;
+    uk.m_edge = em ? micro_kernel(c, g, k, (int)em, k->nv, k->w) : NULL;
+    uk.corner = em && en ? micro_kernel(c, g, k, (int)em, nv_e, lanes_e) : NULL;
+    int64_t a_area = round_up((int64_t)k->mr * k->kc, 16);
+    /* one slice of scratch per part, 64-byte aligned so the B panels stay
+     * aligned and no two threads write the same cache line */
+    int64_t slice = round_up(a_area + k->kc * k->nc, 16);
+    LLVMValueRef area = pack_area(c, s.threads > 1 ? s.threads * slice : a_area + k->kc * k->nc);
+
+    if (s.threads > 1) {
+        char tname[300];
+        snprintf(tname, sizeof tname, "%s.task", name);
+        LLVMValueRef task = task_fn(c, g, k, &s, &uk, area, slice, a_area, tname);
+        /* the product hands a, b and y to its task through the stack */
+        fn = begin_fn(c, name, 3, 0, k, true);
+        LLVMValueRef ctx = LLVMBuildAlloca(c->b, LLVMArrayType(c->t_ptr, 3), "ctx");
+        for (int i = 0; i < 3; i++) {
+            LLVMValueRef idx = cg_i64(c, i);
+            store(c, LLVMGetParam(fn, (unsigned)i), LLVMBuildInBoundsGEP2(c->b, c->t_ptr, ctx, &idx, 1, ""), 8);
+        }
+        call_parallel(c, task, ctx);
+        LLVMBuildRetVoid(c->b);
+        return fn;
+    }
+    fn = begin_fn(c, name, 3, 0, k, true);
+    LLVMValueRef ap = at(c, area, cg_i64(c, 0));
+    emit_part(c, g, k, &uk, LLVMGetParam(fn, 0), LLVMGetParam(fn, 1), LLVMGetParam(fn, 2), ap,
+              at(c, area, cg_i64(c, a_area)), cg_i64(c, M), cg_i64(c, N));
     LLVMBuildRetVoid(c->b);
     return fn;
 }

@@ -15,6 +15,12 @@
  * the program runs.  The summation order is fixed by the shapes alone, so
  * every run gives the same bits.  docs/perf.md explains the blocking.
  *
+ * With --threads T > 1 (Plan.threads) a large product is split among T
+ * threads by a fixed partition of y's column panels (or row panels when
+ * y is narrow), each thread packing into its own slice of the scratch
+ * area; every element gets the same operations in the same order as with
+ * one thread, so the bits do not depend on T.
+ *
  * The caller decides with cg_gemm_applies whether a product takes this
  * path; integer and 16-bit float products, and products too small for the
  * copies to pay, keep gemm_block's loops (ops/ops_linalg.c). */
@@ -44,6 +50,15 @@ void cg_gemm(Cg *c, const CgGemm *g, LLVMValueRef a, LLVMValueRef b, LLVMValueRe
  * docs/perf.md for the measurement). */
 #define CG_GEMM_MIN_VOLUME (16 * 16 * 32)
 
+/* With --threads T > 1, packed products of at least this many
+ * multiply-adds (about 150 us on one core here) are split among the T
+ * threads (cleave_rt_parallel, runtime/rt_abi.h).  Below it, waking and
+ * waiting for the workers cost more than the split saved in training on
+ * the development machine: with 2^19, the 784-256-256-10 MLP at batch 32
+ * (products of 2 and 6 million) ran at 0.7 to 0.8 times one thread.
+ * See docs/perf.md, "Threads". */
+#define CG_GEMM_PAR_MIN_VOLUME ((int64_t)1 << 23)
+
 /* ---- settings for tests and measurements ---- */
 
 typedef struct CgGemmConfig {
@@ -51,6 +66,7 @@ typedef struct CgGemmConfig {
     int w;           /* floats per vector, 4, 8 or 16 (0: the target's) */
     int mr, nv;      /* micro-tile rows and vectors (0: from the width) */
     int64_t kc, nc;  /* largest K and N blocks (0: from the caches) */
+    int64_t par_volume; /* smallest product split among threads (0: CG_GEMM_PAR_MIN_VOLUME) */
 } CgGemmConfig;
 
 /* Replaces the settings (NULL restores the defaults).  Not thread-safe:

@@ -49,6 +49,7 @@ bool cg_link(const char *obj, const char *out, Diag *d) {
     argv[a++] = "-ljansson";
     argv[a++] = "-lz";
     argv[a++] = "-lm";
+    argv[a++] = "-pthread"; /* the runtime's workers (rt_pool.c, --threads) */
     argv[a] = NULL;
     pid_t pid;
     int rc = posix_spawnp(&pid, cc, NULL, NULL, argv, environ);

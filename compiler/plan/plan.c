@@ -98,6 +98,7 @@ static char *staged_to_json(const Plan *p, const TrainOptions *o) {
     if (!root) return NULL;
     json_object_set_new(root, "optimizer", options_json(o));
     json_object_set_new(root, "loss", json_string(loss_kind_name(o->loss)));
+    json_object_set_new(root, "threads", json_integer(p->threads > 1 ? p->threads : 1));
     char *s = json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     json_decref(root);
     return s;
@@ -148,6 +149,7 @@ char *plan_to_json(const Plan *p, const TrainOptions *o) {
                              (json_int_t)p->local_batch, "ranks", p->n_ranks, "replicas", p->replicas, "strategy",
                              p->strategy, "bucket_mb", p->bucket_mb, "optimizer", opt, "rank_plans", ranks);
     json_object_set_new(root, "loss", json_string(loss_kind_name(o->loss)));
+    json_object_set_new(root, "threads", json_integer(p->threads > 1 ? p->threads : 1));
     char *s = json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     json_decref(root);
     return s;

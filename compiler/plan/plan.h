@@ -144,6 +144,11 @@ typedef struct Plan {
     int n_ranks;
     int replicas;        /* data-parallel replicas (1: none) */
     double bucket_mb;
+    /* Threads each rank runs its large matrix products on (--threads; 0
+     * or 1: one).  A program option rather than a decision of the
+     * planner: the driver sets it, codegen splits the products by it
+     * (cg_gemm.c), and the plan file records it. */
+    int threads;
     RankPlan *ranks;
     /* Pipeline plans (pipeline.h); zero in the others.  ranks[] is
      * indexed by MPI rank; plan_rank_of gives the rank of a (replica,

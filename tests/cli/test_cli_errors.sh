@@ -99,6 +99,11 @@ expect 2 "--optimizer must be sgd, momentum or adam, got 'rmsprop'" -- "$CLEAVE"
 expect 2 "--lr needs a non-negative number, got 'fast'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --lr fast
 expect 2 "--nesterov needs --optimizer momentum" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --nesterov
 expect 2 "--emit must be exe, obj or llvm" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --emit asm
+expect 2 "--threads needs an integer from 1 to 64, got '0'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --threads 0
+expect 2 "--threads needs an integer from 1 to 64, got '65'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --threads 65
+expect 2 "--threads needs an integer from 1 to 64, got '2x'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --threads 2x
+expect 2 "--threads needs an integer from 1 to 64, got '-1'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --threads -1
+expect 2 "--threads needs a value" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --threads
 expect 2 "--ranks 2 needs a --strategy \\(dp, layer, pipeline or hybrid\\)" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --ranks 2
 expect 2 "--batch 9 does not divide among --ranks 2" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 9 --ranks 2 --strategy dp
 expect 2 "--strategy must be single, dp, layer, pipeline, hybrid or auto, got 'zigzag'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --strategy zigzag

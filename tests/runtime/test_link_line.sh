@@ -10,7 +10,7 @@ rt=$3
 onnx=$4
 shift 4
 # shellcheck disable=SC2086  # LINK_FLAGS is a word list
-mpicc ${LINK_FLAGS:-} -o "$out" "$@" "$rt" "$onnx" -lprotobuf-c -ljansson -lz -lm
+mpicc ${LINK_FLAGS:-} -o "$out" "$@" "$rt" "$onnx" -lprotobuf-c -ljansson -lz -lm -pthread
 # Open MPI's own allocations are not leaks of the program (see lsan.supp).
 export LSAN_OPTIONS="${LSAN_OPTIONS:+$LSAN_OPTIONS:}suppressions=$supp:print_suppressions=0"
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0"

@@ -98,6 +98,17 @@ bool test_prog_forward(TestProg *tp, Graph *g, char *msg, size_t len) {
     return ok;
 }
 
+bool test_prog_forward_threads(TestProg *tp, Graph *g, int threads, char *msg, size_t len) {
+    memset(tp, 0, sizeof *tp);
+    tp->g = g;
+    Diag d = {0};
+    bool ok = plan_forward(g, &tp->p, &d);
+    tp->p.threads = threads;
+    ok = ok && finish_prog(tp, &d);
+    if (!ok) snprintf(msg, len, "%s", d.msg);
+    return ok;
+}
+
 void *test_buf(TestProg *tp, const Value *v) {
     int64_t off = tp->p.ranks[0].offset[v->id];
     return off < 0 ? NULL : tp->arena + off;

@@ -48,6 +48,9 @@ typedef struct TestProg {
 /* false with the Diag's message in msg (for ck_assert_msg) on failure. */
 bool test_prog_train(TestProg *tp, Graph *g, const TrainOptions *o, char *msg, size_t len);
 bool test_prog_forward(TestProg *tp, Graph *g, char *msg, size_t len);
+/* The same with the plan's --threads set: products split among `threads`
+ * call cleave_rt_parallel, which the test must provide. */
+bool test_prog_forward_threads(TestProg *tp, Graph *g, int threads, char *msg, size_t len);
 /* Element pointer of a value's buffer in the arena. */
 void *test_buf(TestProg *tp, const Value *v);
 void test_prog_free(TestProg *tp);

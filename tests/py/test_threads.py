@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""--threads T never changes the bits.
+
+A program compiled with --threads T splits its large matrix products among
+T threads by a fixed partition of the output (docs/perf.md, "Threads"),
+so training must give exactly what T = 1 gives.  For samples/mlp.onnx and
+samples/transformer.onnx this compiles the model at --threads 1, 2 and 3,
+trains 12 steps with momentum on the same data, and checks:
+
+- every step's loss is the same float at every T (the metrics print
+  float32 losses with 9 significant digits, which round-trip);
+- the saved weights are the same bytes at every T;
+- the generated code calls cleave_rt_parallel at T = 2 and not at T = 1
+  (so the split is really exercised), and the plan records "threads";
+- --plan FILE compiles the threads the file records, and --threads given
+  with --plan replaces them without a note about derived fields;
+- under mpirun, 2 data-parallel ranks of 2 threads each give the losses
+  and weights of 2 ranks of 1 thread.
+
+usage: test_threads.py --cleave BIN --workdir DIR
+Ends with a line "N passed, M failed"; SKIP (exit 0) without numpy/onnx.
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import harness  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SAMPLES = os.path.join(HERE, "..", "..", "samples")
+BATCH, ROWS, STEPS = 64, 192, 12
+
+
+def run(cmd, timeout=300, env=None):
+    p, _ = harness.run(cmd, timeout=timeout, env=env)
+    return p.returncode, p.stdout, p.stderr
+
+
+def make_data(np, d, name):
+    """The sample's training data: inputs of its input shape and labels."""
+    rng = np.random.default_rng(7)
+    if name == "mlp":
+        x = rng.standard_normal((ROWS, 1, 28, 28)).astype(np.float32)
+        y = rng.integers(0, 10, ROWS).astype(np.int64)
+    else:  # transformer: mse against targets shaped like the output
+        x = rng.standard_normal((ROWS, 16, 32)).astype(np.float32)
+        y = rng.standard_normal((ROWS, 16, 32)).astype(np.float32)
+    files = []
+    for key, arr in (("input", x), ("labels", y)):
+        p = os.path.join(d, key + ".npy")
+        np.save(p, arr)
+        files += ["--data", "%s=%s" % (key, p)]
+    return files
+
+
+def weights_bytes(path):
+    """Initializer name -> raw bytes of an ONNX file."""
+    import onnx
+    from onnx import numpy_helper
+    m = onnx.load(path)
+    return {t.name: numpy_helper.to_array(t).tobytes() for t in m.graph.initializer}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cleave", required=True)
+    ap.add_argument("--workdir", default="/tmp/cleave_threads")
+    args = ap.parse_args()
+    rep = harness.Report()
+    why = harness.missing(modules=("numpy", "onnx"))
+    if why:
+        print("SKIP: %s" % why)
+        return 0
+    import numpy as np
+    if not rep.executable(args.cleave):
+        return rep.summary()
+    work = args.workdir
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+
+    for name, loss in (("mlp", "ce"), ("transformer", "mse")):
+        d = os.path.join(work, name)
+        os.makedirs(d)
+        model = os.path.join(SAMPLES, name + ".onnx")
+        files = make_data(np, d, name)
+        base = [args.cleave, "compile", model, "--batch", str(BATCH), "--loss", loss, "--optimizer", "momentum",
+                "--lr", "0.02"]
+        results = {}
+        for t in (1, 2, 3):
+            prog = os.path.join(d, "t%d" % t)
+            plan = prog + ".plan.json"
+            rc, _, err = run(base + ["-o", prog, "--threads", str(t), "--emit-plan", plan])
+            if not rep.check("%s: compile --threads %d" % (name, t), rc == 0, err.strip()):
+                continue
+            with open(plan) as f:
+                rep.equal("%s: plan of --threads %d records threads" % (name, t), json.load(f).get("threads"), t)
+            rc, _, err = run([prog] + files + ["--steps", str(STEPS), "--metrics", prog + ".jsonl", "--save",
+                                               prog + ".onnx"])
+            if not rep.check("%s: train --threads %d" % (name, t), rc == 0, err.strip()[-500:]):
+                continue
+            results[t] = (harness.read_losses(prog + ".jsonl"), weights_bytes(prog + ".onnx"))
+        if 1 not in results:
+            continue
+        ref_losses, ref_w = results[1]
+        rep.equal("%s: %d loss lines" % (name, STEPS), len(ref_losses), STEPS)
+        for t in (2, 3):
+            if t not in results:
+                continue
+            losses, w = results[t]
+            rep.check("%s: --threads %d losses identical to --threads 1" % (name, t), losses == ref_losses,
+                      "%s vs %s" % (losses[:3], ref_losses[:3]))
+            differ = sorted(k for k in ref_w if w.get(k) != ref_w[k])
+            rep.check("%s: --threads %d saved weights identical to --threads 1 (%d tensors)" % (name, t, len(ref_w)),
+                      not differ and len(w) == len(ref_w), "differ: %s" % differ)
+
+    # The split is really there: the mlp's products call the pool at T = 2.
+    model = os.path.join(SAMPLES, "mlp.onnx")
+    d = os.path.join(work, "mlp")
+    for t, want in ((1, False), (2, True)):
+        ll = os.path.join(d, "t%d.ll" % t)
+        rc, _, err = run([args.cleave, "compile", model, "--batch", str(BATCH), "--threads", str(t), "--emit", "llvm",
+                          "-o", ll])
+        if rep.check("mlp: --emit llvm --threads %d" % t, rc == 0, err.strip()):
+            with open(ll) as f:
+                calls = f.read().count("call void @cleave_rt_parallel")
+            rep.check("mlp: --threads %d code %s cleave_rt_parallel (%d calls)" % (t, "calls" if want else
+                      "does not call", calls), (calls > 0) == want)
+
+    # --plan FILE with and without --threads
+    plan2 = os.path.join(d, "t2.plan.json")
+    if os.path.exists(plan2):
+        again = os.path.join(d, "again.plan.json")
+        rc, _, err = run([args.cleave, "compile", "--plan", plan2, "-o", os.path.join(d, "from_plan"),
+                          "--emit-plan", again])
+        if rep.check("--plan FILE compiles", rc == 0, err.strip()):
+            with open(again) as f:
+                rep.equal("--plan FILE keeps the file's threads", json.load(f).get("threads"), 2)
+        rc, _, err = run([args.cleave, "compile", "--plan", plan2, "--threads", "3", "-o",
+                          os.path.join(d, "from_plan3"), "--emit-plan", again])
+        if rep.check("--plan FILE --threads 3 compiles", rc == 0, err.strip()):
+            with open(again) as f:
+                rep.equal("--threads replaces the plan file's threads", json.load(f).get("threads"), 3)
+            rep.check("--threads with --plan gives no note about derived fields", "note:" not in err, err.strip())
+
+    # Ranks that own several cores: dp x2 ranks of 2 threads against 1 thread.
+    if not harness.missing(programs=("mpirun",)):
+        env = harness.mpi_env(OMPI_MCA_btl_vader_single_copy_mechanism="none",
+                              OMPI_MCA_rmaps_base_oversubscribe="1")
+        files = make_data(np, d, "mlp")
+        got = {}
+        for t in (1, 2):
+            prog = os.path.join(d, "dp_t%d" % t)
+            rc, _, err = run([args.cleave, "compile", model, "--batch", str(BATCH), "--ranks", "2", "--strategy",
+                              "dp", "--threads", str(t), "-o", prog])
+            if not rep.check("mlp: compile dp x2 --threads %d" % t, rc == 0, err.strip()):
+                continue
+            rc, _, err = run(harness.mpirun(2, [prog] + files + ["--steps", str(STEPS), "--metrics", prog + ".jsonl",
+                                                                  "--save", prog + ".onnx"]), env=env, timeout=300)
+            if rep.check("mlp: dp x2 --threads %d runs under mpirun" % t, rc == 0, err.strip()[-500:]):
+                got[t] = (harness.read_losses(prog + ".jsonl"), weights_bytes(prog + ".onnx"))
+        if 1 in got and 2 in got:
+            rep.check("mlp: dp x2 --threads 2 losses identical to --threads 1", got[1][0] == got[2][0],
+                      "%s vs %s" % (got[2][0][:3], got[1][0][:3]))
+            rep.check("mlp: dp x2 --threads 2 weights identical to --threads 1", got[1][1] == got[2][1])
+    else:
+        print("SKIP: mpirun not available for the dp run")
+    return rep.summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
