@@ -57,6 +57,9 @@ void cg_kernel_end(Cg *c);
  * overlap another in some call (no noalias). */
 bool cg_kernel_begin_as(Cg *c, CgKernel *k, const char *name, const Node *n, int n_bufs, const Value *const *bufs,
                         const bool *shared);
+/* Whether buffers a and b of node n's kernel may be the same bytes in
+ * some call (then neither is noalias). */
+bool cg_may_share(const Cg *c, const Node *n, const Value *a, const Value *b);
 /* Kernel over all present inputs then all present outputs. */
 bool cg_kernel_begin_io(Cg *c, const Node *n);
 /* Base pointer of v's buffer inside the current kernel. */

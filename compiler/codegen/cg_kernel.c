@@ -10,7 +10,7 @@
 /* Whether two buffers of node n's kernel may be the same bytes in some
  * call: in a staged plan, a node runs once per micro-batch, each time on
  * that micro-batch's instances, and its kernel is shared by every call. */
-static bool may_share(const Cg *c, const Node *n, const Value *a, const Value *b) {
+bool cg_may_share(const Cg *c, const Node *n, const Value *a, const Value *b) {
     if (c->rp) return c->rp->offset[a->id] == c->rp->offset[b->id];
     const Plan *p = c->plan;
     for (int r = 0; r < p->n_stages; r++) {
@@ -41,6 +41,12 @@ bool cg_kernel_begin_as(Cg *c, CgKernel *k, const char *name, const Node *n, int
     LLVMTypeRef fty = LLVMFunctionType(c->t_void, params, (unsigned)n_bufs, 0);
     k->fn = LLVMAddFunction(c->mod, name, fty);
     LLVMSetLinkage(k->fn, LLVMInternalLinkage);
+    /* A kernel runs long enough that a call costs nothing, and inlining
+     * every kernel into one step function made the optimiser's and code
+     * generator's work grow with the model rather than with its distinct
+     * kernels (cg_share.c). */
+    LLVMAddAttributeAtIndex(k->fn, LLVMAttributeFunctionIndex,
+                            LLVMCreateEnumAttribute(c->ctx, LLVMGetEnumAttributeKindForName("noinline", 8), 0));
     /* Distinct buffers never overlap: tell LLVM so it can vectorise. */
     unsigned noalias = LLVMGetEnumAttributeKindForName("noalias", 7);
     for (int i = 0; i < n_bufs; i++) {
@@ -61,7 +67,7 @@ bool cg_kernel_begin(Cg *c, const Node *n, int n_bufs, const Value *const *bufs)
     for (int i = 0; i < n_bufs; i++) {
         shared[i] = false;
         for (int j = 0; j < n_bufs; j++)
-            if (j != i && (bufs[j] == bufs[i] || may_share(c, n, bufs[i], bufs[j]))) shared[i] = true;
+            if (j != i && (bufs[j] == bufs[i] || cg_may_share(c, n, bufs[i], bufs[j]))) shared[i] = true;
     }
     char name[64];
     snprintf(name, sizeof name, "k%d_%s", n->id, n->op_type);

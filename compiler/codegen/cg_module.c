@@ -17,6 +17,7 @@
 
 #include "cg.h"
 #include "cg_fuse.h"
+#include "cg_share.h"
 #include "../frontend/file_util.h"
 #include "../ops/ops.h"
 #include "../plan/pipeline.h"
@@ -335,7 +336,7 @@ static LLVMTargetMachineRef make_target(const CgOptions *o, Diag *d) {
     return tm;
 }
 
-static bool generate_kernels(Cg *c, const RankPlan *rp) {
+static bool generate_kernels(Cg *c, const RankPlan *rp, CgShare *share) {
     for (int s = 0; s < rp->n_train; s++) {
         if (rp->train[s].kind != STEP_COMPUTE) continue;
         const Node *n = rp->train[s].node;
@@ -343,9 +344,11 @@ static bool generate_kernels(Cg *c, const RankPlan *rp) {
         if (!n->def || !n->def->cg)
             return diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (%s): no code generation rule", c->g->path,
                               n->name, n->op_type);
+        if (share && cg_share_reuse(c, share, n)) continue; /* a twin's kernel */
         if (!n->def->cg(c, n) || diag_failed(c->d))
             return diag_error(c->d, DIAG_INTERNAL, "%s: node '%s' (%s): code generation failed", c->g->path, n->name,
                               n->op_type);
+        if (share) cg_share_add(c, share, n);
     }
     return true;
 }
@@ -487,7 +490,11 @@ CgModule *cg_build(const Plan *p, const CgOptions *o, Diag *d) {
     LLVMSetModuleDataLayout(c->mod, layout);
     LLVMDisposeTargetData(layout);
     bool ok = true;
-    for (int k = 0; ok && k < n_programs(p); k++) ok = generate_kernels(c, plan_stage_rank(p, k));
+    CgShare *share = cg_share_new(); /* NULL (no memory): every node builds its own */
+    for (int k = 0; ok && k < n_programs(p); k++) ok = generate_kernels(c, plan_stage_rank(p, k), share);
+    if (ok && o->verbose)
+        fprintf(stderr, "cleave: %d nodes share a twin's kernel\n", cg_share_count(share));
+    cg_share_free(share);
     ok = ok && (o->no_fuse || cg_fuse_scan(c, n_programs(p))) && build_steps(c, p);
     if (ok && o->verbose) {
         int chains, nodes, unfused;

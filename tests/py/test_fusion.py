@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""Fused element-wise chains change no bit.
+"""Fused element-wise chains, and kernels shared by twin nodes, change no bit.
 
 cleave compiles chains of element-wise nodes into one loop (compiler/
 codegen/cg_fuse.c); `--no-fuse` runs every node as its own loop.  For the
 transformer sample (layer norms written out as Sub/Pow/Div/Mul/Add) and a
 model made of activation chains with a broadcast parameter, each under
 single-process, data-parallel and pipeline plans, this checks that the
-fused program reports fused chains, and that it trains to exactly the
-losses and the weights of the unfused one.
+fused program reports fused chains (and nodes reusing a twin's kernel,
+cg_share.c), and that it trains to exactly the losses and the weights of
+the unfused one.
 
 usage: test_fusion.py --cleave BIN [--workdir DIR]
 Ends with "N passed, M failed"; SKIP (exit 0) without numpy, onnx, torch
@@ -85,6 +86,9 @@ def train(rep, args, work, label, model, loss, flags, fuse, xp, yp):
         return None
     m = re.search(r"fused (\d+) element-wise chains", p.stderr)
     chains = int(m.group(1)) if m else -1
+    m = re.search(r"(\d+) nodes share a twin's kernel", p.stderr)
+    rep.check("%s: repeated layers share kernels (%s)" % (tag, m.group(1) if m else "?"), m and int(m.group(1)) > 0,
+              p.stderr.strip()[-300:])
     metrics = os.path.join(work, tag + ".jsonl")
     saved = os.path.join(work, tag + ".onnx")
     run = [prog, "--data", "input=" + xp, "--data", "labels=" + yp, "--steps", str(STEPS), "--metrics", metrics,

@@ -1,0 +1,200 @@
+/* cg_share.c - one kernel for nodes that would generate the same code.
+ *
+ * A kernel is a function of its buffers' addresses: two nodes of the same
+ * op with the same attributes, the same dtypes and shapes in every slot
+ * and the same pattern of buffers that may overlap get the same code.
+ * Deep models repeat their layers, so most nodes of a step have a twin;
+ * building, optimising and emitting each kernel once takes a large part
+ * of the compile time away, and the binary is smaller.
+ *
+ * A node's signature is a text of everything its code generation reads:
+ * op and domain, each attribute, each input and output slot (present or
+ * not, dtype, shape), and for every pair of its buffers whether they are
+ * the same value or may share bytes in some call (which decides the
+ * kernel's noalias flags).  Code generation may read the contents of
+ * constant inputs and tensor attributes (a Reshape's shape, say), so
+ * nodes with either are never shared. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cg_share.h"
+
+typedef struct Entry {
+    uint64_t hash;
+    char *sig;
+    const Node *node; /* the node whose kernel is shared */
+} Entry;
+
+struct CgShare {
+    int n, cap, reused;
+    Entry *e;
+};
+
+CgShare *cg_share_new(void) { return calloc(1, sizeof(CgShare)); }
+
+void cg_share_free(CgShare *s) {
+    if (!s) return;
+    for (int i = 0; i < s->n; i++) free(s->e[i].sig);
+    free(s->e);
+    free(s);
+}
+
+int cg_share_count(const CgShare *s) { return s ? s->reused : 0; }
+
+typedef struct Text {
+    char *p;
+    size_t len, cap;
+    bool failed;
+} Text;
+
+static void put(Text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(Text *t, const char *fmt, ...) {
+    if (t->failed) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int k = vsnprintf(t->p ? t->p + t->len : NULL, t->p ? t->cap - t->len : 0, fmt, ap);
+        va_end(ap);
+        if (k < 0) {
+            t->failed = true;
+            return;
+        }
+        if (t->p && t->len + (size_t)k < t->cap) {
+            t->len += (size_t)k;
+            return;
+        }
+        size_t cap = (t->cap ? 2 * t->cap : 256) + (size_t)k;
+        char *np = realloc(t->p, cap);
+        if (!np) {
+            t->failed = true;
+            return;
+        }
+        t->p = np;
+        t->cap = cap;
+    }
+}
+
+static void put_value(Text *t, const Value *v) {
+    if (!v) {
+        put(t, "-;");
+        return;
+    }
+    put(t, "%d[", (int)v->dtype);
+    for (int j = 0; j < v->rank; j++) put(t, "%lld,", (long long)v->dims[j].k);
+    put(t, "];");
+}
+
+/* The node's buffers in slot order: inputs, then outputs. */
+static int slots(const Node *n, const Value **v) {
+    int k = 0;
+    for (int i = 0; i < n->n_in; i++) v[k++] = n->in[i];
+    for (int i = 0; i < n->n_out; i++) v[k++] = n->out[i];
+    return k;
+}
+
+/* NULL when the node must have a kernel of its own. */
+static char *signature(const Cg *c, const Node *n) {
+    if (n->n_in + n->n_out > 2 * CG_MAX_BUFS) return NULL;
+    for (int i = 0; i < n->n_in; i++) {
+        const Value *v = n->in[i];
+        if (v && v->konst && !(v->kind == VAL_INITIALIZER && dtype_is_float(v->dtype))) return NULL;
+    }
+    Text t = {0};
+    put(&t, "%s.%s|", n->domain ? n->domain : "", n->op_type);
+    for (int a = 0; a < n->n_attr; a++) {
+        const Attr *at = &n->attrs[a];
+        put(&t, "%s:%d=", at->name, (int)at->kind);
+        switch (at->kind) {
+        case ATTR_FLOAT: put(&t, "%a", (double)at->f); break;
+        case ATTR_INT: put(&t, "%lld", (long long)at->i); break;
+        case ATTR_STRING: put(&t, "%zu:%s", strlen(at->s ? at->s : ""), at->s ? at->s : ""); break;
+        case ATTR_INTS:
+            for (int j = 0; j < at->n; j++) put(&t, "%lld,", (long long)at->ints[j]);
+            break;
+        case ATTR_FLOATS:
+            for (int j = 0; j < at->n; j++) put(&t, "%a,", (double)at->floats[j]);
+            break;
+        case ATTR_STRINGS:
+            for (int j = 0; j < at->n; j++) put(&t, "%zu:%s,", strlen(at->strings[j]), at->strings[j]);
+            break;
+        default: free(t.p); return NULL; /* tensors, graphs: contents matter */
+        }
+        put(&t, "|");
+    }
+    const Value *v[4 * CG_MAX_BUFS];
+    int k = slots(n, v);
+    put(&t, "%d/%d|", n->n_in, n->n_out);
+    for (int i = 0; i < k; i++) put_value(&t, v[i]);
+    put(&t, "|");
+    for (int i = 0; i < k; i++)
+        for (int j = i + 1; j < k; j++) {
+            if (!v[i] || !v[j]) continue;
+            put(&t, "%c", v[i] == v[j] ? '=' : cg_may_share(c, n, v[i], v[j]) ? '~' : '.');
+        }
+    if (t.failed) {
+        free(t.p);
+        return NULL;
+    }
+    return t.p;
+}
+
+static uint64_t fnv(const char *s) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+static const Entry *lookup(const CgShare *s, const char *sig, uint64_t h) {
+    for (int i = 0; i < s->n; i++)
+        if (s->e[i].hash == h && strcmp(s->e[i].sig, sig) == 0) return &s->e[i];
+    return NULL;
+}
+
+bool cg_share_reuse(Cg *c, CgShare *s, const Node *n) {
+    char *sig = signature(c, n);
+    if (!sig) return false;
+    const Entry *e = lookup(s, sig, fnv(sig));
+    free(sig);
+    if (!e) return false;
+    const CgKernel *src = &c->kernels[e->node->id];
+    if (!src->fn) return false; /* a view: nothing to share */
+    const Value *from[4 * CG_MAX_BUFS], *to[4 * CG_MAX_BUFS];
+    int k = slots(e->node, from);
+    slots(n, to);
+    CgKernel mine = {src->fn, src->n_bufs, {0}};
+    for (int b = 0; b < src->n_bufs; b++) {
+        int slot = -1;
+        for (int i = 0; i < k && slot < 0; i++)
+            if (from[i] == src->bufs[b]) slot = i;
+        if (slot < 0) return false; /* a buffer that is no slot of the node */
+        mine.bufs[b] = to[slot];
+        if (c->rp && c->rp->offset[to[slot]->id] < 0) return false;
+    }
+    c->kernels[n->id] = mine;
+    s->reused++;
+    return true;
+}
+
+void cg_share_add(Cg *c, CgShare *s, const Node *n) {
+    if (!c->kernels[n->id].fn) return;
+    char *sig = signature(c, n);
+    if (!sig) return;
+    uint64_t h = fnv(sig);
+    if (lookup(s, sig, h)) {
+        free(sig);
+        return;
+    }
+    if (s->n == s->cap) {
+        int cap = s->cap ? 2 * s->cap : 64;
+        Entry *ne = realloc(s->e, sizeof *ne * (size_t)cap);
+        if (!ne) {
+            free(sig);
+            return; /* sharing is an economy: without memory, build every kernel */
+        }
+        s->e = ne;
+        s->cap = cap;
+    }
+    s->e[s->n++] = (Entry){h, sig, n};
+}
