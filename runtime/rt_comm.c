@@ -345,6 +345,19 @@ void cleave_rt_allreduce_wait(int32_t bucket) {
     g_dp.pending--;
 }
 
+void cleave_rt_allreduce(int32_t bucket) {
+    static const char fn[] = "cleave_rt_allreduce";
+    if (!g_dp.state) bucket_misuse(fn, bucket, "the program's metadata has no gradient buckets");
+    if (bucket < 0 || bucket >= g_dp.n) bucket_misuse(fn, bucket, "no such bucket in the program's metadata");
+    if (g_dp.state[bucket] != IDLE) bucket_misuse(fn, bucket, "already started");
+    const RtBucket *b = &g_dp.buckets[bucket];
+    double t0 = rt_trace_wait_begin();
+    MPI_Allreduce(MPI_IN_PLACE, g_dp.arena + b->offset, b->count, MPI_FLOAT, MPI_SUM, g_dp.comm);
+    double dt = rt_trace_wait_end(RT_EV_ALLREDUCE, t0);
+    g_dp.wait_s += dt;
+    g_dp.allreduce_s += dt;
+}
+
 void cleave_rt_progress(void) {
     rt_staged_progress();
     if (g_dp.running <= 0) return;

@@ -614,6 +614,23 @@ static void call(Cg *c, LLVMValueRef fn, LLVMValueRef *args, unsigned n) {
     LLVMBuildCall2(c->b, LLVMFunctionType(c->t_void, ps, n, 0), fn, args, n, "");
 }
 
+/* Code run only when n is not a multiple of k (an edge panel): if_partial
+ * leaves the builder inside, end_partial joins the paths again. */
+static LLVMBasicBlockRef if_partial(Cg *c, LLVMValueRef n, int64_t k) {
+    LLVMValueRef f = LLVMGetBasicBlockParent(LLVMGetInsertBlock(c->b));
+    LLVMBasicBlockRef yes = LLVMAppendBasicBlockInContext(c->ctx, f, "edge");
+    LLVMBasicBlockRef after = LLVMAppendBasicBlockInContext(c->ctx, f, "after");
+    LLVMValueRef rem = LLVMBuildURem(c->b, n, cg_i64(c, k), "");
+    LLVMBuildCondBr(c->b, LLVMBuildICmp(c->b, LLVMIntNE, rem, cg_i64(c, 0), ""), yes, after);
+    LLVMPositionBuilderAtEnd(c->b, yes);
+    return after;
+}
+
+static void end_partial(Cg *c, LLVMBasicBlockRef after) {
+    LLVMBuildBr(c->b, after);
+    LLVMPositionBuilderAtEnd(c->b, after);
+}
+
 /* Micro-kernels along one row of tiles: full B panels, then the narrow
  * last one when this N block has it. */
 static void row_of_tiles(Cg *c, const Blocking *k, LLVMValueRef uk_full, LLVMValueRef uk_edge, LLVMValueRef ap,
@@ -626,16 +643,10 @@ static void row_of_tiles(Cg *c, const Blocking *k, LLVMValueRef uk_full, LLVMVal
     call(c, uk_full, args, 4);
     cg_for_end(c, &l);
     if (!uk_edge) return;
-    LLVMValueRef fn = LLVMGetBasicBlockParent(LLVMGetInsertBlock(c->b));
-    LLVMBasicBlockRef yes = LLVMAppendBasicBlockInContext(c->ctx, fn, "edge");
-    LLVMBasicBlockRef after = LLVMAppendBasicBlockInContext(c->ctx, fn, "after");
-    LLVMValueRef rem = LLVMBuildURem(c->b, nc, cg_i64(c, k->nr), "");
-    LLVMBuildCondBr(c->b, LLVMBuildICmp(c->b, LLVMIntNE, rem, cg_i64(c, 0), ""), yes, after);
-    LLVMPositionBuilderAtEnd(c->b, yes);
+    LLVMBasicBlockRef after = if_partial(c, nc, k->nr);
     LLVMValueRef eargs[4] = {ap, at(c, bp, mul(c, np, panel)), at(c, crow, cg_mul(c, np, k->nr)), kc};
     call(c, uk_edge, eargs, 4);
-    LLVMBuildBr(c->b, after);
-    LLVMPositionBuilderAtEnd(c->b, after);
+    end_partial(c, after);
 }
 
 /* The micro-kernels of a product: full tiles, the narrow last column of
@@ -675,15 +686,9 @@ static void emit_part(Cg *c, const CgGemm *g, const Blocking *k, const Kernels *
         pack_b_panel(c, g, k, at(c, bsrc, cg_mul(c, p, k->nr * g->b_sj)), at(c, bp, mul(c, p, panel)), kc, k->nr);
         cg_for_end(c, &lp);
         if (en) { /* the last panel: en columns */
-            LLVMValueRef f = LLVMGetBasicBlockParent(LLVMGetInsertBlock(c->b));
-            LLVMBasicBlockRef yes = LLVMAppendBasicBlockInContext(c->ctx, f, "bedge");
-            LLVMBasicBlockRef after = LLVMAppendBasicBlockInContext(c->ctx, f, "bdone");
-            LLVMValueRef rem = LLVMBuildURem(c->b, nc, cg_i64(c, k->nr), "");
-            LLVMBuildCondBr(c->b, LLVMBuildICmp(c->b, LLVMIntNE, rem, cg_i64(c, 0), ""), yes, after);
-            LLVMPositionBuilderAtEnd(c->b, yes);
+            LLVMBasicBlockRef after = if_partial(c, nc, k->nr);
             pack_b_panel(c, g, k, at(c, bsrc, cg_mul(c, np, k->nr * g->b_sj)), at(c, bp, mul(c, np, panel)), kc, en);
-            LLVMBuildBr(c->b, after);
-            LLVMPositionBuilderAtEnd(c->b, after);
+            end_partial(c, after);
         }
     }
 
@@ -696,17 +701,11 @@ static void emit_part(Cg *c, const CgGemm *g, const Blocking *k, const Kernels *
     row_of_tiles(c, k, uk->full, uk->n_edge, ap, bp, at(c, ycol, cg_mul(c, row, g->ldy)), kc, nc);
     cg_for_end(c, &lip);
     if (em) { /* the last panel: em rows, in the part that ends at M */
-        LLVMValueRef f = LLVMGetBasicBlockParent(LLVMGetInsertBlock(c->b));
-        LLVMBasicBlockRef yes = LLVMAppendBasicBlockInContext(c->ctx, f, "aedge");
-        LLVMBasicBlockRef after = LLVMAppendBasicBlockInContext(c->ctx, f, "adone");
-        LLVMValueRef rem = LLVMBuildURem(c->b, m, cg_i64(c, k->mr), "");
-        LLVMBuildCondBr(c->b, LLVMBuildICmp(c->b, LLVMIntNE, rem, cg_i64(c, 0), ""), yes, after);
-        LLVMPositionBuilderAtEnd(c->b, yes);
+        LLVMBasicBlockRef after = if_partial(c, m, k->mr);
         LLVMValueRef last = LLVMBuildNSWSub(c->b, m, cg_i64(c, em), "");
         pack_a_panel(c, g, k, at(c, asrc, cg_mul(c, last, g->a_si)), ap, kc, em);
         row_of_tiles(c, k, uk->m_edge, uk->corner, ap, bp, at(c, ycol, cg_mul(c, last, g->ldy)), kc, nc);
-        LLVMBuildBr(c->b, after);
-        LLVMPositionBuilderAtEnd(c->b, after);
+        end_partial(c, after);
     }
     cg_for_end(c, &lkb);
     cg_for_end(c, &ljb);

@@ -109,6 +109,13 @@ static void call_kernel(Cg *c, const CgKernel *k, LLVMValueRef *args) {
                    (unsigned)k->n_bufs, "");
 }
 
+/* Whether step s starts a bucket that step s + 1 waits for: nothing to
+ * overlap, so one blocking allreduce (cleave_rt_allreduce) does both. */
+static bool waited_next(const PlanStep *steps, int n, int s) {
+    return s + 1 < n && steps[s].kind == STEP_ALLREDUCE_START && steps[s + 1].kind == STEP_ALLREDUCE_WAIT &&
+           steps[s + 1].bucket == steps[s].bucket;
+}
+
 /* Calls node kernels from a step function in plan order; collectives call
  * the runtime, which also gets a chance to progress outstanding ones after
  * every kernel while any is in flight. */
@@ -119,6 +126,11 @@ static void build_step_fn(Cg *c, const char *name, int pass, const PlanStep *ste
     LLVMValueRef arena = LLVMGetParam(fn, 0);
     int in_flight = 0;
     for (int s = 0; s < n; s++) {
+        if (steps[s].kind == STEP_ALLREDUCE_START && waited_next(steps, n, s)) {
+            call_rt(c, "cleave_rt_allreduce", 1, &steps[s].bucket, NULL, 0);
+            s++; /* the wait */
+            continue;
+        }
         if (steps[s].kind == STEP_ALLREDUCE_START) {
             call_rt(c, "cleave_rt_allreduce_start", 1, &steps[s].bucket, NULL, 0);
             in_flight++;
@@ -203,8 +215,11 @@ static bool build_staged_step_fn(Cg *c, const char *name, int prog, int pass, co
         }
         if (st->kind == STEP_ALLREDUCE_START || st->kind == STEP_ALLREDUCE_WAIT) {
             /* hybrid: a gradient bucket summed over the stage's replicas */
-            call_rt(c, st->kind == STEP_ALLREDUCE_START ? "cleave_rt_allreduce_start" : "cleave_rt_allreduce_wait", 1,
-                    &st->bucket, NULL, 0);
+            bool both = waited_next(steps, n, s);
+            call_rt(c, both ? "cleave_rt_allreduce"
+                    : st->kind == STEP_ALLREDUCE_START ? "cleave_rt_allreduce_start" : "cleave_rt_allreduce_wait",
+                    1, &st->bucket, NULL, 0);
+            s += both;
             continue;
         }
         if (st->kind == STEP_COMPUTE) {

@@ -59,10 +59,7 @@ def make_data(np, d, name):
 
 def weights_bytes(path):
     """Initializer name -> raw bytes of an ONNX file."""
-    import onnx
-    from onnx import numpy_helper
-    m = onnx.load(path)
-    return {t.name: numpy_helper.to_array(t).tobytes() for t in m.graph.initializer}
+    return {k: v.tobytes() for k, v in harness.read_weights(path).items()}
 
 
 def main():
