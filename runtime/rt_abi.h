@@ -91,7 +91,8 @@ void cleave_eval_step(char *arena);
 /* Defined by the runtime, called by cleave_train_step of a "dp" program
  * (the buckets are numbered as in the metadata's "buckets"; the runtime
  * knows the arena and the communicator, set up before the first step).
- * Each step starts and waits every bucket exactly once, in that order:
+ * Each step sums every bucket exactly once: either a start and later a
+ * wait, in that order, or (nothing to overlap) one cleave_rt_allreduce:
  *
  * Starts summing bucket `bucket` over the ranks, in place: MPI_Iallreduce
  * (MPI_IN_PLACE, arena + offset, count, MPI_FLOAT, MPI_SUM) on the

@@ -220,12 +220,8 @@ static bool scan_seq(Cg *c, CgFuse *f, const RankPlan *rp, const PlanStep *steps
     return true;
 }
 
-typedef struct ChainBody {
-    const Chain *ch;
-} ChainBody;
-
 static void chain_body(Cg *c, void *ctx, LLVMValueRef out_idx, const LLVMValueRef *in_idx) {
-    const Chain *ch = ((ChainBody *)ctx)->ch;
+    const Chain *ch = ctx;
     LLVMValueRef val[MAX_CHAIN];
     for (int j = 0; j < ch->n; j++) {
         const Node *nd = ch->nodes[j];
@@ -253,8 +249,7 @@ static bool build_chain(Cg *c, Chain *ch) {
     snprintf(name, sizeof name, "f%d_%s_x%d", ch->nodes[0]->id, ch->nodes[0]->op_type, ch->n);
     if (!cg_kernel_begin_as(c, &ch->k, name, ch->nodes[0], ch->n_in + ch->n_out, ch->bufs, ch->shared))
         return false;
-    ChainBody body = {ch};
-    cg_ew_nest(c, ch->nodes[0]->out[0], ch->n_in, ch->bufs, chain_body, &body);
+    cg_ew_nest(c, ch->nodes[0]->out[0], ch->n_in, ch->bufs, chain_body, ch);
     cg_kernel_end(c);
     return !diag_failed(c->d);
 }

@@ -126,7 +126,7 @@ static void build_step_fn(Cg *c, const char *name, int pass, const PlanStep *ste
     LLVMValueRef arena = LLVMGetParam(fn, 0);
     int in_flight = 0;
     for (int s = 0; s < n; s++) {
-        if (steps[s].kind == STEP_ALLREDUCE_START && waited_next(steps, n, s)) {
+        if (waited_next(steps, n, s)) {
             call_rt(c, "cleave_rt_allreduce", 1, &steps[s].bucket, NULL, 0);
             s++; /* the wait */
             continue;

@@ -14,12 +14,12 @@
  * kernel's noalias flags).  Code generation may read the contents of
  * constant inputs and tensor attributes (a Reshape's shape, say), so
  * nodes with either are never shared. */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cg_share.h"
+#include "../util/text.h"
 
 typedef struct Entry {
     uint64_t hash;
@@ -43,47 +43,14 @@ void cg_share_free(CgShare *s) {
 
 int cg_share_count(const CgShare *s) { return s ? s->reused : 0; }
 
-typedef struct Text {
-    char *p;
-    size_t len, cap;
-    bool failed;
-} Text;
-
-static void put(Text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(Text *t, const char *fmt, ...) {
-    if (t->failed) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int k = vsnprintf(t->p ? t->p + t->len : NULL, t->p ? t->cap - t->len : 0, fmt, ap);
-        va_end(ap);
-        if (k < 0) {
-            t->failed = true;
-            return;
-        }
-        if (t->p && t->len + (size_t)k < t->cap) {
-            t->len += (size_t)k;
-            return;
-        }
-        size_t cap = (t->cap ? 2 * t->cap : 256) + (size_t)k;
-        char *np = realloc(t->p, cap);
-        if (!np) {
-            t->failed = true;
-            return;
-        }
-        t->p = np;
-        t->cap = cap;
-    }
-}
-
 static void put_value(Text *t, const Value *v) {
     if (!v) {
-        put(t, "-;");
+        text_put(t, "-;");
         return;
     }
-    put(t, "%d[", (int)v->dtype);
-    for (int j = 0; j < v->rank; j++) put(t, "%lld,", (long long)v->dims[j].k);
-    put(t, "];");
+    text_put(t, "%d[", (int)v->dtype);
+    for (int j = 0; j < v->rank; j++) text_put(t, "%lld,", (long long)v->dims[j].k);
+    text_put(t, "];");
 }
 
 /* The node's buffers in slot order: inputs, then outputs. */
@@ -102,42 +69,42 @@ static char *signature(const Cg *c, const Node *n) {
         if (v && v->konst && !(v->kind == VAL_INITIALIZER && dtype_is_float(v->dtype))) return NULL;
     }
     Text t = {0};
-    put(&t, "%s.%s|", n->domain ? n->domain : "", n->op_type);
+    text_put(&t, "%s.%s|", n->domain ? n->domain : "", n->op_type);
     for (int a = 0; a < n->n_attr; a++) {
         const Attr *at = &n->attrs[a];
-        put(&t, "%s:%d=", at->name, (int)at->kind);
+        text_put(&t, "%s:%d=", at->name, (int)at->kind);
         switch (at->kind) {
-        case ATTR_FLOAT: put(&t, "%a", (double)at->f); break;
-        case ATTR_INT: put(&t, "%lld", (long long)at->i); break;
-        case ATTR_STRING: put(&t, "%zu:%s", strlen(at->s ? at->s : ""), at->s ? at->s : ""); break;
+        case ATTR_FLOAT: text_put(&t, "%a", (double)at->f); break;
+        case ATTR_INT: text_put(&t, "%lld", (long long)at->i); break;
+        case ATTR_STRING: text_put(&t, "%zu:%s", strlen(at->s ? at->s : ""), at->s ? at->s : ""); break;
         case ATTR_INTS:
-            for (int j = 0; j < at->n; j++) put(&t, "%lld,", (long long)at->ints[j]);
+            for (int j = 0; j < at->n; j++) text_put(&t, "%lld,", (long long)at->ints[j]);
             break;
         case ATTR_FLOATS:
-            for (int j = 0; j < at->n; j++) put(&t, "%a,", (double)at->floats[j]);
+            for (int j = 0; j < at->n; j++) text_put(&t, "%a,", (double)at->floats[j]);
             break;
         case ATTR_STRINGS:
-            for (int j = 0; j < at->n; j++) put(&t, "%zu:%s,", strlen(at->strings[j]), at->strings[j]);
+            for (int j = 0; j < at->n; j++) text_put(&t, "%zu:%s,", strlen(at->strings[j]), at->strings[j]);
             break;
-        default: free(t.p); return NULL; /* tensors, graphs: contents matter */
+        default: free(t.s); return NULL; /* tensors, graphs: contents matter */
         }
-        put(&t, "|");
+        text_put(&t, "|");
     }
-    const Value *v[4 * CG_MAX_BUFS];
+    const Value *v[2 * CG_MAX_BUFS];
     int k = slots(n, v);
-    put(&t, "%d/%d|", n->n_in, n->n_out);
+    text_put(&t, "%d/%d|", n->n_in, n->n_out);
     for (int i = 0; i < k; i++) put_value(&t, v[i]);
-    put(&t, "|");
+    text_put(&t, "|");
     for (int i = 0; i < k; i++)
         for (int j = i + 1; j < k; j++) {
             if (!v[i] || !v[j]) continue;
-            put(&t, "%c", v[i] == v[j] ? '=' : cg_may_share(c, n, v[i], v[j]) ? '~' : '.');
+            text_put(&t, "%c", v[i] == v[j] ? '=' : cg_may_share(c, n, v[i], v[j]) ? '~' : '.');
         }
     if (t.failed) {
-        free(t.p);
+        free(t.s);
         return NULL;
     }
-    return t.p;
+    return t.s;
 }
 
 static uint64_t fnv(const char *s) {
@@ -160,7 +127,7 @@ bool cg_share_reuse(Cg *c, CgShare *s, const Node *n) {
     if (!e) return false;
     const CgKernel *src = &c->kernels[e->node->id];
     if (!src->fn) return false; /* a view: nothing to share */
-    const Value *from[4 * CG_MAX_BUFS], *to[4 * CG_MAX_BUFS];
+    const Value *from[2 * CG_MAX_BUFS], *to[2 * CG_MAX_BUFS];
     int k = slots(e->node, from);
     slots(n, to);
     CgKernel mine = {src->fn, src->n_bufs, {0}};

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../frontend/file_util.h"
+#include "../util/text.h"
 
 /* ---- reading ---- */
 
@@ -300,124 +301,89 @@ void cluster_free(Cluster *c) {
  * digits (3e-7 as 2.9999999999999999e-07) and every curve point over four
  * lines: a calibration cache is meant to be read by people too. */
 
-typedef struct Out {
-    char *s;
-    size_t len, cap;
-    bool failed;
-} Out;
-
-static void out(Out *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void out(Out *o, const char *fmt, ...) {
-    if (o->failed) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(o->s ? o->s + o->len : NULL, o->s ? o->cap - o->len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            o->failed = true;
-            return;
-        }
-        if (o->s && (size_t)n < o->cap - o->len) {
-            o->len += (size_t)n;
-            return;
-        }
-        size_t cap = o->cap ? o->cap : 1024;
-        while (cap - o->len <= (size_t)n) cap *= 2;
-        char *s = realloc(o->s, cap);
-        if (!s) {
-            o->failed = true;
-            return;
-        }
-        o->s = s;
-        o->cap = cap;
-    }
-}
-
 /* The shortest of %.15g, %.16g, %.17g that reads back as x. */
-static void out_number(Out *o, double x) {
+static void out_number(Text *o, double x) {
     char buf[32];
     for (int digits = 15; digits <= 17; digits++) {
         snprintf(buf, sizeof buf, "%.*g", digits, x);
         if (strtod(buf, NULL) == x) break;
     }
-    out(o, "%s", buf);
+    text_put(o, "%s", buf);
 }
 
-static void out_string(Out *o, const char *s) {
-    out(o, "\"");
+static void out_string(Text *o, const char *s) {
+    text_put(o, "\"");
     for (; *s; s++) {
         unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\') out(o, "\\%c", ch);
-        else if (ch < 0x20) out(o, "\\u%04x", ch);
-        else out(o, "%c", ch);
+        if (ch == '"' || ch == '\\') text_put(o, "\\%c", ch);
+        else if (ch < 0x20) text_put(o, "\\u%04x", ch);
+        else text_put(o, "%c", ch);
     }
-    out(o, "\"");
+    text_put(o, "\"");
 }
 
-static void out_link(Out *o, const char *key, const ClusterLink *l) {
-    out(o, "  \"%s\": {\"latency_s\": ", key);
+static void out_link(Text *o, const char *key, const ClusterLink *l) {
+    text_put(o, "  \"%s\": {\"latency_s\": ", key);
     out_number(o, l->latency_s);
-    out(o, ", \"bandwidth_gbps\": ");
+    text_put(o, ", \"bandwidth_gbps\": ");
     out_number(o, l->bandwidth_gbps);
-    out(o, "}");
+    text_put(o, "}");
 }
 
 char *cluster_to_json(const Cluster *c) {
-    Out o = {0};
-    out(&o, "{\n  \"format\": \"cleave-cluster\",\n  \"version\": 1,\n");
+    Text o = {0};
+    text_put(&o, "{\n  \"format\": \"cleave-cluster\",\n  \"version\": 1,\n");
     if (c->name) {
-        out(&o, "  \"name\": ");
+        text_put(&o, "  \"name\": ");
         out_string(&o, c->name);
-        out(&o, ",\n");
+        text_put(&o, ",\n");
     }
-    out(&o, "  \"source\": ");
+    text_put(&o, "  \"source\": ");
     out_string(&o, c->source);
-    out(&o, ",\n  \"nodes\": %d,\n  \"ranks_per_node\": %d,\n  \"memory_per_rank_bytes\": %lld,\n", c->nodes,
+    text_put(&o, ",\n  \"nodes\": %d,\n  \"ranks_per_node\": %d,\n  \"memory_per_rank_bytes\": %lld,\n", c->nodes,
         c->ranks_per_node, (long long)c->memory_per_rank_bytes);
-    if (c->cores_per_node > 0) out(&o, "  \"cores_per_node\": %d,\n", c->cores_per_node);
-    out(&o, "  \"compute\": {\n    \"gemm_gflops\": [");
+    if (c->cores_per_node > 0) text_put(&o, "  \"cores_per_node\": %d,\n", c->cores_per_node);
+    text_put(&o, "  \"compute\": {\n    \"gemm_gflops\": [");
     for (int i = 0; i < c->n_gemm; i++) {
-        out(&o, "%s[", i ? ", " : "");
+        text_put(&o, "%s[", i ? ", " : "");
         out_number(&o, c->gemm_flops[i]);
-        out(&o, ", ");
+        text_put(&o, ", ");
         out_number(&o, c->gemm_gflops[i]);
-        out(&o, "]");
+        text_put(&o, "]");
     }
     if (c->n_conv > 0) {
-        out(&o, "],\n    \"conv_gflops\": [");
+        text_put(&o, "],\n    \"conv_gflops\": [");
         for (int i = 0; i < c->n_conv; i++) {
-            out(&o, "%s[", i ? ", " : "");
+            text_put(&o, "%s[", i ? ", " : "");
             out_number(&o, c->conv_flops[i]);
-            out(&o, ", ");
+            text_put(&o, ", ");
             out_number(&o, c->conv_gflops[i]);
-            out(&o, "]");
+            text_put(&o, "]");
         }
     }
-    out(&o, "],\n    \"elementwise_gbps\": ");
+    text_put(&o, "],\n    \"elementwise_gbps\": ");
     out_number(&o, c->elementwise_gbps);
-    out(&o, ",\n    \"kernel_overhead_s\": ");
+    text_put(&o, ",\n    \"kernel_overhead_s\": ");
     out_number(&o, c->kernel_overhead_s);
     if (c->step_overhead_s > 0) { /* absent means 0: files without it read back as they were */
-        out(&o, ",\n    \"step_overhead_s\": ");
+        text_put(&o, ",\n    \"step_overhead_s\": ");
         out_number(&o, c->step_overhead_s);
     }
-    out(&o, "\n  },\n");
+    text_put(&o, "\n  },\n");
     out_link(&o, "intra_node", &c->intra_node);
-    out(&o, ",\n");
+    text_put(&o, ",\n");
     out_link(&o, "inter_node", &c->inter_node);
     if (c->rank_speed) {
         /* A node's ranks to a line (at most 16 a line). */
         int n = cluster_ranks(c), per_line = c->ranks_per_node < 16 ? c->ranks_per_node : 16;
-        out(&o, ",\n  \"rank_speed\": [");
+        text_put(&o, ",\n  \"rank_speed\": [");
         for (int r = 0; r < n; r++) {
-            out(&o, "%s", r == 0 ? "\n    " : r % per_line == 0 ? ",\n    " : ", ");
+            text_put(&o, "%s", r == 0 ? "\n    " : r % per_line == 0 ? ",\n    " : ", ");
             out_number(&o, c->rank_speed[r]);
         }
-        out(&o, "\n  ]");
+        text_put(&o, "\n  ]");
     }
-    out(&o, "\n}\n");
+    text_put(&o, "\n}\n");
     if (o.failed) {
         free(o.s);
         return NULL;

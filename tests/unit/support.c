@@ -90,12 +90,7 @@ bool test_prog_train(TestProg *tp, Graph *g, const TrainOptions *o, char *msg, s
 }
 
 bool test_prog_forward(TestProg *tp, Graph *g, char *msg, size_t len) {
-    memset(tp, 0, sizeof *tp);
-    tp->g = g;
-    Diag d = {0};
-    bool ok = plan_forward(g, &tp->p, &d) && finish_prog(tp, &d);
-    if (!ok) snprintf(msg, len, "%s", d.msg);
-    return ok;
+    return test_prog_forward_threads(tp, g, 1, msg, len);
 }
 
 bool test_prog_forward_threads(TestProg *tp, Graph *g, int threads, char *msg, size_t len) {
