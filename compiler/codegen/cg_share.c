@@ -7,11 +7,10 @@
  * building, optimising and emitting each kernel once takes a large part
  * of the compile time away, and the binary is smaller.
  *
- * A node's signature is a text of everything its code generation reads:
- * op and domain, each attribute, each input and output slot (present or
- * not, dtype, shape), and for every pair of its buffers whether they are
- * the same value or may share bytes in some call (which decides the
- * kernel's noalias flags).  Code generation may read the contents of
+ * A node's signature is its node_key (op, attributes, each slot's dtype
+ * and shape: everything its code generation reads from the node), and for
+ * every pair of its buffers whether they are the same value or may share
+ * bytes in some call (which decides the kernel's noalias flags).  Code generation may read the contents of
  * constant inputs and tensor attributes (a Reshape's shape, say), so
  * nodes with either are never shared. */
 #include <stdio.h>
@@ -19,7 +18,7 @@
 #include <string.h>
 
 #include "cg_share.h"
-#include "../util/text.h"
+#include "../ir/node_key.h"
 
 typedef struct Entry {
     uint64_t hash;
@@ -43,16 +42,6 @@ void cg_share_free(CgShare *s) {
 
 int cg_share_count(const CgShare *s) { return s ? s->reused : 0; }
 
-static void put_value(Text *t, const Value *v) {
-    if (!v) {
-        text_put(t, "-;");
-        return;
-    }
-    text_put(t, "%d[", (int)v->dtype);
-    for (int j = 0; j < v->rank; j++) text_put(t, "%lld,", (long long)v->dims[j].k);
-    text_put(t, "];");
-}
-
 /* The node's buffers in slot order: inputs, then outputs. */
 static int slots(const Node *n, const Value **v) {
     int k = 0;
@@ -68,33 +57,17 @@ static char *signature(const Cg *c, const Node *n) {
         const Value *v = n->in[i];
         if (v && v->konst && !(v->kind == VAL_INITIALIZER && dtype_is_float(v->dtype))) return NULL;
     }
-    Text t = {0};
-    text_put(&t, "%s.%s|", n->domain ? n->domain : "", n->op_type);
     for (int a = 0; a < n->n_attr; a++) {
-        const Attr *at = &n->attrs[a];
-        text_put(&t, "%s:%d=", at->name, (int)at->kind);
-        switch (at->kind) {
-        case ATTR_FLOAT: text_put(&t, "%a", (double)at->f); break;
-        case ATTR_INT: text_put(&t, "%lld", (long long)at->i); break;
-        case ATTR_STRING: text_put(&t, "%zu:%s", strlen(at->s ? at->s : ""), at->s ? at->s : ""); break;
-        case ATTR_INTS:
-            for (int j = 0; j < at->n; j++) text_put(&t, "%lld,", (long long)at->ints[j]);
-            break;
-        case ATTR_FLOATS:
-            for (int j = 0; j < at->n; j++) text_put(&t, "%a,", (double)at->floats[j]);
-            break;
-        case ATTR_STRINGS:
-            for (int j = 0; j < at->n; j++) text_put(&t, "%zu:%s,", strlen(at->strings[j]), at->strings[j]);
-            break;
-        default: free(t.s); return NULL; /* tensors, graphs: contents matter */
-        }
-        text_put(&t, "|");
+        AttrKind k = n->attrs[a].kind;
+        bool in_key = k == ATTR_FLOAT || k == ATTR_INT || k == ATTR_STRING || k == ATTR_FLOATS || k == ATTR_INTS ||
+                      k == ATTR_STRINGS;
+        if (!in_key) return NULL; /* tensors, graphs: contents the key does not hold */
     }
+    Text t = {0};
+    node_key(&t, n);
+    text_put(&t, "|");
     const Value *v[2 * CG_MAX_BUFS];
     int k = slots(n, v);
-    text_put(&t, "%d/%d|", n->n_in, n->n_out);
-    for (int i = 0; i < k; i++) put_value(&t, v[i]);
-    text_put(&t, "|");
     for (int i = 0; i < k; i++)
         for (int j = i + 1; j < k; j++) {
             if (!v[i] || !v[j]) continue;

@@ -8,12 +8,12 @@
  * its median time is what the simulator charges for it. */
 #include "profile.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernel_run.h"
+#include "../ir/node_key.h"
 #include "../ops/ops.h"
 
 typedef struct Entry {
@@ -44,49 +44,6 @@ void profile_free(KernelProfile *p) {
 void profile_counts(const KernelProfile *p, int *measured, int *failed) {
     *measured = p ? p->measured : 0;
     *failed = p ? p->failed : 0;
-}
-
-/* Appends printf-style text to a growing buffer; false when it overflows. */
-static bool put(char *buf, size_t len, size_t *at, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static bool put(char *buf, size_t len, size_t *at, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(buf + *at, *at < len ? len - *at : 0, fmt, ap);
-    va_end(ap);
-    if (n < 0 || *at + (size_t)n >= len) return false;
-    *at += (size_t)n;
-    return true;
-}
-
-static bool put_value(char *buf, size_t len, size_t *at, const Value *v) {
-    if (!v) return put(buf, len, at, "-;");
-    bool ok = put(buf, len, at, "%d[", (int)v->dtype);
-    for (int i = 0; ok && i < v->rank; i++) ok = put(buf, len, at, "%lld:%d,", (long long)v->dims[i].k, (int)v->dims[i].sym);
-    /* a constant input (a shape, axes) is part of what the kernel does */
-    if (ok && v->konst && !dtype_is_float(v->dtype))
-        for (int64_t i = 0; ok && i < v->konst->n && i < 16; i++)
-            ok = put(buf, len, at, "=%lld", (long long)const_get_i(v->konst, i));
-    return ok && put(buf, len, at, "];");
-}
-
-/* What makes two nodes' kernels the same: op, attributes, and the dtypes,
- * shapes (and integer constants) of inputs and outputs. */
-static bool node_key(const Node *n, char *buf, size_t len) {
-    size_t at = 0;
-    bool ok = put(buf, len, &at, "%s.%s|", n->domain, n->op_type);
-    for (int i = 0; ok && i < n->n_attr; i++) {
-        const Attr *a = &n->attrs[i];
-        ok = put(buf, len, &at, "%s:%d:%lld:%g:%s", a->name, (int)a->kind, (long long)a->i, (double)a->f,
-                 a->s ? a->s : "");
-        for (int k = 0; ok && k < a->n && a->ints; k++) ok = put(buf, len, &at, ",%lld", (long long)a->ints[k]);
-        for (int k = 0; ok && k < a->n && a->floats; k++) ok = put(buf, len, &at, ",%g", (double)a->floats[k]);
-        ok = ok && put(buf, len, &at, ";");
-    }
-    ok = ok && put(buf, len, &at, "|");
-    for (int i = 0; ok && i < n->n_in; i++) ok = put_value(buf, len, &at, n->in[i]);
-    ok = ok && put(buf, len, &at, "|");
-    for (int i = 0; ok && i < n->n_out; i++) ok = put_value(buf, len, &at, n->out[i]);
-    return ok;
 }
 
 /* n alone in a graph of its own: its inputs fed at run time, except
@@ -208,10 +165,13 @@ static double lookup_or_time(KernelProfile *p, const char *key, Graph *(*make)(c
 static Graph *make_add(const void *v) { return add_graph(v); }
 
 double profile_accumulate_seconds(KernelProfile *p, const Value *v) {
-    char key[1024];
-    size_t at = 0;
-    if (!p || !v || !put(key, sizeof key, &at, "accumulate|") || !put_value(key, sizeof key, &at, v)) return -1;
-    return lookup_or_time(p, key, make_add, v);
+    if (!p || !v) return -1;
+    Text key = {0};
+    text_put(&key, "accumulate|");
+    value_key(&key, v);
+    double s = key.failed ? -1 : lookup_or_time(p, key.s, make_add, v);
+    free(key.s);
+    return s;
 }
 
 typedef struct NodeArg {
@@ -225,8 +185,11 @@ static Graph *make_node(const void *arg) {
 }
 
 double profile_node_seconds(KernelProfile *p, const Node *n) {
-    char key[4096];
-    if (!p || !p->g || !n->def || !n->def->cg || !node_key(n, key, sizeof key)) return -1;
+    if (!p || !p->g || !n->def || !n->def->cg) return -1;
+    Text key = {0};
+    node_key(&key, n);
     NodeArg arg = {p->g, n};
-    return lookup_or_time(p, key, make_node, &arg);
+    double s = key.failed ? -1 : lookup_or_time(p, key.s, make_node, &arg);
+    free(key.s);
+    return s;
 }
