@@ -4,9 +4,11 @@
 For each model (samples/mlp.onnx, samples/cnn.onnx and bench_train's deep
 MLP, 512 inputs and 16 hidden layers of 512) and each rank count N in
 1, 2, 4, the script asks `cleave plan --format json` for every candidate
-the search enumerated (with the stated defaults, no --cluster), compiles
-each of them with `cleave compile --strategy S ...` (and --emit-plan),
-runs it under `mpirun --oversubscribe -np N` with --metrics, and takes
+the search enumerated on --plan-cluster (default: the stated defaults),
+compiles each of them with `cleave compile --strategy S ... --stages CUTS`
+(the stages where the search cut them, so the program is the plan that
+was priced; and --emit-plan), runs it under `mpirun --oversubscribe -np
+N` with --metrics, and takes
 
     measured step = median of the per-step durations (differences of the
                     metrics' cumulative elapsed_s) after --warmup steps,
@@ -25,19 +27,21 @@ compared with the prediction: the arena_bytes of each rank in
 
 The same programs are also scored against the predictions for every
 --cluster FILE given (default samples/clusters/laptop.json), for the rank
-counts that cluster has: the candidates are the same plans, only the
-predicted times change, so nothing is run again.
+counts that cluster has: the candidates are the same strategies, only
+the predicted times change, so nothing is run again (another cluster may
+cut a staged candidate elsewhere; the programs are --plan-cluster's).
 
 Steps per run: enough for about --target-s seconds at the predicted rate,
 between --min-steps and --max-steps.  The machine the numbers come from
-has 2 cores and other jobs: N = 4 runs 4 ranks on 2 cores (oversubscribed),
-which the cost model does not know; it is reported all the same, and
-marked.  Before each run the script waits briefly for other jobs to go
+has 2 cores and other jobs: N = 4 runs 4 ranks on 2 cores (oversubscribed;
+the programs pin rank k to core k mod 2, which the cost model knows when
+the cluster states its cores, as calibrations do), marked as such.
+Before each run the script waits briefly for other jobs to go
 quiet (bench_pipeline's Quiet, --wait-quiet seconds per round at most).
 
     /usr/bin/python3 bench/bench_costmodel.py [--cleave PATH] [--models mlp,cnn,deep]
         [--ranks 1,2,4] [--batch 64] [--runs 1] [--max-candidates 10]
-        [--cluster FILE ...] [--out results.json]
+        [--plan-cluster SPEC] [--cluster SPEC ...] [--out results.json]
 
 Needs Debian's /usr/bin/python3 (torch 1.13 to export the deep MLP, numpy),
 Open MPI's mpirun and a built cleave (by default build-dev/cleave next to
@@ -124,14 +128,16 @@ def prepare_model(key, folder, batch, rows):
 
 
 def cand_key(c):
-    return (c["strategy"], c["dp"], c["stages"], c["microbatches"], c["schedule"])
+    return (c["strategy"], c["dp"], c["stages"], c["microbatches"], c["schedule"],
+            c.get("placement") or "by_replica")
 
 
 def cand_name(c):
     s = c["strategy"]
     if s in ("single", "dp", "layer"):
         return "%s D%d P%d" % (s, c["dp"], c["stages"])
-    return "%s D%d P%d M%d %s" % (s, c["dp"], c["stages"], c["microbatches"], c["schedule"])
+    return "%s D%d P%d M%d %s%s" % (s, c["dp"], c["stages"], c["microbatches"], c["schedule"],
+                                    " bystage" if c.get("placement") == "by_stage" else "")
 
 
 def strategy_flags(c, n):
@@ -141,8 +147,22 @@ def strategy_flags(c, n):
         flags += ["--microbatches", str(c["microbatches"]), "--schedule", c["schedule"]]
     elif s == "hybrid":
         flags += ["--dp", str(c["dp"]), "--pp", str(c["stages"]),
-                  "--microbatches", str(c["microbatches"]), "--schedule", c["schedule"]]
+                  "--microbatches", str(c["microbatches"]), "--schedule", c["schedule"],
+                  "--placement", c.get("placement") or "by_replica"]
     return flags
+
+
+def cluster_flags(cluster):
+    """cleave's flags for a cluster spec: "profile" (this machine's times
+    of the model's own kernels), "profile:FILE" (those, with FILE's links,
+    cores and memory), a cluster file, or None (the stated defaults)."""
+    if not cluster:
+        return []
+    if cluster == "profile":
+        return ["--profile"]
+    if cluster.startswith("profile:"):
+        return ["--profile", "--cluster", cluster[len("profile:"):]]
+    return ["--cluster", cluster]
 
 
 def plan_json(cleave, onnx_path, batch, n, cluster):
@@ -151,16 +171,8 @@ def plan_json(cleave, onnx_path, batch, n, cluster):
     cmd = bt.compile_cmd(cleave, onnx_path, "unused", batch)
     cmd = [cleave, "plan"] + cmd[2:]
     del cmd[cmd.index("-o"):cmd.index("-o") + 2]
-    cmd += ["--ranks", str(n), "--format", "json"]
+    cmd += ["--ranks", str(n), "--format", "json"] + cluster_flags(cluster)
     if cluster:
-        # "profile": this machine's times of the model's own kernels;
-        # "profile:FILE": those, with FILE's links, cores and memory
-        if cluster == "profile":
-            cmd += ["--profile"]
-        elif cluster.startswith("profile:"):
-            cmd += ["--profile", "--cluster", cluster[len("profile:"):]]
-        else:
-            cmd += ["--cluster", cluster]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=bt.TIMEOUT)
         if p.returncode != 0:
             if "the cluster" in p.stderr and "ranks" in p.stderr:   # too few ranks
@@ -189,7 +201,9 @@ def select(alternatives, limit):
 def compile_candidate(args, onnx_path, mdir, c, n, batch, idx):
     prog = os.path.join(mdir, "prog_n%d_%02d" % (n, idx))
     plan_path = prog + ".plan.json"
-    cmd = bt.compile_cmd(args.cleave, onnx_path, prog, batch) + strategy_flags(c, n)
+    # the plan the search priced, its stages cut where the search cut them
+    cmd = bt.compile_cmd(args.cleave, onnx_path, prog, batch) + strategy_flags(c, n) + \
+        (["--stages", c["cuts"]] if c.get("cuts") else [])
     t0 = time.perf_counter()
     bp.run_cleave(cmd + ["--emit-plan", plan_path], "cleave compile (%s)" % cand_name(c))
     compile_s = time.perf_counter() - t0
@@ -246,7 +260,7 @@ def bench_model(args, folder, key, quiet):
     onnx_path, mdir = prepare_model(key, folder, batch, args.max_steps * batch)
     out = []
     for n in args.ranks:
-        plan, plan_cmd = plan_json(args.cleave, onnx_path, batch, n, None)
+        plan, plan_cmd = plan_json(args.cleave, onnx_path, batch, n, args.plan_cluster)
         alts = plan["alternatives"]
         cands, chosen = select(alts, args.max_candidates)
         log("[%s N=%d] %d candidates enumerated, %d feasible, measuring %d; chosen %s"
@@ -341,6 +355,11 @@ def summary(groups, cluster=None):
             "underpredicted": sum(p < m for p, m, _ in pairs)}
 
 
+def plan_cluster_name(spec):
+    return "the stated defaults" if not spec else spec if spec == "profile" else \
+        "profile:" + os.path.relpath(spec[8:], ROOT) if spec.startswith("profile:") else os.path.relpath(spec, ROOT)
+
+
 def print_report(rep):
     m = rep["machine"]
     print("# Cost model: predicted against measured step time\n")
@@ -350,12 +369,12 @@ def print_report(rep):
           % (m["cpu"], m["cores"], m["cores_usable"], m["kernel"],
              "/".join("%.2f" % x for x in rep["load_before"] or []),
              "/".join("%.2f" % x for x in rep["load_after"] or [])))
-    print("- N = 4 runs 4 ranks on %d cores (mpirun --oversubscribe): the cost model assumes a core "
-          "per rank, so those rows measure the machine's oversubscription as much as the model." % m["cores"])
+    print("- N = 4 runs 4 ranks on %d cores (mpirun --oversubscribe; each rank pinned to core rank mod %d)."
+          % (m["cores"], m["cores"]))
     print("- cleave: %s (%s); %s" % (rep["cleave"], rep["cleave_version"], rep["mpirun"]))
     print("- batch %d; measured = median per-step time after %d warm-up steps (median over %d run(s)); "
-          "error = predicted / measured - 1; predictions with cleave's stated defaults (no --cluster)"
-          % (rep["batch"], rep["warmup"], rep["runs"]))
+          "error = predicted / measured - 1; candidates enumerated, chosen and cut on %s"
+          % (rep["batch"], rep["warmup"], rep["runs"], plan_cluster_name(rep["plan_cluster"])))
     print("- %.0f s in all" % rep["total_s"])
     print()
     for g in rep["groups"]:
@@ -384,9 +403,9 @@ def print_report(rep):
     print("## Summary\n")
     s = rep["summary"]
     if s:
-        print("- stated defaults: median |error| **%.0f%%** over %d configurations (target <= %.0f%%); "
+        print("- %s: median |error| **%.0f%%** over %d configurations (target <= %.0f%%); "
               "%d of %d predicted faster than measured; by N: %s"
-              % (s["median_abs_error"] * 100, s["count"], ERROR_TARGET * 100, s["underpredicted"], s["count"],
+              % (plan_cluster_name(rep["plan_cluster"]), s["median_abs_error"] * 100, s["count"], ERROR_TARGET * 100, s["underpredicted"], s["count"],
                  ", ".join("N=%d %.0f%%" % (n, e * 100) for n, e in s["median_abs_error_by_ranks"].items())))
         print("- one speed factor fitted to them (measured = %.2f x predicted): median |error| %.0f%%"
               % (s["scale"], s["median_abs_error_scaled"] * 100))
@@ -422,6 +441,9 @@ def main():
     ap.add_argument("--max-candidates", type=int, default=10,
                     help="fastest predicted candidates measured per model and N, plus the chosen "
                          "one; 0 = all (default 10)")
+    ap.add_argument("--plan-cluster", default=None,
+                    help="the cluster the candidates are enumerated, chosen and cut on: a cluster file, "
+                         "'profile' or 'profile:FILE' (default: cleave's stated defaults)")
     ap.add_argument("--cluster", action="append",
                     help="also score against this cluster file's predictions ('profile': cleave plan "
                     "--profile's, this machine's kernel times) (repeatable; default "
@@ -440,8 +462,11 @@ def main():
     args.ranks = [int(n) for n in args.ranks.split(",") if n]
     if args.cluster is None:
         args.cluster = list(DEFAULT_CLUSTERS)
-    args.cluster = [c if c == "profile" else "profile:" + os.path.abspath(c[8:]) if c.startswith("profile:")
-                    else os.path.abspath(c) for c in args.cluster if c != "none"]
+    absolute = lambda c: (c if c == "profile" else "profile:" + os.path.abspath(c[8:]) if c.startswith("profile:")
+                          else os.path.abspath(c))
+    args.cluster = [absolute(c) for c in args.cluster if c != "none"]
+    if args.plan_cluster:
+        args.plan_cluster = absolute(args.plan_cluster)
     # "stated defaults" means them, not a calibration cached on this machine
     os.environ["CLEAVE_CLUSTER_CACHE"] = os.path.join(tempfile.gettempdir(), "cleave-bench-no-calibration.json")
     for mname in args.models:
@@ -469,7 +494,7 @@ def main():
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": bt.machine_info(), "cleave": args.cleave,
         "cleave_version": bt.cleave_version(args.cleave), "mpirun": bdp.mpirun_version(),
-        "batch": args.batch, "warmup": args.warmup, "runs": args.runs,
+        "batch": args.batch, "warmup": args.warmup, "runs": args.runs, "plan_cluster": args.plan_cluster,
         "max_candidates": args.max_candidates, "clusters": args.cluster,
         "load_before": load_before, "load_after": bdp.load_averages(),
         "total_s": time.perf_counter() - t0, "groups": groups,

@@ -262,10 +262,20 @@ static void check_plan_file(const PlanFile *f, const char *derived) {
                 "fields derived from them are recomputed\n", f->path, where);
 }
 
-bool driver_compile(const CompileOptions *o, Diag *d) {
-    CompileOptions chosen;
+bool driver_compile(const CompileOptions *given, Diag *d) {
+    /* One kernel profile (--profile) for the search and for the plan it
+     * chose, so that the stages are cut on the times the choice was made
+     * on, and an explicit --balance time cuts them as auto would. */
+    CompileOptions with = *given, chosen;
+    const CompileOptions *o = &with;
+    KernelProfile *made = NULL;
+    if (with.profile && !with.kernel_profile && !(made = with.kernel_profile = profile_new()))
+        return diag_error(d, DIAG_NOMEM, "out of memory");
     if (o->strategy && strcmp(o->strategy, "auto") == 0) {
-        if (!driver_choose(o, &chosen, d)) return false;
+        if (!driver_choose(o, &chosen, d)) {
+            profile_free(made);
+            return false;
+        }
         o = &chosen;
     }
     Graph *g;
@@ -273,6 +283,7 @@ bool driver_compile(const CompileOptions *o, Diag *d) {
     Plan p;
     if (!driver_build_plan(o, &g, &t, &p, d)) {
         if (o->plan_file) plan_file_reword(o->plan_file, d);
+        profile_free(made);
         return false;
     }
     bool ok = true;
@@ -296,5 +307,6 @@ bool driver_compile(const CompileOptions *o, Diag *d) {
     if (ok) report_plan(&p, o);
     free(meta);
     graph_free(g);
+    profile_free(made);
     return ok;
 }

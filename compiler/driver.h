@@ -75,6 +75,10 @@ typedef struct Candidate {
     int64_t *rank_bytes; /* arena of each rank (malloc'd, n_ranks) */
     double *rank_busy_s;  /* predicted compute of each rank */
     int n_ranks;
+    /* Staged plans: the first node of every stage after the first, as
+     * --stages takes them (malloc'd, comma-separated); NULL otherwise.
+     * Compiled with --stages, the candidate is exactly the plan priced. */
+    char *cuts;
 } Candidate;
 
 typedef struct Search {

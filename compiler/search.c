@@ -19,6 +19,7 @@
 #include "cost/simulate.h"
 #include "driver.h"
 #include "plan/plan.h"
+#include "util/text.h"
 
 static void set_candidate(Candidate *c, const char *strategy, int dp, int stages, int micro, const char *schedule,
                           bool by_stage) {
@@ -54,10 +55,11 @@ static CompileOptions options_for(const CompileOptions *o, const Candidate *c) {
     return x;
 }
 
-/* The candidates for o on a cluster whose ranks span `nodes` nodes of
- * `per_node`: where a hybrid's replicas and stages cannot all share one
- * node, both placements, which put different traffic on the slow links. */
-static int enumerate(const CompileOptions *o, int per_node, Candidate *out, int cap) {
+/* The candidates for o on cluster c: where a hybrid's replicas and stages
+ * cannot all share one node, both placements, which put different
+ * traffic on the slow links; likewise where ranks outnumber a node's
+ * cores, since the placement decides which ranks share a core. */
+static int enumerate(const CompileOptions *o, const Cluster *c, Candidate *out, int cap) {
     int n = 0, N = (int)(o->ranks > 0 ? o->ranks : 1);
     int64_t B = o->batch;
     static const char *scheds[] = {"gpipe", "1f1b"};
@@ -74,10 +76,10 @@ static int enumerate(const CompileOptions *o, int per_node, Candidate *out, int 
     for (int m = 2; m <= 32; m *= 2)
         for (int k = 0; k < 2; k++)
             if (m <= B && B % m == 0) ADD("pipeline", 1, N, m, scheds[k], false);
-    bool spans = N > per_node;
+    bool both = N > c->ranks_per_node || cluster_core_share(c, 0, N) < 1;
     for (int D = 2; D < N; D++) {
         if (N % D) continue;
-        for (int place = 0; place < (spans ? 2 : 1); place++)
+        for (int place = 0; place < (both ? 2 : 1); place++)
             for (int m = 1; m <= 8; m *= 2)
                 for (int k = 0; k < (m > 1 ? 2 : 1); k++)
                     if (B % ((int64_t)D * m) == 0) ADD("hybrid", D, N / D, m, scheds[k], place == 1);
@@ -109,6 +111,19 @@ static bool fill(Candidate *c, const SimResult *r, const Cluster *cl) {
     return true;
 }
 
+/* c->cuts from a staged plan p; false when out of memory. */
+static bool stage_cuts(Candidate *c, const Plan *p) {
+    if (p->n_stages < 2) return true;
+    Text t = {0};
+    for (int s = 1; s < p->n_stages; s++) text_put(&t, "%s%s", s > 1 ? "," : "", p->fwd_order[p->stage_begin[s]]->name);
+    if (t.failed) {
+        free(t.s);
+        return false;
+    }
+    c->cuts = t.s;
+    return true;
+}
+
 /* Plans and simulates o as candidate c (its layout taken from the plan). */
 static bool plan_and_simulate(const CompileOptions *o, const Cluster *cl, Candidate *c, Diag *d) {
     Graph *g;
@@ -121,7 +136,7 @@ static bool plan_and_simulate(const CompileOptions *o, const Cluster *cl, Candid
         c->dp = p.replicas > 0 ? p.replicas : 1;
         c->stages = p.n_stages ? p.n_stages : 1;
         c->microbatches = p.microbatches ? p.microbatches : 1;
-        ok = fill(c, &r, cl) || diag_error(d, DIAG_NOMEM, "out of memory");
+        ok = (fill(c, &r, cl) && stage_cuts(c, &p)) || diag_error(d, DIAG_NOMEM, "out of memory");
         sim_result_free(&r);
     }
     graph_free(g);
@@ -220,7 +235,7 @@ bool driver_search(const CompileOptions *given, Search *s, Diag *d) {
     enum { CAP = 512 };
     Candidate *all = ok ? calloc(CAP, sizeof *all) : NULL;
     if (ok && !all) ok = diag_error(d, DIAG_NOMEM, "out of memory");
-    int n = ok ? enumerate(o, cl.ranks_per_node, all, CAP) : 0, kept = 0;
+    int n = ok ? enumerate(o, &cl, all, CAP) : 0, kept = 0;
     Diag first = {0}; /* why the first candidate could not be planned */
     for (int i = 0; i < n; i++)
         if (evaluate(o, &cl, &all[i], &first)) all[kept++] = all[i];
@@ -250,6 +265,7 @@ void search_free(Search *s) {
     for (int i = 0; i < s->n; i++) {
         free(s->c[i].rank_bytes);
         free(s->c[i].rank_busy_s);
+        free(s->c[i].cuts);
     }
     free(s->c);
     memset(s, 0, sizeof *s);

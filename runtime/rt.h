@@ -257,6 +257,16 @@ void rt_pool_stop(void);
 /* Threads cleave_rt_parallel runs a task on (1 without a pool). */
 int rt_pool_threads(void);
 
+/* ---- placement: rt_bind.c -------------------------------------------------
+ *
+ * On a node with more ranks than CPUs, each rank's thread is pinned round
+ * robin to the CPUs the node's ranks may use, as the cost model assumes. */
+
+/* Collective over every rank; pins only when `enabled` (not --no-bind). */
+void rt_bind_ranks(bool enabled);
+/* The CPU this rank's thread was pinned to, or -1 when it was not. */
+int rt_bind_cpu(void);
+
 /* ---- traces: rt_trace.c ---------------------------------------------------- */
 
 /* Event kinds; the first three are the units of cleave_rt_unit. */
@@ -296,6 +306,7 @@ typedef struct RtArgs {
     const char *metrics, *save, *predict, *trace;
     int64_t log_every; /* 0: only the final line */
     bool check_replicas;
+    bool no_bind; /* --no-bind: leave oversubscribed ranks unpinned (rt_bind.c) */
     bool help;
     /* --calibrate-comm OUT.json (rt_calibrate.c): time messages, no
      * training; no other option may be given with it */

@@ -82,6 +82,11 @@ bool rt_args_parse(int argc, char **argv, RtArgs *a, RtErr *e) {
             a->check_replicas = true;
             continue;
         }
+        if (strncmp(arg, "--no-bind", 9) == 0 && (arg[9] == 0 || arg[9] == '=')) {
+            if (arg[9]) return rt_usage_error(e, "--no-bind takes no value");
+            a->no_bind = true;
+            continue;
+        }
         if (strncmp(arg, "--", 2) != 0)
             return rt_usage_error(e, "unexpected argument '%s' (see --help)", arg);
         /* --flag=value or --flag value */
@@ -245,6 +250,8 @@ void rt_args_usage(FILE *out, const RtMeta *m) {
             "                         the same parameters (a hash of their bytes)\n"
             "  --trace FILE           Chrome/Perfetto trace of the training steps, one track per\n"
             "                         rank (cleave trace-stats FILE sums it up)\n"
+            "  --no-bind              on a node with more ranks than CPUs, do not pin each rank to\n"
+            "                         one CPU round robin (the placement the cost model assumes)\n"
             "  -h, --help             this text\n",
             p);
     if (!m) return;

@@ -141,6 +141,7 @@ static bool run(const RtProgram *prog, const RtArgs *args, const RtMeta *meta, R
     /* The first collective after start-up: a rank that failed above (a file
      * only it cannot read) stops every rank here, with its message. */
     if (!rt_comm_agree_rows(r.train_rows, r.eval_rows, e)) goto out;
+    rt_bind_ranks(!args->no_bind);
     rt_staged_groups();
     if (meta->staged.on) rt_staged_report(&r.log, meta);
     rt_trace_start(args->trace != NULL);

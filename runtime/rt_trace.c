@@ -143,20 +143,22 @@ static char *format_events(int rank, const RtMeta *m, size_t *len) {
     return s;
 }
 
-/* This rank's arena bytes and peak resident set size in bytes (Linux
- * reports ru_maxrss in KiB; 0 when getrusage fails). */
-static void memory_of(const RtMeta *m, int64_t out[2]) {
+/* This rank's arena bytes, peak resident set size in bytes (Linux
+ * reports ru_maxrss in KiB; 0 when getrusage fails) and pinned CPU. */
+static void memory_of(const RtMeta *m, int64_t out[3]) {
     struct rusage u;
     out[0] = (int64_t)m->arena_bytes;
     out[1] = getrusage(RUSAGE_SELF, &u) == 0 ? (int64_t)u.ru_maxrss * 1024 : 0;
+    out[2] = rt_bind_cpu();
 }
 
-/* otherData's "rank_memory": mem holds [arena, peak RSS] of each rank. */
+/* otherData's "rank_memory": mem holds [arena, peak RSS, CPU] of each
+ * rank; the CPU its thread was pinned to (rt_bind.c), -1 when not. */
 static void write_memory(FILE *f, const int64_t *mem, int ranks) {
     fputs(",\"rank_memory\":[", f);
     for (int r = 0; r < ranks; r++)
-        fprintf(f, "%s{\"rank\":%d,\"arena_bytes\":%" PRId64 ",\"peak_rss_bytes\":%" PRId64 "}", r ? "," : "", r,
-                mem[2 * r], mem[2 * r + 1]);
+        fprintf(f, "%s{\"rank\":%d,\"arena_bytes\":%" PRId64 ",\"peak_rss_bytes\":%" PRId64 ",\"cpu\":%" PRId64 "}",
+                r ? "," : "", r, mem[3 * r], mem[3 * r + 1], mem[3 * r + 2]);
     fputs("]", f);
 }
 
@@ -168,10 +170,10 @@ bool rt_trace_write(const char *path, const RtMeta *m, int64_t steps, RtErr *e) 
     int n = mine && len <= INT32_MAX ? (int)len : -1;
     int *counts = rank == 0 ? calloc((size_t)ranks, sizeof *counts) : NULL;
     int *displs = rank == 0 ? calloc((size_t)ranks, sizeof *displs) : NULL;
-    int64_t mine_mem[2], *mem = rank == 0 ? calloc((size_t)ranks * 2, sizeof *mem) : NULL;
+    int64_t mine_mem[3], *mem = rank == 0 ? calloc((size_t)ranks * 3, sizeof *mem) : NULL;
     memory_of(m, mine_mem);
     MPI_Gather(&n, 1, MPI_INT, counts, 1, MPI_INT, 0, rt_comm_world());
-    MPI_Gather(mine_mem, 2, MPI_INT64_T, mem, 2, MPI_INT64_T, 0, rt_comm_world());
+    MPI_Gather(mine_mem, 3, MPI_INT64_T, mem, 3, MPI_INT64_T, 0, rt_comm_world());
     int64_t total = 0;
     bool ok = true;
     if (rank == 0) {

@@ -60,7 +60,7 @@ static const char compile_help[] =
     "                       model predicts for their nodes on --cluster (what auto does)\n"
     "  --strategy auto      plan every strategy, predict each on the cluster, compile\n"
     "                       the fastest that fits (see cleave plan)\n"
-    "  --profile            auto: time the model's own kernels on this machine and\n"
+    "  --profile            auto and --balance time: time the model's own kernels here and\n"
     "                       price them at those times instead of the cluster's rates\n"
     "  --cluster FILE       the cluster auto plans for (docs/cluster.md; default: stated\n"
     "                       defaults for one node of N ranks)\n"

@@ -84,11 +84,13 @@ static json_t *candidate_json(const Candidate *c, const Candidate *best) {
     for (int r = 0; r < c->n_ranks; r++)
         json_array_append_new(ranks, json_pack("{s:i, s:I, s:f}", "rank", r, "arena_bytes",
                                                (json_int_t)c->rank_bytes[r], "busy_s", c->rank_busy_s[r]));
-    return json_pack("{s:s, s:i, s:i, s:i, s:s, s:s, s:b, s:s, s:f, s:f, s:I, s:I, s:o}", "strategy", c->strategy,
-                     "dp", c->dp, "stages", c->stages, "microbatches", c->microbatches, "schedule", c->schedule,
-                     "placement", c->by_stage ? "by_stage" : "by_replica", "feasible",
-                     c->feasible, "why", why, "step_s", c->step_s, "bubble", c->bubble, "comm_bytes",
-                     (json_int_t)c->comm_bytes, "peak_bytes", (json_int_t)c->peak_bytes, "ranks", ranks);
+    json_t *o = json_pack("{s:s, s:i, s:i, s:i, s:s, s:s, s:b, s:s, s:f, s:f, s:I, s:I, s:o}", "strategy",
+                          c->strategy, "dp", c->dp, "stages", c->stages, "microbatches", c->microbatches, "schedule",
+                          c->schedule, "placement", c->by_stage ? "by_stage" : "by_replica", "feasible", c->feasible,
+                          "why", why, "step_s", c->step_s, "bubble", c->bubble, "comm_bytes",
+                          (json_int_t)c->comm_bytes, "peak_bytes", (json_int_t)c->peak_bytes, "ranks", ranks);
+    if (o && c->cuts) json_object_set_new(o, "cuts", json_string(c->cuts));
+    return o;
 }
 
 /* The plan of the search's best candidate (auto), or the one o names. */

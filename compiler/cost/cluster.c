@@ -449,6 +449,11 @@ double cluster_core_share(const Cluster *c, int rank, int used) {
     return (double)c->cores_per_node / here;
 }
 
+int cluster_core_of(const Cluster *c, int rank, int used) {
+    if (cluster_core_share(c, rank, used) >= 1) return -1;
+    return rank % c->ranks_per_node % c->cores_per_node;
+}
+
 bool cluster_same_node(const Cluster *c, int a, int b) {
     assert(a >= 0 && a < cluster_ranks(c) && b >= 0 && b < cluster_ranks(c));
     return a / c->ranks_per_node == b / c->ranks_per_node;

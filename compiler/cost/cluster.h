@@ -59,7 +59,8 @@ typedef struct Cluster {
     int nodes;
     int ranks_per_node;
     /* Cores each node gives its ranks; 0 (not stated) means one core per
-     * rank.  Fewer cores than ranks time-share them (cluster_core_share). */
+     * rank.  Fewer cores than ranks time-share them, each rank pinned to
+     * one core round robin as the runtime does (cluster_core_of). */
     int cores_per_node;
     int64_t memory_per_rank_bytes;
     /* GEMM rate by problem size: gemm_gflops[i] GFLOP/s for one product of
@@ -169,9 +170,14 @@ double cluster_mem_seconds(const Cluster *c, int rank, double bytes);
 /* The part of a core rank `rank` gets when ranks 0 .. used - 1 all
  * compute at once: 1 while its node has a core for each of them, else
  * cores / ranks on the node.  The simulator (simulate.c) uses it to tell
- * whether a node is oversubscribed, then shares cores among the ranks
- * that compute at the same time. */
+ * whether a node is oversubscribed, then shares each core among the ranks
+ * pinned to it that compute at the same time. */
 double cluster_core_share(const Cluster *c, int rank, int used);
+/* The core of its node that rank `rank` is pinned to when ranks 0 .. used
+ * - 1 run and its node has fewer cores than ranks: the k-th rank of the
+ * node on core k mod cores (runtime/rt_bind.c pins them so); -1 when the
+ * node has a core for each rank. */
+int cluster_core_of(const Cluster *c, int rank, int used);
 bool cluster_same_node(const Cluster *c, int a, int b);
 /* The link a message from a to b takes. */
 const ClusterLink *cluster_link(const Cluster *c, int a, int b);

@@ -154,7 +154,7 @@ static double lookup_or_time(KernelProfile *p, const char *key, Graph *(*make)(c
     /* Timed on cold caches: inside a step, the kernels before this one
      * have evicted its weights and inputs (timed warm, in a loop, the
      * MLP's kernels ran about a third faster than in its steps). */
-    if (kernel_run_build(make(arg), &k, &d)) s = kernel_run_time_cold(&k, 8, 3);
+    if (kernel_run_build(make(arg), &k, &d)) s = kernel_run_time_cold(&k, 8, 5);
     kernel_run_free(&k);
     if (s >= 0) p->measured++;
     else p->failed++;

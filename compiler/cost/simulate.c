@@ -21,6 +21,13 @@ typedef struct Box {
     int n, cap;
 } Box;
 
+/* A rank's part in a collective, from when its last member arrived until
+ * the sum is complete: copying and adding, so CPU work. */
+typedef struct Span {
+    int rank;
+    double t0, t1;
+} Span;
+
 typedef struct Sim {
     const Plan *p;
     const Cluster *c;
@@ -31,7 +38,10 @@ typedef struct Sim {
     Box *box;
     double **bucket_done; /* per rank, per bucket: when its sum is complete */
     SimRank *out;
-    double *share; /* each rank's part of a core while it computes */
+    double *share;      /* each rank's part of a core while it computes */
+    double *coll_share; /* ... and while it takes part in a collective */
+    Span *span;
+    int n_span, cap_span;
     SimEvent *ev;
     int n_ev, cap_ev;
     bool ev_failed;
@@ -128,6 +138,23 @@ static bool post(Sim *S, int r, const PlanStep *s) {
     return true;
 }
 
+/* Records rank r's part in a collective (dropped when out of memory,
+ * which ev_failed then reports). */
+static void span(Sim *S, int r, double t0, double t1) {
+    if (t1 <= t0 || S->ev_failed) return;
+    if (S->n_span == S->cap_span) {
+        int cap = S->cap_span ? 2 * S->cap_span : 64;
+        Span *x = realloc(S->span, sizeof *x * (size_t)cap);
+        if (!x) {
+            S->ev_failed = true;
+            return;
+        }
+        S->span = x;
+        S->cap_span = cap;
+    }
+    S->span[S->n_span++] = (Span){r, t0, t1};
+}
+
 /* Members of a collective step's group: ranks[0..*n). */
 static const int *members(const Sim *S, const PlanStep *s, int *n, int *all) {
     if (s->group >= 0 && s->group < S->p->n_groups) {
@@ -151,14 +178,19 @@ static int collective(Sim *S, const PlanStep *s, int *all) {
     }
     int64_t bytes = s->kind == STEP_ALLREDUCE ? s->bytes
                                               : S->p->ranks[m[0]].buckets[s->bucket].bytes;
-    double share = 1.0; /* the ring's steps between neighbours on a shared node */
+    /* The ring moves at its slowest member's part of a core, where a core
+     * is shared (the ranks' copies and additions are CPU work). */
+    double share = 1.0;
     for (int i = 0; i < n; i++) {
-        double x = copy_share(S, m[i], m[(i + 1) % n]);
-        if (x < share) share = x;
+        int a = m[i], b = m[(i + 1) % n];
+        if (!cluster_same_node(S->c, a, b)) continue;
+        if (S->coll_share[a] < share) share = S->coll_share[a];
+        if (S->coll_share[b] < share) share = S->coll_share[b];
     }
     double done = start + cluster_allreduce_seconds(S->c, m, n, (double)bytes) / share;
     for (int i = 0; i < n; i++) {
         int r = m[i];
+        span(S, r, start, done);
         S->out[r].reduced_bytes += bytes;
         if (s->kind == STEP_ALLREDUCE) {
             S->out[r].wait_s += done - S->t[r];
@@ -234,6 +266,7 @@ static bool walk(Sim *S, int *all) {
         S->out[r] = (SimRank){0};
     }
     S->n_ev = 0;
+    S->n_span = 0;
     S->ev_failed = false;
     /* The runtime's own work opens every rank's step (filling the batch):
      * busy, as once-per-step work ('U'). */
@@ -261,6 +294,7 @@ static bool walk(Sim *S, int *all) {
 typedef struct Edge {
     double t;
     int rank, up; /* +1: a busy interval starts, -1: ends */
+    int what;     /* 0: computing, 1: in a collective */
 } Edge;
 
 static int by_time(const void *a, const void *b) {
@@ -269,46 +303,73 @@ static int by_time(const void *a, const void *b) {
     return x->up - y->up; /* ends before starts at the same instant */
 }
 
-/* Shares from a walk without contention: while rank r computes, on
- * average k ranks of its node compute (itself included); with fewer cores
- * than that it gets cores / k of one.  Ranks that wait for a message do
- * not compete here: Open MPI yields the core of a waiting rank when
- * ranks outnumber cores.  False when out of memory. */
+/* Shares from a walk without contention.  On a node with fewer cores than
+ * ranks each rank is pinned to one core (cluster_core_of): while rank r
+ * computes, on average k ranks pinned to its core compute or take part in
+ * a collective (itself included), and it gets 1 / k of it; likewise
+ * while it takes part in a collective.  Ranks that wait for a message do
+ * not compete: Open MPI yields the core of a waiting rank when ranks
+ * outnumber cores.  False when out of memory. */
 static bool contended_shares(Sim *S) {
-    const Cluster *c = S->c;
     int n = S->n;
-    Edge *e = malloc(sizeof *e * (2 * (size_t)S->n_ev + 1));
-    double *weighted = calloc((size_t)n, sizeof *weighted), *busy = calloc((size_t)n, sizeof *busy);
-    int *active = calloc((size_t)n, sizeof *active);
-    bool ok = e && weighted && busy && active;
-    for (int node = 0; ok && node * c->ranks_per_node < n; node++) {
-        int lo = node * c->ranks_per_node, hi = lo + c->ranks_per_node < n ? lo + c->ranks_per_node : n, m = 0;
+    Edge *e = malloc(sizeof *e * (2 * ((size_t)S->n_ev + (size_t)S->n_span) + 1));
+    /* per rank, [0]: computing, [1]: in a collective */
+    double (*weighted)[2] = calloc((size_t)n, sizeof *weighted), (*busy)[2] = calloc((size_t)n, sizeof *busy);
+    int (*active)[2] = calloc((size_t)n, sizeof *active), *core = malloc(sizeof *core * (size_t)n);
+    int *group = malloc(sizeof *group * (size_t)n);
+    bool ok = e && weighted && busy && active && core && group;
+    for (int r = 0; ok && r < n; r++) core[r] = cluster_core_of(S->c, r, n);
+    /* One sweep per core: over the ranks pinned to the core of rank `first`
+     * (its group, group[0 .. ng)). */
+    for (int first = 0; ok && first < n; first++) {
+        int ng = 0;
+        bool seen = core[first] < 0;
+        for (int r = 0; !seen && r < n; r++)
+            if (core[r] == core[first] && cluster_same_node(S->c, r, first)) {
+                if (r < first) seen = true;
+                else group[ng++] = r;
+            }
+        if (seen) continue;
+#define ON_CORE(r) (core[r] == core[first] && cluster_same_node(S->c, (r), first))
+        int m = 0;
         for (int i = 0; i < S->n_ev; i++) {
             const SimEvent *v = &S->ev[i];
-            if (v->rank < lo || v->rank >= hi || v->kind == 'W') continue;
-            e[m++] = (Edge){v->t0, v->rank, 1};
-            e[m++] = (Edge){v->t1, v->rank, -1};
+            if (v->kind == 'W' || !ON_CORE(v->rank)) continue;
+            e[m++] = (Edge){v->t0, v->rank, 1, 0};
+            e[m++] = (Edge){v->t1, v->rank, -1, 0};
         }
+        for (int i = 0; i < S->n_span; i++) {
+            const Span *v = &S->span[i];
+            if (!ON_CORE(v->rank)) continue;
+            e[m++] = (Edge){v->t0, v->rank, 1, 1};
+            e[m++] = (Edge){v->t1, v->rank, -1, 1};
+        }
+#undef ON_CORE
         qsort(e, (size_t)m, sizeof *e, by_time);
         int k = 0;
         for (int i = 0; i < m; i++) {
             if (i > 0 && k > 0) {
                 double len = e[i].t - e[i - 1].t;
-                for (int r = lo; r < hi; r++)
-                    if (active[r]) weighted[r] += len * k, busy[r] += len;
+                for (int j = 0; j < ng; j++)
+                    for (int w = 0; w < 2; w++)
+                        if (active[group[j]][w]) weighted[group[j]][w] += len * k, busy[group[j]][w] += len;
             }
-            active[e[i].rank] += e[i].up;
-            k += e[i].up;
+            int before = active[e[i].rank][0] + active[e[i].rank][1];
+            active[e[i].rank][e[i].what] += e[i].up;
+            int after = active[e[i].rank][0] + active[e[i].rank][1];
+            k += (after > 0) - (before > 0); /* a rank counts once, whatever it does */
         }
     }
     for (int r = 0; ok && r < n; r++) {
-        double k = busy[r] > 0 ? weighted[r] / busy[r] : 1;
-        S->share[r] = c->cores_per_node > 0 && k > c->cores_per_node ? c->cores_per_node / k : 1.0;
+        S->share[r] = busy[r][0] > 0 ? busy[r][0] / weighted[r][0] : 1.0;
+        S->coll_share[r] = busy[r][1] > 0 ? busy[r][1] / weighted[r][1] : 1.0;
     }
     free(e);
     free(weighted);
     free(busy);
     free(active);
+    free(core);
+    free(group);
     return ok;
 }
 
@@ -344,19 +405,21 @@ bool simulate_plan(const Plan *p, const Cluster *c, SimResult *out, Diag *d) {
     S.bucket_done = calloc((size_t)n, sizeof *S.bucket_done);
     S.out = calloc((size_t)n, sizeof *S.out);
     S.share = malloc(sizeof *S.share * (size_t)n);
+    S.coll_share = malloc(sizeof *S.coll_share * (size_t)n);
     int *all = malloc(sizeof *all * (size_t)n);
-    bool ok = S.pc && S.t && S.box && S.bucket_done && S.out && S.share && all;
+    bool ok = S.pc && S.t && S.box && S.bucket_done && S.out && S.share && S.coll_share && all;
     for (int r = 0; ok && r < n; r++) {
         S.bucket_done[r] = calloc((size_t)p->ranks[r].n_buckets + 1, sizeof **S.bucket_done);
         ok = S.bucket_done[r] != NULL;
     }
     if (!ok) diag_error(d, DIAG_NOMEM, "out of memory simulating the plan");
-    for (int r = 0; ok && r < n; r++) S.share[r] = 1.0;
+    for (int r = 0; ok && r < n; r++) S.share[r] = S.coll_share[r] = 1.0;
     ok = ok && walk(&S, all);
     /* Ranks beyond their node's cores: walk again on the shares the first
      * walk's overlaps give (one round of a fixed point; enough to tell a
      * pipeline, whose stages take turns, from data parallelism, whose
-     * replicas all compute at once). */
+     * replicas all compute at once, and a hybrid whose concurrent stages
+     * share a core from one whose do not). */
     if (ok && oversubscribed(c, n)) {
         ok = (!S.ev_failed && contended_shares(&S)) || diag_error(d, DIAG_NOMEM, "out of memory simulating the plan");
         ok = ok && walk(&S, all);
@@ -388,6 +451,8 @@ bool simulate_plan(const Plan *p, const Cluster *c, SimResult *out, Diag *d) {
     }
     free(S.out);
     free(S.share);
+    free(S.coll_share);
+    free(S.span);
     free(S.ev);
     free(all);
     free_sim(&S);

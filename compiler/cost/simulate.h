@@ -6,9 +6,10 @@
  * per-step work (step_overhead_s): a kernel takes the time its FLOPs need
  * at the cluster's matrix-product or convolution rate (ops marked dense
  * in the op table) or the time its bytes need at the memory rate,
- * whichever is longer, plus a per-kernel overhead, all slowed when the
- * node's cores are shared by more ranks (cluster_core_share); a send arrives alpha + bytes/beta
- * after it is posted over the link between the two ranks' nodes; a receive
+ * whichever is longer, plus a per-kernel overhead, all slowed when ranks
+ * pinned to the same core compute at once (cluster_core_of); a send
+ * arrives alpha + bytes/beta after it is posted over the link between
+ * the two ranks' nodes; a receive
  * waits for its message; a completion of a send waits until the peer has
  * received it; a collective starts when the last member reaches it and
  * takes a ring allreduce's time (non-blocking ones complete in the

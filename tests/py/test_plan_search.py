@@ -34,11 +34,14 @@ def cleave(args, *extra):
     return p
 
 
-def cluster_file(work, name, memory, inter=None, nodes=1, per_node=2):
+def cluster_file(work, name, memory, inter=None, nodes=1, per_node=2, cores=None):
     """A cluster file like samples/clusters/laptop.json with other limits."""
     with open(os.path.join(ROOT, "samples", "clusters", "laptop.json")) as f:
         doc = json.load(f)
     doc.update(nodes=nodes, ranks_per_node=per_node, memory_per_rank_bytes=memory, name=name)
+    doc.pop("cores_per_node", None)
+    if cores:
+        doc["cores_per_node"] = cores
     if inter:
         doc["inter_node"] = inter
     path = os.path.join(work, name + ".json")
@@ -178,12 +181,38 @@ def check_placement(rep, args, work):
         if best["strategy"] == "hybrid":
             rep.check("a chosen hybrid is placed by stage", best["placement"] == "by_stage" and
                       doc.get("placement") == "by_stage", best)
-    # on one node the placements cost the same: only one is listed
-    p = cleave(args, "plan", MODEL, "--batch", str(BATCH), "--ranks", "4", "--format", "json")
+    # on one node with a core per rank the placements cost the same: only
+    # one is listed
+    roomy = cluster_file(work, "roomy4", 1 << 32, per_node=4)
+    p = cleave(args, "plan", MODEL, "--batch", str(BATCH), "--ranks", "4", "--cluster", roomy, "--format", "json")
     if rep.check("plan --ranks 4 on one node exits 0", p.returncode == 0, p.stderr[-300:]):
         doc = json.loads(p.stdout)
         rep.check("one node: hybrids only by replica", all(a.get("placement") == "by_replica"
                   for a in doc["alternatives"]), [a.get("placement") for a in doc["alternatives"]])
+
+
+def check_shared_cores(rep, args, work):
+    """4 ranks on a node of 2 cores, pinned round robin (rank k on core
+    k mod 2): in a 2 x 2 hybrid of one micro-batch the two ranks of a stage
+    compute at the same time, on one core when placed by replica (ranks 0
+    and 2) and on two when placed by stage (ranks 0 and 1)."""
+    shared = cluster_file(work, "shared4", 1 << 32, per_node=4, cores=2)
+    flags = ["plan", MODEL, "--batch", str(BATCH), "--ranks", "4", "--cluster", shared]
+    preds = {}
+    for pl in ("by_replica", "by_stage"):
+        p = cleave(args, *(flags + ["--strategy", "hybrid", "--dp", "2", "--pp", "2", "--microbatches", "1",
+                                    "--placement", pl, "--format", "json"]))
+        if rep.check("2 cores: plan hybrid 2x2 --placement %s exits 0" % pl, p.returncode == 0, p.stderr[-300:]):
+            preds[pl] = json.loads(p.stdout)["prediction"]["chosen"]["step_s"]
+    if len(preds) == 2:
+        rep.check("2 cores: by stage is predicted faster (%.3g s vs %.3g s)" % (preds["by_stage"],
+                  preds["by_replica"]), preds["by_stage"] < 0.9 * preds["by_replica"])
+    p = cleave(args, *(flags + ["--format", "json"]))
+    if rep.check("2 cores: plan --ranks 4 exits 0", p.returncode == 0, p.stderr[-300:]):
+        doc = json.loads(p.stdout)
+        places = {a.get("placement") for a in doc["alternatives"] if a["strategy"] == "hybrid"}
+        rep.check("2 cores: the search tries both placements of the hybrids", places == {"by_replica", "by_stage"},
+                  places)
 
 
 def check_auto_trains(rep, args, work):
@@ -270,6 +299,7 @@ def main():
         rep.guarded("plan json", lambda: check_json(rep, args, work))
         rep.guarded("memory and network", lambda: check_memory(rep, args, work))
         rep.guarded("placement", lambda: check_placement(rep, args, work))
+        rep.guarded("shared cores", lambda: check_shared_cores(rep, args, work))
         rep.guarded("profile", lambda: check_profile(rep, args))
         rep.guarded("auto trains", lambda: check_auto_trains(rep, args, work))
         rep.guarded("drawings", lambda: check_drawings(rep, args))

@@ -272,6 +272,14 @@ START_TEST(core_sharing) {
     ck_assert(cluster_core_share(&c, 3, 12) == 0.5);
     ck_assert(cluster_core_share(&c, 4, 5) == 1.0);  /* node 1 runs rank 4 alone */
     ck_assert(cluster_core_share(&c, 9, 11) == 2.0 / 3); /* node 2 runs 8, 9, 10 */
+    /* pinned round robin where a node is oversubscribed, as rt_bind.c does */
+    ck_assert_int_eq(cluster_core_of(&c, 1, 2), -1); /* two ranks, two cores */
+    ck_assert_int_eq(cluster_core_of(&c, 0, 3), 0);
+    ck_assert_int_eq(cluster_core_of(&c, 1, 3), 1);
+    ck_assert_int_eq(cluster_core_of(&c, 2, 3), 0);
+    ck_assert_int_eq(cluster_core_of(&c, 3, 12), 1);
+    ck_assert_int_eq(cluster_core_of(&c, 4, 5), -1); /* node 1 runs rank 4 alone */
+    ck_assert_int_eq(cluster_core_of(&c, 10, 11), 0); /* node 2: ranks 8, 9, 10 on cores 0, 1, 0 */
     /* written and read back with the field */
     char *text = cluster_to_json(&c);
     ck_assert_ptr_nonnull(text);
