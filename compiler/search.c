@@ -111,6 +111,20 @@ static bool fill(Candidate *c, const SimResult *r, const Cluster *cl) {
     return true;
 }
 
+/* Timings of every kernel --profile measures, the first included: the
+ * median of three. */
+#define PROFILE_PASSES 2
+
+/* Frees what pricing c allocated. */
+static void candidate_release(Candidate *c) {
+    free(c->rank_bytes);
+    free(c->rank_busy_s);
+    free(c->cuts);
+    c->rank_bytes = NULL;
+    c->rank_busy_s = NULL;
+    c->cuts = NULL;
+}
+
 /* c->cuts from a staged plan p; false when out of memory. */
 static bool stage_cuts(Candidate *c, const Plan *p) {
     if (p->n_stages < 2) return true;
@@ -203,6 +217,12 @@ bool driver_predict(const CompileOptions *given, Search *s, Diag *d) {
         CompileOptions x = *o;
         x.plan_out = NULL;
         ok = plan_and_simulate(&x, &cl, s->c, d);
+        /* Timed once, then again with the kernels' timings refined. */
+        if (ok && cl.profile) {
+            candidate_release(s->c);
+            profile_refine(cl.profile, PROFILE_PASSES);
+            ok = plan_and_simulate(&x, &cl, s->c, d);
+        }
     }
     if (ok) {
         s->n = 1;
@@ -239,6 +259,18 @@ bool driver_search(const CompileOptions *given, Search *s, Diag *d) {
     Diag first = {0}; /* why the first candidate could not be planned */
     for (int i = 0; i < n; i++)
         if (evaluate(o, &cl, &all[i], &first)) all[kept++] = all[i];
+    /* With --profile, every kernel the candidates use has been timed once:
+     * time them all again, interleaved, and price the candidates on the
+     * refined times (cut again on them, too). */
+    if (ok && cl.profile && kept > 0) {
+        for (int i = 0; i < kept; i++) candidate_release(&all[i]);
+        memset(all, 0, sizeof *all * CAP);
+        profile_refine(cl.profile, PROFILE_PASSES);
+        n = enumerate(o, &cl, all, CAP);
+        kept = 0;
+        for (int i = 0; i < n; i++)
+            if (evaluate(o, &cl, &all[i], &first)) all[kept++] = all[i];
+    }
     /* When nothing plans, the cause is usually the model or the training
      * options, not the split: say it as the first candidate met it. */
     if (ok && kept == 0 && diag_failed(&first)) {
@@ -262,11 +294,7 @@ bool driver_search(const CompileOptions *given, Search *s, Diag *d) {
 }
 
 void search_free(Search *s) {
-    for (int i = 0; i < s->n; i++) {
-        free(s->c[i].rank_bytes);
-        free(s->c[i].rank_busy_s);
-        free(s->c[i].cuts);
-    }
+    for (int i = 0; i < s->n; i++) candidate_release(&s->c[i]);
     free(s->c);
     memset(s, 0, sizeof *s);
 }

@@ -39,6 +39,7 @@ bool kernel_run_build(Graph *g, KernelRun *k, Diag *d) {
     size_t bytes = (size_t)((rp->arena_bytes + 63) / 64 * 64 + 64);
     k->arena = aligned_alloc(64, bytes);
     if (!k->arena) return diag_error(d, DIAG_NOMEM, "out of memory for a %zu-byte arena", bytes);
+    k->arena_bytes = bytes;
     memset(k->arena, 0, bytes);
     memcpy(k->arena, init, (size_t)rp->init_bytes);
     for (int i = 0; i < g->n_inputs; i++) {

@@ -17,6 +17,7 @@ typedef struct KernelRun {
     CgJit *jit;
     void (*eval)(char *);
     char *arena;
+    size_t arena_bytes;
 } KernelRun;
 
 /* Builds g (taken over, freed by kernel_run_free even on failure). */

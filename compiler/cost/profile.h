@@ -24,6 +24,15 @@ void profile_bind(KernelProfile *p, const Graph *g);
 double profile_node_seconds(KernelProfile *p, const Node *n);
 /* Seconds of adding a micro-batch's gradient v into its accumulator. */
 double profile_accumulate_seconds(KernelProfile *p, const Value *v);
+/* Times every kernel measured so far `passes` more times, one pass over
+ * all of them after another, and keeps for each the median of its
+ * timings.  A kernel is timed in a few milliseconds; a burst of other
+ * work on the machine lasting longer spoils every timing it covers, and
+ * the passes, a second or so apart, rarely all fall in one.  The callers
+ * (the search) then price their candidates again.  Kernels are kept
+ * built for this up to a memory budget; those beyond it keep their first
+ * timing.  Afterwards no kernel stays built. */
+void profile_refine(KernelProfile *p, int passes);
 /* Kernels measured and kernels that could not be, so far. */
 void profile_counts(const KernelProfile *p, int *measured, int *failed);
 

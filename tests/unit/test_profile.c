@@ -93,6 +93,16 @@ START_TEST(timed_once_and_charged_as_timed) {
     c.profile = NULL;
     ck_assert(sim_node_seconds(&c, 0, gemm) != a); /* priced by the rates again */
     c.rank_speed = NULL;
+    /* refined: timed twice more, nothing built again; the kernel keeps one
+     * of its three timings (the median), the same one from then on */
+    profile_refine(kp, 2);
+    double r = profile_node_seconds(kp, gemm);
+    profile_counts(kp, &measured, &failed);
+    ck_assert_int_eq(measured, 2);
+    ck_assert(r > 0 && r == profile_node_seconds(kp, gemm));
+    ck_assert_msg(r > a / 20 && r < a * 20, "refined %g s against a first timing of %g s", r, a);
+    profile_refine(kp, 2); /* nothing kept built: nothing changes */
+    ck_assert(profile_node_seconds(kp, gemm) == r);
     profile_free(kp);
     /* no profile bound, or none at all: nothing measured */
     ck_assert(profile_node_seconds(NULL, gemm) < 0);
