@@ -161,11 +161,18 @@ static void report_plan(const Plan *p, const CompileOptions *o) {
 /* What stage balancing prices on: the cluster and where the stages sit. */
 typedef struct Pricing {
     Cluster cl;
-    int replicas;
+    int replicas, microbatches;
     bool by_stage;
 } Pricing;
 
-static double node_seconds(const Node *n, void *ctx) { return sim_node_seconds(&((Pricing *)ctx)->cl, 0, n); }
+/* A node's time per micro-batch, as the simulator charges it over a step:
+ * cold for the first micro-batch, warm for the others. */
+static double node_seconds(const Node *n, void *ctx) {
+    const Pricing *pr = ctx;
+    double cold = sim_node_seconds(&pr->cl, 0, n, false);
+    if (pr->microbatches <= 1) return cold;
+    return (cold + (pr->microbatches - 1) * sim_node_seconds(&pr->cl, 0, n, true)) / pr->microbatches;
+}
 
 /* The link between stage j and j + 1 of replica 0 (plan_rank_of). */
 static void boundary_link(int j, double *latency_s, double *sec_per_byte, void *ctx) {
@@ -190,7 +197,7 @@ static double param_copies(const TrainOptions *t, int microbatches) {
  * their memory on the cluster. */
 static bool staged_plan(const CompileOptions *o, const Layout *l, Graph *g, TrainGraph *t, Plan *p, Diag *d) {
     Placement place = o->placement && strcmp(o->placement, "by_stage") == 0 ? PLACE_BY_STAGE : PLACE_BY_REPLICA;
-    Pricing pr = {.replicas = l->replicas, .by_stage = place == PLACE_BY_STAGE};
+    Pricing pr = {.replicas = l->replicas, .microbatches = l->microbatches, .by_stage = place == PLACE_BY_STAGE};
     Cluster *cl = &pr.cl;
     double act[64];
     StageWeight w = {node_seconds, &pr};

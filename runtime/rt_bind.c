@@ -14,7 +14,9 @@
  * Only the rank's own thread is pinned: it is the one that computes and
  * calls MPI; workers of --threads keep the CPUs they started with.  A
  * node with a CPU per rank, and a rank mpirun has already bound to a
- * single CPU, are left as they are.  --no-bind leaves placement to the
+ * single CPU, are left as they are; ranks mpirun bound to a set of CPUs
+ * (a socket) are pinned round robin within it, among the ranks bound to
+ * the same set.  --no-bind leaves placement to the
  * operating system. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* sched_setaffinity, CPU_COUNT */
@@ -30,18 +32,25 @@ static int g_cpu = -1;
 int rt_bind_cpu(void) { return g_cpu; }
 
 void rt_bind_ranks(bool enabled) {
-    /* Collective over every rank, bound or not, so that a rank given
-     * --no-bind and one without it still meet in the same calls. */
-    MPI_Comm node;
-    int local = 0, locals = 1;
-    if (MPI_Comm_split_type(rt_comm_world(), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
-        MPI_Comm_rank(node, &local);
-        MPI_Comm_size(node, &locals);
-        MPI_Comm_free(&node);
-    }
     cpu_set_t mine;
     CPU_ZERO(&mine);
-    if (!enabled || sched_getaffinity(0, sizeof mine, &mine) != 0) return;
+    bool have = sched_getaffinity(0, sizeof mine, &mine) == 0;
+    /* The ranks of this node that may use the same CPUs as this one (all
+     * of them unless mpirun bound them, say, to sockets), in rank order.
+     * Collective over every rank, pinning or not, so that a rank given
+     * --no-bind and one without it still meet in the same calls. */
+    int color = have ? (int)(rt_fnv1a64(RT_FNV1A64_INIT, &mine, sizeof mine) & 0x7fffffff) : 0;
+    MPI_Comm node, same;
+    int local = 0, locals = 1;
+    if (MPI_Comm_split_type(rt_comm_world(), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+        if (MPI_Comm_split(node, color, 0, &same) == MPI_SUCCESS) {
+            MPI_Comm_rank(same, &local);
+            MPI_Comm_size(same, &locals);
+            MPI_Comm_free(&same);
+        }
+        MPI_Comm_free(&node);
+    }
+    if (!enabled || !have) return;
     int cpus = CPU_COUNT(&mine);
     if (cpus < 1 || locals <= cpus || cpus == 1) return;
     int want = local % cpus, cpu = -1;

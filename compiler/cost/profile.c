@@ -23,10 +23,11 @@
 
 typedef struct Entry {
     char *key;
-    double seconds; /* < 0: could not be measured */
+    double seconds; /* cold; < 0: could not be measured */
+    double warm;    /* run again at once, its data still in cache */
     KernelRun k;    /* built, while kept for profile_refine */
     bool kept;
-    double timing[PROFILE_MAX_TIMINGS];
+    double timing[PROFILE_MAX_TIMINGS], warm_timing[PROFILE_MAX_TIMINGS];
     int n_timing;
 } Entry;
 
@@ -148,10 +149,21 @@ static Graph *add_graph(const Value *v) {
     return g;
 }
 
+/* One more cold and warm timing of e's kernel.  Warm: as many calls back
+ * to back as fill PROFILE_WARM_S, the first not counted. */
+#define PROFILE_WARM_S 1e-3
+static void time_entry(Entry *e) {
+    e->timing[e->n_timing] = kernel_run_time_cold(&e->k, 8, 1);
+    e->warm_timing[e->n_timing++] = kernel_run_time(&e->k, PROFILE_WARM_S, 1);
+}
+
+static double seconds_of(const Entry *e, bool warm) { return warm && e->seconds >= 0 ? e->warm : e->seconds; }
+
 /* The remembered time of `key`, or the one timing g (taken over) gives. */
-static double lookup_or_time(KernelProfile *p, const char *key, Graph *(*make)(const void *), const void *arg) {
+static double lookup_or_time(KernelProfile *p, const char *key, Graph *(*make)(const void *), const void *arg,
+                             bool warm) {
     for (int i = 0; i < p->n; i++)
-        if (strcmp(p->e[i].key, key) == 0) return p->e[i].seconds;
+        if (strcmp(p->e[i].key, key) == 0) return seconds_of(&p->e[i], warm);
     if (p->n == p->cap) {
         int cap = p->cap ? 2 * p->cap : 64;
         Entry *e = realloc(p->e, sizeof *e * (size_t)cap);
@@ -168,14 +180,16 @@ static double lookup_or_time(KernelProfile *p, const char *key, Graph *(*make)(c
      * have evicted its weights and inputs (timed warm, in a loop, the
      * MLP's kernels ran about a third faster than in its steps). */
     if (kernel_run_build(make(arg), &e->k, &d)) {
-        e->seconds = e->timing[e->n_timing++] = kernel_run_time_cold(&e->k, 8, 1);
+        time_entry(e);
+        e->seconds = e->timing[0];
+        e->warm = e->warm_timing[0];
         e->kept = p->kept_bytes + e->k.arena_bytes <= PROFILE_KEEP_BYTES;
         if (e->kept) p->kept_bytes += e->k.arena_bytes;
     }
     if (!e->kept) kernel_run_free(&e->k);
     if (e->seconds >= 0) p->measured++;
     else p->failed++;
-    return e->seconds;
+    return seconds_of(e, warm);
 }
 
 static int by_value(const void *a, const void *b) {
@@ -183,22 +197,27 @@ static int by_value(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* The lower middle of x[0 .. n): of two timings, the one a burst did
+ * not slow. */
+static double median(const double *x, int n) {
+    double t[PROFILE_MAX_TIMINGS];
+    memcpy(t, x, sizeof *t * (size_t)n);
+    qsort(t, (size_t)n, sizeof *t, by_value);
+    return t[(n - 1) / 2];
+}
+
 void profile_refine(KernelProfile *p, int passes) {
     if (!p) return;
     for (int pass = 0; pass < passes; pass++)
         for (int i = 0; i < p->n; i++) {
             Entry *e = &p->e[i];
-            if (e->kept && e->n_timing < PROFILE_MAX_TIMINGS)
-                e->timing[e->n_timing++] = kernel_run_time_cold(&e->k, 8, 1);
+            if (e->kept && e->n_timing < PROFILE_MAX_TIMINGS) time_entry(e);
         }
     for (int i = 0; i < p->n; i++) {
         Entry *e = &p->e[i];
         if (!e->kept) continue;
-        double t[PROFILE_MAX_TIMINGS];
-        memcpy(t, e->timing, sizeof t);
-        qsort(t, (size_t)e->n_timing, sizeof *t, by_value);
-        /* the lower middle: of two timings, the one a burst did not slow */
-        e->seconds = t[(e->n_timing - 1) / 2];
+        e->seconds = median(e->timing, e->n_timing);
+        e->warm = median(e->warm_timing, e->n_timing);
         kernel_run_free(&e->k);
         e->kept = false;
     }
@@ -207,12 +226,12 @@ void profile_refine(KernelProfile *p, int passes) {
 
 static Graph *make_add(const void *v) { return add_graph(v); }
 
-double profile_accumulate_seconds(KernelProfile *p, const Value *v) {
+double profile_accumulate_seconds(KernelProfile *p, const Value *v, bool warm) {
     if (!p || !v) return -1;
     Text key = {0};
     text_put(&key, "accumulate|");
     value_key(&key, v);
-    double s = key.failed ? -1 : lookup_or_time(p, key.s, make_add, v);
+    double s = key.failed ? -1 : lookup_or_time(p, key.s, make_add, v, warm);
     free(key.s);
     return s;
 }
@@ -227,12 +246,12 @@ static Graph *make_node(const void *arg) {
     return node_graph(a->g, a->n);
 }
 
-double profile_node_seconds(KernelProfile *p, const Node *n) {
+double profile_node_seconds(KernelProfile *p, const Node *n, bool warm) {
     if (!p || !p->g || !n->def || !n->def->cg) return -1;
     Text key = {0};
     node_key(&key, n);
     NodeArg arg = {p->g, n};
-    double s = key.failed ? -1 : lookup_or_time(p, key.s, make_node, &arg);
+    double s = key.failed ? -1 : lookup_or_time(p, key.s, make_node, &arg, warm);
     free(key.s);
     return s;
 }

@@ -20,10 +20,14 @@ void profile_free(KernelProfile *p);
 /* The graph whose nodes are asked about next (their opsets). */
 void profile_bind(KernelProfile *p, const Graph *g);
 /* Seconds per call of n's kernel, measured on first use; < 0 when n has
- * no kernel or could not be built alone (the caller prices it then). */
-double profile_node_seconds(KernelProfile *p, const Node *n);
+ * no kernel or could not be built alone (the caller prices it then).
+ * Cold: its data evicted from the caches, as by the kernels a step runs
+ * between two calls; warm: called again at once, as a node is for the
+ * second and later micro-batches of a step, when its weights and the
+ * stage's other data may still be in cache. */
+double profile_node_seconds(KernelProfile *p, const Node *n, bool warm);
 /* Seconds of adding a micro-batch's gradient v into its accumulator. */
-double profile_accumulate_seconds(KernelProfile *p, const Value *v);
+double profile_accumulate_seconds(KernelProfile *p, const Value *v, bool warm);
 /* Times every kernel measured so far `passes` more times, one pass over
  * all of them after another, and keeps for each the median of its
  * timings.  A kernel is timed in a few milliseconds; a burst of other
