@@ -304,7 +304,13 @@ static int by_time(const void *a, const void *b) {
     return x->up - y->up; /* ends before starts at the same instant */
 }
 
-/* Shares from a walk without contention.  On a node with fewer cores than
+/* Whether ranks a and b are pinned to the same core (core[r]: r's, -1
+ * for a core of its own). */
+static bool same_core(const Sim *S, const int *core, int a, int b) {
+    return core[a] >= 0 && core[a] == core[b] && cluster_same_node(S->c, a, b);
+}
+
+/* Shares from the last walk's overlaps.  On a node with fewer cores than
  * ranks each rank is pinned to one core (cluster_core_of): while rank r
  * computes, on average k ranks pinned to its core compute or take part in
  * a collective (itself included), and it gets 1 / k of it; likewise
@@ -327,26 +333,24 @@ static bool contended_shares(Sim *S, bool first_round, double *moved) {
         int ng = 0;
         bool seen = core[first] < 0;
         for (int r = 0; !seen && r < n; r++)
-            if (core[r] == core[first] && cluster_same_node(S->c, r, first)) {
+            if (same_core(S, core, r, first)) {
                 if (r < first) seen = true;
                 else group[ng++] = r;
             }
         if (seen) continue;
-#define ON_CORE(r) (core[r] == core[first] && cluster_same_node(S->c, (r), first))
         int m = 0;
         for (int i = 0; i < S->n_ev; i++) {
             const SimEvent *v = &S->ev[i];
-            if (v->kind == 'W' || !ON_CORE(v->rank)) continue;
+            if (v->kind == 'W' || !same_core(S, core, v->rank, first)) continue;
             e[m++] = (Edge){v->t0, v->rank, 1, 0};
             e[m++] = (Edge){v->t1, v->rank, -1, 0};
         }
         for (int i = 0; i < S->n_span; i++) {
             const Span *v = &S->span[i];
-            if (!ON_CORE(v->rank)) continue;
+            if (!same_core(S, core, v->rank, first)) continue;
             e[m++] = (Edge){v->t0, v->rank, 1, 1};
             e[m++] = (Edge){v->t1, v->rank, -1, 1};
         }
-#undef ON_CORE
         qsort(e, (size_t)m, sizeof *e, by_time);
         int k = 0;
         for (int i = 0; i < m; i++) {
