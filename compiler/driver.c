@@ -284,6 +284,15 @@ bool driver_compile(const CompileOptions *given, Diag *d) {
             return false;
         }
         o = &chosen;
+    } else if (made && o->balance_time && o->n_cuts == 0) {
+        /* Kernels timed and refined as `cleave plan` times them, so that
+         * the stages are cut where it cuts them. */
+        Search s;
+        if (!driver_predict(o, &s, d)) {
+            profile_free(made);
+            return false;
+        }
+        search_free(&s);
     }
     Graph *g;
     TrainGraph t;

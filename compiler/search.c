@@ -163,6 +163,7 @@ static bool evaluate(const CompileOptions *o, const Cluster *cl, Candidate *c, D
     CompileOptions x = options_for(o, c);
     Diag d = {0};
     if (plan_and_simulate(&x, cl, c, &d)) return true;
+    candidate_release(c);
     if (!diag_failed(why)) *why = d;
     return false;
 }

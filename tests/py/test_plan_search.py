@@ -105,7 +105,35 @@ def check_json(rep, args, work):
             arenas = [r["arena_bytes"] for r in json.load(f)["rank_plans"]]
         rep.equal("predicted memory per rank == the compiled plan's arenas",
                   [r["arena_bytes"] for r in chosen["ranks"]], arenas)
+    check_cuts(rep, args, work, doc)
     return chosen
+
+
+def check_cuts(rep, args, work, doc):
+    """Every staged alternative names its stage cuts; compiled with them as
+    --stages, a pipeline candidate is the plan that was priced: its stages
+    begin there and every rank's arena is the one predicted."""
+    staged = [a for a in doc["alternatives"] if a["strategy"] in ("layer", "pipeline", "hybrid")]
+    rep.check("every staged alternative has cuts, one fewer than its stages",
+              staged and all(len(a.get("cuts", "").split(",")) == a["stages"] - 1 for a in staged),
+              [(a["strategy"], a.get("cuts")) for a in staged][:4])
+    rep.check("unstaged alternatives have none", all("cuts" not in a for a in doc["alternatives"]
+                                                     if a["strategy"] in ("dp", "single")))
+    pipes = [a for a in staged if a["strategy"] == "pipeline" and a["microbatches"] > 1]
+    if not pipes:
+        return
+    a = pipes[-1]
+    emitted = os.path.join(work, "cut.json")
+    p = cleave(args, "compile", MODEL, "-o", os.path.join(work, "cut.ll"), "--emit", "llvm", "--batch", str(BATCH),
+               "--ranks", "2", "--strategy", "pipeline", "--microbatches", str(a["microbatches"]), "--schedule",
+               a["schedule"], "--stages", a["cuts"], "--emit-plan", emitted)
+    if rep.check("a pipeline alternative compiles with --stages its cuts", p.returncode == 0,
+                 harness.failure(["cleave compile --stages"], p)):
+        with open(emitted) as f:
+            plan = json.load(f)
+        rep.equal("its stages begin at the cuts", ",".join(s["first_node"] for s in plan["stage_table"][1:]), a["cuts"])
+        rep.equal("its arenas are the alternative's", [r["arena_bytes"] for r in plan["rank_plans"]],
+                  [r["arena_bytes"] for r in a["ranks"]])
 
 
 def check_memory(rep, args, work):
