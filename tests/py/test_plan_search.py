@@ -180,6 +180,18 @@ def check_profile(rep, args):
     rep.check("every --profile prediction is positive", all(c["step_s"] > 0 for c in b["alternatives"]))
 
 
+def price_placements(rep, args, flags, micro, label):
+    """`cleave plan` (flags) of a 2 x 2 hybrid of `micro` micro-batches
+    under each placement: {placement: its JSON}."""
+    docs = {}
+    for pl in ("by_replica", "by_stage"):
+        p = cleave(args, *(flags + ["--strategy", "hybrid", "--dp", "2", "--pp", "2", "--microbatches", str(micro),
+                                    "--placement", pl, "--format", "json"]))
+        if rep.check("%splan hybrid 2x2 --placement %s exits 0" % (label, pl), p.returncode == 0, p.stderr[-300:]):
+            docs[pl] = json.loads(p.stdout)
+    return docs
+
+
 def check_placement(rep, args, work):
     """2 nodes of 2 ranks joined by a slow link: a 2 x 2 hybrid of the MLP
     (its first layer's weights dwarf its activations) should keep each
@@ -188,14 +200,10 @@ def check_placement(rep, args, work):
                         per_node=2)
     flags = ["plan", MODEL, "--batch", str(BATCH), "--ranks", "4", "--cluster", slow]
     preds = {}
-    for pl in ("by_replica", "by_stage"):
-        p = cleave(args, *(flags + ["--strategy", "hybrid", "--dp", "2", "--pp", "2", "--microbatches", "2",
-                                    "--placement", pl, "--format", "json"]))
-        if rep.check("plan hybrid 2x2 --placement %s exits 0" % pl, p.returncode == 0, p.stderr[-300:]):
-            doc = json.loads(p.stdout)
-            preds[pl] = doc["prediction"]["chosen"]["step_s"]
-            want = [[0, 1], [2, 3]] if pl == "by_stage" else [[0, 2], [1, 3]]
-            rep.check("%s: the allreduce groups are %s" % (pl, want), doc.get("groups") == want, doc.get("groups"))
+    for pl, doc in price_placements(rep, args, flags, 2, "").items():
+        preds[pl] = doc["prediction"]["chosen"]["step_s"]
+        want = [[0, 1], [2, 3]] if pl == "by_stage" else [[0, 2], [1, 3]]
+        rep.check("%s: the allreduce groups are %s" % (pl, want), doc.get("groups") == want, doc.get("groups"))
     if len(preds) == 2:
         rep.check("by stage is predicted faster on the slow link (%.3g s vs %.3g s)" % (preds["by_stage"],
                   preds["by_replica"]), preds["by_stage"] < preds["by_replica"])
@@ -226,12 +234,8 @@ def check_shared_cores(rep, args, work):
     and 2) and on two when placed by stage (ranks 0 and 1)."""
     shared = cluster_file(work, "shared4", 1 << 32, per_node=4, cores=2)
     flags = ["plan", MODEL, "--batch", str(BATCH), "--ranks", "4", "--cluster", shared]
-    preds = {}
-    for pl in ("by_replica", "by_stage"):
-        p = cleave(args, *(flags + ["--strategy", "hybrid", "--dp", "2", "--pp", "2", "--microbatches", "1",
-                                    "--placement", pl, "--format", "json"]))
-        if rep.check("2 cores: plan hybrid 2x2 --placement %s exits 0" % pl, p.returncode == 0, p.stderr[-300:]):
-            preds[pl] = json.loads(p.stdout)["prediction"]["chosen"]["step_s"]
+    preds = {pl: doc["prediction"]["chosen"]["step_s"]
+             for pl, doc in price_placements(rep, args, flags, 1, "2 cores: ").items()}
     if len(preds) == 2:
         rep.check("2 cores: by stage is predicted faster (%.3g s vs %.3g s)" % (preds["by_stage"],
                   preds["by_replica"]), preds["by_stage"] < 0.9 * preds["by_replica"])
