@@ -269,29 +269,17 @@ static void check_plan_file(const PlanFile *f, const char *derived) {
                 "fields derived from them are recomputed\n", f->path, where);
 }
 
-bool driver_compile(const CompileOptions *given, Diag *d) {
-    /* One kernel profile (--profile) for the search and for the plan it
-     * chose, so that the stages are cut on the times the choice was made
-     * on, and an explicit --balance time cuts them as auto would. */
-    CompileOptions with = *given, chosen;
-    const CompileOptions *o = &with;
-    KernelProfile *made = NULL;
-    if (with.profile && !with.kernel_profile && !(made = with.kernel_profile = profile_new()))
-        return diag_error(d, DIAG_NOMEM, "out of memory");
+/* driver_compile, its kernel profile (if any) live throughout. */
+static bool compile_profiled(const CompileOptions *o, Diag *d) {
+    CompileOptions chosen;
     if (o->strategy && strcmp(o->strategy, "auto") == 0) {
-        if (!driver_choose(o, &chosen, d)) {
-            profile_free(made);
-            return false;
-        }
+        if (!driver_choose(o, &chosen, d)) return false;
         o = &chosen;
-    } else if (made && o->balance_time && o->n_cuts == 0) {
+    } else if (o->kernel_profile && o->balance_time && o->n_cuts == 0) {
         /* Kernels timed and refined as `cleave plan` times them, so that
          * the stages are cut where it cuts them. */
         Search s;
-        if (!driver_predict(o, &s, d)) {
-            profile_free(made);
-            return false;
-        }
+        if (!driver_predict(o, &s, d)) return false;
         search_free(&s);
     }
     Graph *g;
@@ -299,7 +287,6 @@ bool driver_compile(const CompileOptions *given, Diag *d) {
     Plan p;
     if (!driver_build_plan(o, &g, &t, &p, d)) {
         if (o->plan_file) plan_file_reword(o->plan_file, d);
-        profile_free(made);
         return false;
     }
     bool ok = true;
@@ -323,6 +310,18 @@ bool driver_compile(const CompileOptions *given, Diag *d) {
     if (ok) report_plan(&p, o);
     free(meta);
     graph_free(g);
+    return ok;
+}
+
+bool driver_compile(const CompileOptions *given, Diag *d) {
+    /* One kernel profile (--profile) for the search and for the plan it
+     * chose, so that the stages are cut on the times the choice was made
+     * on, and an explicit --balance time cuts them as auto would. */
+    CompileOptions with = *given;
+    KernelProfile *made = NULL;
+    if (with.profile && !with.kernel_profile && !(made = with.kernel_profile = profile_new()))
+        return diag_error(d, DIAG_NOMEM, "out of memory");
+    bool ok = compile_profiled(&with, d);
     profile_free(made);
     return ok;
 }

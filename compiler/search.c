@@ -217,11 +217,12 @@ bool driver_predict(const CompileOptions *given, Search *s, Diag *d) {
         candidate_of(o, s->c);
         CompileOptions x = *o;
         x.plan_out = NULL;
-        ok = plan_and_simulate(&x, &cl, s->c, d);
-        /* Timed once, then again with the kernels' timings refined. */
-        if (ok && cl.profile) {
-            candidate_release(s->c);
-            profile_refine(cl.profile, PROFILE_PASSES);
+        /* as in driver_search: with --profile, again on refined timings */
+        for (int round = 0; ok && round < (cl.profile ? 2 : 1); round++) {
+            if (round > 0) {
+                candidate_release(s->c);
+                profile_refine(cl.profile, PROFILE_PASSES);
+            }
             ok = plan_and_simulate(&x, &cl, s->c, d);
         }
     }
@@ -256,18 +257,18 @@ bool driver_search(const CompileOptions *given, Search *s, Diag *d) {
     enum { CAP = 512 };
     Candidate *all = ok ? calloc(CAP, sizeof *all) : NULL;
     if (ok && !all) ok = diag_error(d, DIAG_NOMEM, "out of memory");
-    int n = ok ? enumerate(o, &cl, all, CAP) : 0, kept = 0;
+    int kept = 0;
     Diag first = {0}; /* why the first candidate could not be planned */
-    for (int i = 0; i < n; i++)
-        if (evaluate(o, &cl, &all[i], &first)) all[kept++] = all[i];
-    /* With --profile, every kernel the candidates use has been timed once:
-     * time them all again, interleaved, and price the candidates on the
-     * refined times (cut again on them, too). */
-    if (ok && cl.profile && kept > 0) {
-        for (int i = 0; i < kept; i++) candidate_release(&all[i]);
-        memset(all, 0, sizeof *all * CAP);
-        profile_refine(cl.profile, PROFILE_PASSES);
-        n = enumerate(o, &cl, all, CAP);
+    /* With --profile the first round times every kernel the candidates use
+     * once; the second times them all again (profile_refine) and prices
+     * the candidates, and cuts their stages, on the refined times. */
+    for (int round = 0; ok && round < (cl.profile ? 2 : 1) && (round == 0 || kept > 0); round++) {
+        if (round > 0) {
+            for (int i = 0; i < kept; i++) candidate_release(&all[i]);
+            memset(all, 0, sizeof *all * CAP);
+            profile_refine(cl.profile, PROFILE_PASSES);
+        }
+        int n = enumerate(o, &cl, all, CAP);
         kept = 0;
         for (int i = 0; i < n; i++)
             if (evaluate(o, &cl, &all[i], &first)) all[kept++] = all[i];

@@ -16,8 +16,7 @@
  * node with a CPU per rank, and a rank mpirun has already bound to a
  * single CPU, are left as they are; ranks mpirun bound to a set of CPUs
  * (a socket) are pinned round robin within it, among the ranks bound to
- * the same set.  --no-bind leaves placement to the
- * operating system. */
+ * the same set.  --no-bind leaves placement to the operating system. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* sched_setaffinity, CPU_COUNT */
 #endif
@@ -52,7 +51,7 @@ void rt_bind_ranks(bool enabled) {
     }
     if (!enabled || !have) return;
     int cpus = CPU_COUNT(&mine);
-    if (cpus < 1 || locals <= cpus || cpus == 1) return;
+    if (cpus <= 1 || locals <= cpus) return;
     int want = local % cpus, cpu = -1;
     for (int c = 0, seen = 0; c < CPU_SETSIZE && cpu < 0; c++)
         if (CPU_ISSET(c, &mine) && seen++ == want) cpu = c;

@@ -318,12 +318,17 @@ static void completed(int b, double now) {
     g_dp.running--;
 }
 
-void cleave_rt_allreduce_start(int32_t bucket) {
-    static const char fn[] = "cleave_rt_allreduce_start";
+/* Bucket `bucket`, which fn is about to start: it must exist and not be
+ * running (`busy` says why it may not be). */
+static const RtBucket *idle_bucket(const char *fn, int32_t bucket, const char *busy) {
     if (!g_dp.state) bucket_misuse(fn, bucket, "the program's metadata has no gradient buckets");
     if (bucket < 0 || bucket >= g_dp.n) bucket_misuse(fn, bucket, "no such bucket in the program's metadata");
-    if (g_dp.state[bucket] != IDLE) bucket_misuse(fn, bucket, "started twice without a wait");
-    const RtBucket *b = &g_dp.buckets[bucket];
+    if (g_dp.state[bucket] != IDLE) bucket_misuse(fn, bucket, busy);
+    return &g_dp.buckets[bucket];
+}
+
+void cleave_rt_allreduce_start(int32_t bucket) {
+    const RtBucket *b = idle_bucket("cleave_rt_allreduce_start", bucket, "started twice without a wait");
     g_dp.t_start[bucket] = rt_now();
     MPI_Iallreduce(MPI_IN_PLACE, g_dp.arena + b->offset, b->count, MPI_FLOAT, MPI_SUM, g_dp.comm, &g_dp.req[bucket]);
     g_dp.state[bucket] = RUNNING;
@@ -346,11 +351,7 @@ void cleave_rt_allreduce_wait(int32_t bucket) {
 }
 
 void cleave_rt_allreduce(int32_t bucket) {
-    static const char fn[] = "cleave_rt_allreduce";
-    if (!g_dp.state) bucket_misuse(fn, bucket, "the program's metadata has no gradient buckets");
-    if (bucket < 0 || bucket >= g_dp.n) bucket_misuse(fn, bucket, "no such bucket in the program's metadata");
-    if (g_dp.state[bucket] != IDLE) bucket_misuse(fn, bucket, "already started");
-    const RtBucket *b = &g_dp.buckets[bucket];
+    const RtBucket *b = idle_bucket("cleave_rt_allreduce", bucket, "already started");
     double t0 = rt_trace_wait_begin();
     MPI_Allreduce(MPI_IN_PLACE, g_dp.arena + b->offset, b->count, MPI_FLOAT, MPI_SUM, g_dp.comm);
     double dt = rt_trace_wait_end(RT_EV_ALLREDUCE, t0);

@@ -145,15 +145,15 @@ static char *format_events(int rank, const RtMeta *m, size_t *len) {
 
 /* This rank's arena bytes, peak resident set size in bytes (Linux
  * reports ru_maxrss in KiB; 0 when getrusage fails) and pinned CPU. */
-static void memory_of(const RtMeta *m, int64_t out[3]) {
+static void rank_facts(const RtMeta *m, int64_t out[3]) {
     struct rusage u;
     out[0] = (int64_t)m->arena_bytes;
     out[1] = getrusage(RUSAGE_SELF, &u) == 0 ? (int64_t)u.ru_maxrss * 1024 : 0;
     out[2] = rt_bind_cpu();
 }
 
-/* otherData's "rank_memory": mem holds [arena, peak RSS, CPU] of each
- * rank; the CPU its thread was pinned to (rt_bind.c), -1 when not. */
+/* otherData's "rank_memory": mem holds rank_facts of each rank: arena,
+ * peak RSS and the CPU its thread was pinned to (rt_bind.c), -1 when not. */
 static void write_memory(FILE *f, const int64_t *mem, int ranks) {
     fputs(",\"rank_memory\":[", f);
     for (int r = 0; r < ranks; r++)
@@ -171,7 +171,7 @@ bool rt_trace_write(const char *path, const RtMeta *m, int64_t steps, RtErr *e) 
     int *counts = rank == 0 ? calloc((size_t)ranks, sizeof *counts) : NULL;
     int *displs = rank == 0 ? calloc((size_t)ranks, sizeof *displs) : NULL;
     int64_t mine_mem[3], *mem = rank == 0 ? calloc((size_t)ranks * 3, sizeof *mem) : NULL;
-    memory_of(m, mine_mem);
+    rank_facts(m, mine_mem);
     MPI_Gather(&n, 1, MPI_INT, counts, 1, MPI_INT, 0, rt_comm_world());
     MPI_Gather(mine_mem, 3, MPI_INT64_T, mem, 3, MPI_INT64_T, 0, rt_comm_world());
     int64_t total = 0;

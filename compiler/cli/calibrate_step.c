@@ -20,6 +20,7 @@
 #include "../cost/simulate.h"
 #include "../driver.h"
 #include "../plan/plan.h"
+#include "../util/sort.h"
 
 enum { PROBE_WIDTH = 4, PROBE_STEPS = 3000, PROBE_SKIP = 200 };
 
@@ -42,10 +43,6 @@ static bool write_row(const char *path, int width) {
     return fclose(f) == 0 && ok;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 /* The median step of a metrics file after the first `skip` steps, from
  * samples_per_s (the runtime's own timing of the step: batch, kernels,
@@ -66,7 +63,7 @@ static double median_step(const char *path, int skip) {
     fclose(f);
     double med = -1;
     if (t && n > 0) {
-        qsort(t, (size_t)n, sizeof *t, cmp_double);
+        sort_doubles(t, (size_t)n);
         med = t[n / 2];
     }
     free(t);

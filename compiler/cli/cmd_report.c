@@ -18,6 +18,7 @@
 
 #include "cli.h"
 #include "trace_file.h"
+#include "../util/sort.h"
 
 static const char report_help[] =
     "usage: cleave report --plan PLAN.json --trace TRACE.json [--skip N] [--format text|json|svg] [-o FILE]\n"
@@ -348,16 +349,11 @@ static bool match_layout(const Report *R, Diag *d) {
 
 /* ---- measuring ------------------------------------------------------------ */
 
-static int dbl_cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* The median of v[0..n) (sorted in place; the mean of the middle two when
  * n is even), 0 when n is 0. */
 static double median(double *v, int n) {
     if (n == 0) return 0;
-    qsort(v, (size_t)n, sizeof *v, dbl_cmp);
+    sort_doubles(v, (size_t)n);
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 

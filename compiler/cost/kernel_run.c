@@ -8,6 +8,7 @@
 
 #include "../ir/shapes.h"
 #include "../plan/plan.h"
+#include "../util/sort.h"
 
 void kernel_run_free(KernelRun *k) {
     cg_jit_free(k->jit);
@@ -57,10 +58,6 @@ static double now_s(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 /* Walks a buffer four times the size of this core's L2 cache (8 MiB when it
  * cannot be told), so that the next call finds its data where a kernel
@@ -93,7 +90,7 @@ double kernel_run_time_cold(KernelRun *k, int calls, int reps) {
         }
         per[r] = sum / calls;
     }
-    qsort(per, (size_t)reps, sizeof *per, cmp_double);
+    sort_doubles(per, (size_t)reps);
     return per[reps / 2];
 }
 
@@ -117,6 +114,6 @@ double kernel_run_time(KernelRun *k, double min_s, int reps) {
         for (long i = 0; i < calls; i++) k->eval(k->arena);
         per[r] = (now_s() - t0) / (double)calls;
     }
-    qsort(per, (size_t)reps, sizeof *per, cmp_double);
+    sort_doubles(per, (size_t)reps);
     return per[reps / 2];
 }

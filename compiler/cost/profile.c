@@ -15,6 +15,7 @@
 #include "kernel_run.h"
 #include "../ir/node_key.h"
 #include "../ops/ops.h"
+#include "../util/sort.h"
 
 /* At most this many timings of a kernel (the first and profile_refine's). */
 #define PROFILE_MAX_TIMINGS 8
@@ -192,17 +193,12 @@ static double lookup_or_time(KernelProfile *p, const char *key, Graph *(*make)(c
     return seconds_of(e, warm);
 }
 
-static int by_value(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* The lower middle of x[0 .. n): of two timings, the one a burst did
  * not slow. */
 static double median(const double *x, int n) {
     double t[PROFILE_MAX_TIMINGS];
     memcpy(t, x, sizeof *t * (size_t)n);
-    qsort(t, (size_t)n, sizeof *t, by_value);
+    sort_doubles(t, (size_t)n);
     return t[(n - 1) / 2];
 }
 

@@ -4,6 +4,7 @@
  * a collective; here each rank also carries a clock. */
 #include "simulate.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -310,6 +311,15 @@ static bool same_core(const Sim *S, const int *core, int a, int b) {
     return core[a] >= 0 && core[a] == core[b] && cluster_same_node(S->c, a, b);
 }
 
+/* *share taken to `fresh`, halfway except in the first round: the shares
+ * of the walk `fresh` came from made its overlaps, and jumping to the new
+ * ones at once can swing back and forth.  *moved: the largest move yet. */
+static void settle(double *share, double fresh, bool first_round, double *moved) {
+    double x = first_round ? fresh : 0.5 * (fresh + *share);
+    if (fabs(x - *share) > *moved) *moved = fabs(x - *share);
+    *share = x;
+}
+
 /* Shares from the last walk's overlaps.  On a node with fewer cores than
  * ranks each rank is pinned to one core (cluster_core_of): while rank r
  * computes, on average k ranks pinned to its core compute or take part in
@@ -366,19 +376,10 @@ static bool contended_shares(Sim *S, bool first_round, double *moved) {
             k += (after > 0) - (before > 0); /* a rank counts once, whatever it does */
         }
     }
-    /* Damped: the shares of the walk these came from made its overlaps,
-     * and jumping to the new ones at once can swing back and forth. */
     *moved = 0;
     for (int r = 0; ok && r < n; r++) {
-        double x = busy[r][0] > 0 ? busy[r][0] / weighted[r][0] : 1.0;
-        double y = busy[r][1] > 0 ? busy[r][1] / weighted[r][1] : 1.0;
-        if (!first_round) x = 0.5 * (x + S->share[r]), y = 0.5 * (y + S->coll_share[r]);
-        double dx = x > S->share[r] ? x - S->share[r] : S->share[r] - x;
-        double dy = y > S->coll_share[r] ? y - S->coll_share[r] : S->coll_share[r] - y;
-        if (dx > *moved) *moved = dx;
-        if (dy > *moved) *moved = dy;
-        S->share[r] = x;
-        S->coll_share[r] = y;
+        settle(&S->share[r], busy[r][0] > 0 ? busy[r][0] / weighted[r][0] : 1.0, first_round, moved);
+        settle(&S->coll_share[r], busy[r][1] > 0 ? busy[r][1] / weighted[r][1] : 1.0, first_round, moved);
     }
     free(e);
     free(weighted);
