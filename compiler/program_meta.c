@@ -166,5 +166,7 @@ static char *staged_meta(const Plan *p, const CompileOptions *o) {
 }
 
 char *program_meta(const Plan *p, const CompileOptions *o) {
-    return p->n_stages ? staged_meta(p, o) : flat_meta(p, o);
+    /* One stage's program on every rank: the flat description */
+    bool flat = strcmp(p->strategy, "single") == 0 || strcmp(p->strategy, "dp") == 0;
+    return flat ? flat_meta(p, o) : staged_meta(p, o);
 }

@@ -136,7 +136,8 @@ static bool read_layout(Report *R, Diag *d) {
     if (!R->strategy) return diag_error(d, DIAG_FORMAT, "%s: plan.strategy: expected a string", R->plan_path);
     R->stages = R->replicas = R->microbatches = 1;
     R->schedule = R->strategy; /* "single" or "dp", as the runtime names them */
-    if (json_object_get(R->plan, "stages")) {
+    /* Every plan has stages; single and dp programs trace no units */
+    if (strcmp(R->strategy, "single") != 0 && strcmp(R->strategy, "dp") != 0) {
         long long st, m;
         if (!int_at(R, R->plan, "plan", "stages", 1, n, &st, d) ||
             !int_at(R, R->plan, "plan", "microbatches", 1, 1 << 20, &m, d))

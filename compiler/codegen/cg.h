@@ -38,7 +38,6 @@ struct Cg {
     Graph *g;
     Diag *d;
     const Plan *plan;
-    const RankPlan *rp; /* single and dp plans: the one program's; NULL for staged plans */
     CgKernel *kernels; /* per node id */
     CgFuse *fuse;      /* fused element-wise chains (cg_fuse.h) */
     /* the kernel being built */

@@ -120,10 +120,6 @@ static bool chain_buffers(const Cg *c, const CgFuse *f, Chain *ch) {
     return true;
 }
 
-static int64_t offset_of(const Cg *c, const RankPlan *rp, const Value *v, int micro) {
-    return c->plan->n_stages ? pipeline_buffer(c->plan, rp, v, micro) : rp->offset[v->id];
-}
-
 /* One call of the chain with its buffers where this program has them:
  * marks overlapping buffers shared, and the chain unsafe when a store can
  * land on bytes the loop reads afterwards.  An outside input may share its
@@ -134,7 +130,7 @@ static void check_call(const Cg *c, Chain *ch, const RankPlan *rp, int micro) {
     int nb = ch->n_in + ch->n_out;
     int64_t off[CG_MAX_BUFS], len[CG_MAX_BUFS];
     for (int i = 0; i < nb; i++) {
-        off[i] = offset_of(c, rp, ch->bufs[i], micro);
+        off[i] = pipeline_buffer(c->plan, rp, ch->bufs[i], micro);
         len[i] = plan_value_bytes(ch->bufs[i]);
         if (off[i] < 0) ch->unsafe = true;
     }
@@ -178,7 +174,7 @@ static bool chain_at(const Cg *c, const CgFuse *f, const PlanStep *steps, int n,
     for (int t = s + 1; t < n && ch->n < MAX_CHAIN; t++) {
         const PlanStep *st = &steps[t];
         if (st->kind != STEP_COMPUTE || st->micro != st0->micro || !fusable(c, st->node)) break;
-        if (p->n_stages && plan_step_unit(p, st) != plan_step_unit(p, st0)) break;
+        if (plan_step_unit(p, st) != plan_step_unit(p, st0)) break;
         const Node *nd = st->node;
         if (!same_dims(nd->out[0], dom)) break;
         bool reads = false;

@@ -8,10 +8,9 @@
 #include "../plan/pipeline.h"
 
 /* Whether two buffers of node n's kernel may be the same bytes in some
- * call: in a staged plan, a node runs once per micro-batch, each time on
- * that micro-batch's instances, and its kernel is shared by every call. */
+ * call: a node runs once per micro-batch, each time on that micro-batch's
+ * instances, and its kernel is shared by every call. */
 bool cg_may_share(const Cg *c, const Node *n, const Value *a, const Value *b) {
-    if (c->rp) return c->rp->offset[a->id] == c->rp->offset[b->id];
     const Plan *p = c->plan;
     for (int r = 0; r < p->n_stages; r++) {
         const RankPlan *rp = plan_stage_rank(p, r);
@@ -35,8 +34,6 @@ bool cg_kernel_begin_as(Cg *c, CgKernel *k, const char *name, const Node *n, int
     for (int i = 0; i < n_bufs; i++) {
         k->bufs[i] = bufs[i];
         params[i] = c->t_ptr;
-        if (c->rp && c->rp->offset[bufs[i]->id] < 0)
-            return diag_error(c->d, DIAG_INTERNAL, "node '%s': value '%s' has no buffer", n->name, bufs[i]->name);
     }
     LLVMTypeRef fty = LLVMFunctionType(c->t_void, params, (unsigned)n_bufs, 0);
     k->fn = LLVMAddFunction(c->mod, name, fty);

@@ -116,44 +116,6 @@ static bool waited_next(const PlanStep *steps, int n, int s) {
            steps[s + 1].bucket == steps[s].bucket;
 }
 
-/* Calls node kernels from a step function in plan order; collectives call
- * the runtime, which also gets a chance to progress outstanding ones after
- * every kernel while any is in flight. */
-static void build_step_fn(Cg *c, const char *name, int pass, const PlanStep *steps, int n) {
-    LLVMTypeRef pt = c->t_ptr;
-    LLVMValueRef fn = LLVMAddFunction(c->mod, name, LLVMFunctionType(c->t_void, &pt, 1, 0));
-    LLVMPositionBuilderAtEnd(c->b, LLVMAppendBasicBlockInContext(c->ctx, fn, "entry"));
-    LLVMValueRef arena = LLVMGetParam(fn, 0);
-    int in_flight = 0;
-    for (int s = 0; s < n; s++) {
-        if (waited_next(steps, n, s)) {
-            call_rt(c, "cleave_rt_allreduce", 1, &steps[s].bucket, NULL, 0);
-            s++; /* the wait */
-            continue;
-        }
-        if (steps[s].kind == STEP_ALLREDUCE_START) {
-            call_rt(c, "cleave_rt_allreduce_start", 1, &steps[s].bucket, NULL, 0);
-            in_flight++;
-            continue;
-        }
-        if (steps[s].kind == STEP_ALLREDUCE_WAIT) {
-            call_rt(c, "cleave_rt_allreduce_wait", 1, &steps[s].bucket, NULL, 0);
-            in_flight--;
-            continue;
-        }
-        int span = 1;
-        const CgKernel *k = cg_fused_at(c, 0, pass, s, &span);
-        if (!k) k = &c->kernels[steps[s].node->id];
-        s += span - 1; /* a fused chain stands for its steps */
-        if (!k->fn) continue; /* views: nothing to run */
-        LLVMValueRef args[CG_MAX_BUFS];
-        for (int i = 0; i < k->n_bufs; i++) args[i] = at_offset(c, arena, c->rp->offset[k->bufs[i]->id]);
-        call_kernel(c, k, args);
-        if (in_flight > 0) call_rt(c, "cleave_rt_progress", 0, NULL, NULL, 0);
-    }
-    LLVMBuildRetVoid(c->b);
-}
-
 /* acc = x (first) or acc += x over n floats: a gradient's accumulator
  * over micro-batches.  One function per accumulated value, made on first
  * use. */
@@ -183,11 +145,11 @@ static LLVMValueRef accumulate_fn(Cg *c, LLVMValueRef *cache, const Value *v) {
     return fn;
 }
 
-/* The step function of one stage's program in a staged plan: kernels on
- * each step's micro-batch instances (pipeline_buffer), transfers and
- * collectives through the runtime, and a cleave_rt_unit call wherever the
- * unit of work changes, which the runtime's traces use. */
-static bool build_staged_step_fn(Cg *c, const char *name, int prog, int pass, const RankPlan *rp,
+/* The step function of one stage's program: kernels on each step's
+ * micro-batch instances (pipeline_buffer), transfers and collectives
+ * through the runtime, and (with stages or micro-batches) a cleave_rt_unit
+ * call wherever the unit of work changes, which the runtime's traces use. */
+static bool build_step_fn(Cg *c, const char *name, int prog, int pass, const RankPlan *rp,
                                  const PlanStep *steps, int n, LLVMValueRef *acc_cache) {
     const Plan *p = c->plan;
     LLVMTypeRef pt = c->t_ptr;
@@ -196,6 +158,10 @@ static bool build_staged_step_fn(Cg *c, const char *name, int prog, int pass, co
     LLVMPositionBuilderAtEnd(c->b, LLVMAppendBasicBlockInContext(c->ctx, fn, "entry"));
     LLVMValueRef arena = LLVMGetParam(fn, 0);
     int unit = -1, unit_micro = -2;
+    int in_flight = 0; /* sends and bucket sums started and not yet waited for */
+    /* Traces tell forward, backward and update apart where stages or
+     * micro-batches make them interleave; elsewhere a step is "compute". */
+    bool units = p->n_stages > 1 || p->microbatches > 1;
     for (int s = 0; s < n; s++) {
         const PlanStep *st = &steps[s];
         /* A stage's program serves every replica: it names its peers by
@@ -204,21 +170,23 @@ static bool build_staged_step_fn(Cg *c, const char *name, int prog, int pass, co
         int peer_tag[2] = {p2p ? p->ranks[st->peer].stage : st->peer, st->tag};
         if (st->kind == STEP_SEND_WAIT) { /* between units: not part of either */
             call_rt(c, "cleave_rt_send_wait", 2, peer_tag, NULL, 0);
+            in_flight--;
             continue;
         }
         int u = (int)plan_step_unit(p, st);
-        if (u != unit || st->micro != unit_micro) {
+        if (units && (u != unit || st->micro != unit_micro)) {
             int unit_args[2] = {u, st->micro};
             call_rt(c, "cleave_rt_unit", 2, unit_args, NULL, 0);
             unit = u;
             unit_micro = st->micro;
         }
         if (st->kind == STEP_ALLREDUCE_START || st->kind == STEP_ALLREDUCE_WAIT) {
-            /* hybrid: a gradient bucket summed over the stage's replicas */
+            /* dp and hybrid: a gradient bucket summed over the stage's replicas */
             bool both = waited_next(steps, n, s);
             call_rt(c, both ? "cleave_rt_allreduce"
                     : st->kind == STEP_ALLREDUCE_START ? "cleave_rt_allreduce_start" : "cleave_rt_allreduce_wait",
                     1, &st->bucket, NULL, 0);
+            in_flight += both ? 0 : st->kind == STEP_ALLREDUCE_START ? 1 : -1;
             s += both;
             continue;
         }
@@ -237,7 +205,9 @@ static bool build_staged_step_fn(Cg *c, const char *name, int prog, int pass, co
                 args[i] = at_offset(c, arena, off);
             }
             call_kernel(c, k, args);
-            call_rt(c, "cleave_rt_progress", 0, NULL, NULL, 0);
+            /* Open MPI has no progress thread: what is in flight moves
+             * between kernels */
+            if (in_flight > 0) call_rt(c, "cleave_rt_progress", 0, NULL, NULL, 0);
             continue;
         }
         int64_t off = pipeline_buffer(p, rp, st->value, st->micro);
@@ -247,6 +217,7 @@ static bool build_staged_step_fn(Cg *c, const char *name, int prog, int pass, co
         switch (st->kind) {
         case STEP_SEND:
             call_rt(c, "cleave_rt_send", 2, peer_tag, at_offset(c, arena, off), st->bytes);
+            in_flight++;
             break;
         case STEP_RECV:
             call_rt(c, "cleave_rt_recv", 2, peer_tag, at_offset(c, arena, off), st->bytes);
@@ -370,13 +341,13 @@ static bool generate_kernels(Cg *c, const RankPlan *rp, CgShare *share) {
 
 /* Programs in the module: one per stage of a staged plan (replica 0's
  * ranks), else the one of rank 0. */
-static int n_programs(const Plan *p) { return p->n_stages ? p->n_stages : 1; }
+static int n_programs(const Plan *p) { return p->n_stages; }
 
 /* The initial images of every program, back to back (plan_init_offset). */
 static unsigned char *all_images(const Plan *p, size_t *len) {
     int n = n_programs(p);
     const RankPlan *last = plan_stage_rank(p, n - 1);
-    *len = (size_t)((p->n_stages ? plan_init_offset(p, n - 1) : 0) + last->init_bytes);
+    *len = (size_t)(plan_init_offset(p, n - 1) + last->init_bytes);
     unsigned char *all = calloc(1, *len ? *len : 1);
     for (int k = 0; all && k < n; k++) {
         const RankPlan *rp = plan_stage_rank(p, k);
@@ -385,7 +356,7 @@ static unsigned char *all_images(const Plan *p, size_t *len) {
             free(all);
             return NULL;
         }
-        memcpy(all + (p->n_stages ? plan_init_offset(p, k) : 0), img, (size_t)rp->init_bytes);
+        memcpy(all + plan_init_offset(p, k), img, (size_t)rp->init_bytes);
         free(img);
     }
     return all;
@@ -395,11 +366,6 @@ static unsigned char *all_images(const Plan *p, size_t *len) {
 static bool build_steps(Cg *c, const Plan *p) {
     LLVMValueRef program = LLVMAddGlobal(c->mod, c->t_i32, "cleave_program");
     LLVMSetInitializer(program, LLVMConstInt(c->t_i32, 0, 0));
-    if (!p->n_stages) {
-        build_step_fn(c, "cleave_train_step", 0, c->rp->train, c->rp->n_train);
-        build_step_fn(c, "cleave_eval_step", 1, c->rp->eval, c->rp->n_eval);
-        return true;
-    }
     int n = p->n_stages;
     LLVMValueRef *train = calloc((size_t)n, sizeof *train), *eval = calloc((size_t)n, sizeof *eval);
     LLVMValueRef *acc = calloc((size_t)p->g->n_values + 1, sizeof *acc);
@@ -409,10 +375,10 @@ static bool build_steps(Cg *c, const Plan *p) {
         const RankPlan *rp = plan_stage_rank(p, k);
         char name[64];
         snprintf(name, sizeof name, "cleave_train_step_%d", k);
-        ok = build_staged_step_fn(c, name, k, 0, rp, rp->train, rp->n_train, acc);
+        ok = build_step_fn(c, name, k, 0, rp, rp->train, rp->n_train, acc);
         train[k] = LLVMGetNamedFunction(c->mod, name);
         snprintf(name, sizeof name, "cleave_eval_step_%d", k);
-        ok = ok && build_staged_step_fn(c, name, k, 1, rp, rp->eval, rp->n_eval, acc);
+        ok = ok && build_step_fn(c, name, k, 1, rp, rp->eval, rp->n_eval, acc);
         eval[k] = LLVMGetNamedFunction(c->mod, name);
     }
     if (ok) {
@@ -479,7 +445,6 @@ CgModule *cg_build(const Plan *p, const CgOptions *o, Diag *d) {
     c->g = p->g;
     c->d = d;
     c->plan = p;
-    c->rp = p->n_stages ? NULL : &p->ranks[0];
     c->kernels = calloc((size_t)p->g->n_nodes + 1, sizeof *c->kernels);
     size_t model_len = 0;
     uint8_t *model = o->model_path ? file_read_all(o->model_path, &model_len, d) : calloc(1, 1);

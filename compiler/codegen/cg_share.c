@@ -110,7 +110,6 @@ bool cg_share_reuse(Cg *c, CgShare *s, const Node *n) {
             if (from[i] == src->bufs[b]) slot = i;
         if (slot < 0) return false; /* a buffer that is no slot of the node */
         mine.bufs[b] = to[slot];
-        if (c->rp && c->rp->offset[to[slot]->id] < 0) return false;
     }
     c->kernels[n->id] = mine;
     s->reused++;

@@ -1,8 +1,8 @@
-/* pipeline.c - layer, pipeline (GPipe, 1F1B) and hybrid data x pipeline
- * plans: each rank's steps with the point-to-point transfers between
- * stages, checked by comm_check before they are returned; and the JSON
- * form of any plan.  See pipeline.h for what the steps mean. */
-#include <jansson.h>
+/* pipeline.c - the planner: every plan, D data-parallel replicas x P
+ * stages x M micro-batches (single is 1 x 1 x 1, dp D x 1 x 1, layer
+ * 1 x P x 1), as each rank's steps with the point-to-point transfers
+ * between stages and the collectives over replicas, checked by comm_check
+ * before they are returned.  See pipeline.h for what the steps mean. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -304,16 +304,18 @@ static void emit_nodes(Ctx *c, Seq *q, const NodeList *l, int replica, int s, in
                 if (x < 0 || (!train && !c->xf[x].eval)) continue;
                 emit(q, xfer_step(c, STEP_SEND, x, rank_of(c, replica, dst), m));
             }
-            if (train && (c->M > 1 || c->D > 1) && c->acc[v->id]) {
+            if (!train || !c->acc[v->id]) continue;
+            /* With one micro-batch the gradient is final as computed, and
+             * its bucket holds that instance itself (memplan.c). */
+            if (c->M > 1)
                 emit(q, (PlanStep){.kind = STEP_ACCUMULATE, .micro = m, .peer = -1, .group = -1, .xfer = -1,
                                    .value = v});
-                /* The last micro-batch's contribution makes the gradient
-                 * final: its bucket's sum over the replicas can start. */
-                int b = c->D > 1 ? c->bucket_of[v->id] : -1;
-                if (m == c->M - 1 && b >= 0 && --c->bucket_left[b] == 0)
-                    emit(q, (PlanStep){.kind = STEP_ALLREDUCE_START, .bucket = b, .micro = m, .peer = -1, .group = s,
-                                       .xfer = -1});
-            }
+            /* The last micro-batch's contribution makes the gradient
+             * final: its bucket's sum over the replicas can start. */
+            int b = c->D > 1 ? c->bucket_of[v->id] : -1;
+            if (m == c->M - 1 && b >= 0 && --c->bucket_left[b] == 0)
+                emit(q, (PlanStep){.kind = STEP_ALLREDUCE_START, .bucket = b, .micro = m, .peer = -1, .group = s,
+                                   .xfer = -1});
         }
     }
 }
@@ -341,24 +343,49 @@ static void emit_allreduce(Ctx *c, Seq *q, const NodeList *l, int s) {
     }
 }
 
+/* The buckets a once-per-step step reads a gradient of (hybrid and dp),
+ * waited for right before it unless waited already: updates of the
+ * gradients summed first overlap the sums still in flight. */
+static void wait_buckets(Ctx *c, Seq *q, const PlanStep *st, unsigned char *waited, int s) {
+    int n = st->kind == STEP_COMPUTE ? st->node->n_in : 1;
+    for (int k = 0; k < n; k++) {
+        const Value *v = st->kind == STEP_COMPUTE ? st->node->in[k] : st->value;
+        int b = v && c->D > 1 ? c->bucket_of[v->id] : -1;
+        if (b < 0 || waited[b]) continue;
+        waited[b] = 1;
+        emit(q, (PlanStep){.kind = STEP_ALLREDUCE_WAIT, .bucket = b, .micro = -1, .peer = -1, .group = s, .xfer = -1});
+    }
+}
+
 /* Once per global batch: partial sums of shared weights' gradients to
  * the stage that totals them, the totals, their sum over replicas, the
  * totals to the other stages holding the weight, then the updates.  Every
- * rank sends before it waits at each turn, so no turn can deadlock. */
-static void emit_flush(Ctx *c, Seq *q, const RankPlan *rp, int replica, int s) {
-    for (int b = 0; b < rp->n_buckets; b++)
-        emit(q, (PlanStep){.kind = STEP_ALLREDUCE_WAIT, .bucket = b, .micro = -1, .peer = -1, .group = s, .xfer = -1});
-    emit_grad_sums(c, q, replica, s, STEP_SEND, false);
-    emit_grad_sums(c, q, replica, s, STEP_RECV, false);
+ * rank sends before it waits at each turn, so no turn can deadlock.  The
+ * waits for bucketed sums go before the first step reading them. */
+static void emit_flush(Ctx *c, Seq *q, const RankPlan *rp, int replica, int s, unsigned char *waited) {
+    Seq f = {0};
+    emit_grad_sums(c, &f, replica, s, STEP_SEND, false);
+    emit_grad_sums(c, &f, replica, s, STEP_RECV, false);
     for (int i = 0; i < c->sum[s].n; i++)
-        emit(q, (PlanStep){.kind = STEP_COMPUTE, .node = c->sum[s].a[i], .micro = -1, .peer = -1, .group = -1,
-                           .xfer = -1});
-    if (c->D > 1) emit_allreduce(c, q, &c->sum[s], s); /* the bucketed ones are summed already */
-    emit_grad_sums(c, q, replica, s, STEP_SEND, true);
-    emit_grad_sums(c, q, replica, s, STEP_RECV, true);
+        emit(&f, (PlanStep){.kind = STEP_COMPUTE, .node = c->sum[s].a[i], .micro = -1, .peer = -1, .group = -1,
+                            .xfer = -1});
+    if (c->D > 1) emit_allreduce(c, &f, &c->sum[s], s); /* the bucketed ones are summed already */
+    emit_grad_sums(c, &f, replica, s, STEP_SEND, true);
+    emit_grad_sums(c, &f, replica, s, STEP_RECV, true);
     for (int i = 0; i < c->opt[s].n; i++)
-        emit(q, (PlanStep){.kind = STEP_COMPUTE, .node = c->opt[s].a[i], .micro = -1, .peer = -1, .group = -1,
-                           .xfer = -1});
+        emit(&f, (PlanStep){.kind = STEP_COMPUTE, .node = c->opt[s].a[i], .micro = -1, .peer = -1, .group = -1,
+                            .xfer = -1});
+    q->failed |= f.failed;
+    memset(waited, 0, (size_t)rp->n_buckets + 1);
+    for (int i = 0; i < f.n; i++) {
+        if (f.s[i].kind != STEP_RECV) wait_buckets(c, q, &f.s[i], waited, s);
+        emit(q, f.s[i]);
+    }
+    for (int b = 0; b < rp->n_buckets; b++) /* buckets no step reads (none today) */
+        if (!waited[b])
+            emit(q, (PlanStep){.kind = STEP_ALLREDUCE_WAIT, .bucket = b, .micro = -1, .peer = -1, .group = s,
+                               .xfer = -1});
+    free(f.s);
 }
 
 /* Every value a step reads must be on the rank for that micro-batch
@@ -478,40 +505,39 @@ static bool insert_send_waits(Ctx *c, Seq *q, bool train) {
     return !out.failed || nomem(c);
 }
 
-/* Hybrid: the gradients stage s finalises in its backward nodes (not the
- * cross-stage sums run once per step) get buckets of about bucket_bytes,
- * each a run of accumulators that memory planning lays out back to back
- * (in value order, so no other accumulator may fall inside a bucket). */
+/* dp and hybrid: the gradients stage s finalises in its own nodes (not
+ * the cross-stage sums run once per step) are summed over the replicas in
+ * buckets, in the order the stage produces them: a bucket closes once it
+ * holds bucket_bytes, so the first (the last layers') can start while the
+ * backward pass goes on, as PyTorch DDP's do.  Memory planning lays each
+ * bucket's gradients (or their accumulators) out back to back. */
 static bool make_buckets(Ctx *c, RankPlan *rp, int s) {
     Graph *g = c->g;
-    int nv = g->n_values, nb = 0;
+    int nv = g->n_values, nb = 0, used = 0;
     Bucket *bk = ARENA_ARRAY(&g->arena, Bucket, nv ? nv : 1);
     Value **members = ARENA_ARRAY(&g->arena, Value *, nv ? nv : 1);
     if (!bk || !members) return nomem(c);
-    int used = 0;
-    int64_t size = 0;
-    bool open = false;
-    for (int v = 0; v < nv; v++) {
-        c->bucket_of[v] = -1;
-        const Node *pr = live_producer(g->values[v]);
-        if (!c->acc[v] || !pr || c->stage[pr->id] != s) continue;
-        bool member = c->grad[v] && !c->deferred[pr->id];
-        int64_t bytes = plan_value_bytes(g->values[v]);
-        if (!member || (open && size + bytes > c->bucket_bytes)) open = false;
-        if (!member) continue;
-        if (!open) {
-            bk[nb] = (Bucket){.n = 0, .grads = &members[used]};
-            c->bucket_left[nb] = 0;
-            nb++;
-            size = 0;
-            open = true;
+    for (int v = 0; v < nv; v++) c->bucket_of[v] = -1;
+    int64_t size = 0, cap = c->bucket_bytes > 0 ? c->bucket_bytes : 1;
+    const NodeList *lists[2] = {&c->fwd[s], &c->bwd[s]};
+    for (int l = 0; l < 2; l++)
+        for (int i = 0; i < lists[l]->n; i++) {
+            const Node *n = lists[l]->a[i];
+            for (int k = 0; k < n->n_out; k++) {
+                Value *v = n->out[k];
+                if (!v || !c->acc[v->id] || !c->grad[v->id] || c->bucket_of[v->id] >= 0) continue;
+                if (!nb || size >= cap) {
+                    bk[nb] = (Bucket){.n = 0, .grads = &members[used]};
+                    c->bucket_left[nb++] = 0;
+                    size = 0;
+                }
+                members[used++] = v;
+                bk[nb - 1].n++;
+                c->bucket_left[nb - 1]++;
+                c->bucket_of[v->id] = nb - 1;
+                size += plan_value_bytes(v);
+            }
         }
-        members[used++] = g->values[v];
-        bk[nb - 1].n++;
-        c->bucket_left[nb - 1]++;
-        c->bucket_of[v] = nb - 1;
-        size += bytes;
-    }
     rp->buckets = bk;
     rp->n_buckets = nb;
     return true;
@@ -551,13 +577,21 @@ static bool build_ranks(Ctx *c) {
     c->bucket_of = malloc(sizeof *c->bucket_of * (size_t)(nv + 1));
     c->bucket_left = malloc(sizeof *c->bucket_left * (size_t)(nv + 1));
     unsigned char *got = malloc((size_t)nv * (size_t)M + 1);
-    unsigned char *avail = malloc((size_t)nv * (size_t)(M + 1) + 1);
+    unsigned char *avail = malloc((size_t)nv * (size_t)(M + 1) + 1), *waited = malloc((size_t)nv + 1);
     Seq train = {0}, eval = {0};
-    bool ok = units && got && avail && c->bucket_of && c->bucket_left;
+    bool ok = units && got && avail && waited && c->bucket_of && c->bucket_left;
     if (!ok) nomem(c);
     for (int r = 0; r < c->D && ok; r++)
         for (int s = 0; s < P && ok; s++) {
             RankPlan *rp = &p->ranks[rank_of(c, r, s)];
+            if (P == 1 && r > 0) {
+                /* Without stages, replicas have no peers but their group:
+                 * the same steps and memory (thousands of dp ranks) */
+                *rp = p->ranks[0];
+                rp->rank = rank_of(c, r, s);
+                rp->replica = r;
+                continue;
+            }
             rp->rank = rank_of(c, r, s);
             rp->stage = s;
             rp->replica = r;
@@ -574,7 +608,7 @@ static bool build_ranks(Ctx *c) {
             memset(got, 0, (size_t)nv * (size_t)M);
             for (int u = 0; u < n_units; u++)
                 emit_nodes(c, &train, units[u].backward ? &c->bwd[s] : &c->fwd[s], r, s, units[u].micro, true, got);
-            emit_flush(c, &train, rp, r, s);
+            emit_flush(c, &train, rp, r, s, waited);
             memset(got, 0, (size_t)nv * (size_t)M);
             for (int m = 0; m < M; m++) emit_nodes(c, &eval, &c->fwd[s], r, s, m, false, got);
             if (!insert_send_waits(c, &train, true) || !insert_send_waits(c, &eval, false)) {
@@ -597,6 +631,12 @@ static bool build_ranks(Ctx *c) {
             memset(rp->holds, 0, (size_t)nv);
             ok = check_dataflow(c, rp, rp->train, rp->n_train, rp->holds, avail, "train") &&
                  check_dataflow(c, rp, rp->eval, rp->n_eval, rp->holds, avail, "eval");
+            /* A lone stage holds the whole model, read or not: --save
+             * writes every initializer back from its buffer. */
+            for (int v = 0; P == 1 && v < nv; v++)
+                if (g->values[v]->kind == VAL_INPUT || g->values[v]->kind == VAL_INITIALIZER ||
+                    g->values[v]->kind == VAL_STATE)
+                    rp->holds[v] |= HOLD_PERSISTENT;
             rp->n_held = 0;
             for (int v = 0; v < nv; v++) rp->n_held += rp->holds[v] != 0;
             if (ok && r > 0) share_memplan(&p->ranks[rank_of(c, 0, s)], rp);
@@ -605,6 +645,7 @@ static bool build_ranks(Ctx *c) {
     free(units);
     free(got);
     free(avail);
+    free(waited);
     free(c->bucket_of);
     free(c->bucket_left);
     c->bucket_of = c->bucket_left = NULL;
@@ -726,147 +767,4 @@ int64_t plan_init_offset(const Plan *p, int program) {
     int64_t off = 0;
     for (int s = 0; s < program; s++) off += (plan_stage_rank(p, s)->init_bytes + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;
     return off;
-}
-
-/* ---- JSON ---- */
-
-static const char *phase_name(NodePhase p) {
-    static const char *names[] = {"forward", "loss", "backward", "optimizer"};
-    return names[p];
-}
-
-static const char *dir_name(XferDir d) {
-    return d == XFER_ACTIVATION ? "activation" : d == XFER_GRADIENT ? "gradient" : "gradient_sum";
-}
-
-static json_t *step_json(const Plan *p, const PlanStep *s) {
-    switch (s->kind) {
-    case STEP_COMPUTE: {
-        const Node *n = s->node;
-        json_t *ins = json_array(), *outs = json_array();
-        for (int k = 0; k < n->n_in; k++) json_array_append_new(ins, n->in[k] ? json_string(n->in[k]->name) : json_null());
-        for (int k = 0; k < n->n_out; k++)
-            json_array_append_new(outs, n->out[k] ? json_string(n->out[k]->name) : json_null());
-        return json_pack("{s:s, s:s, s:s, s:s, s:i, s:o, s:o}", "kind", "compute", "node", n->name, "op", n->op_type,
-                         "phase", phase_name(n->phase), "micro", s->micro, "inputs", ins, "outputs", outs);
-    }
-    case STEP_SEND:
-    case STEP_RECV: {
-        const char *dir = p->xfers && s->xfer >= 0 && s->xfer < p->n_xfers ? dir_name(p->xfers[s->xfer].dir) : "";
-        return json_pack("{s:s, s:s, s:i, s:i, s:I, s:i, s:s}", "kind", s->kind == STEP_SEND ? "send" : "recv", "value",
-                         s->value ? s->value->name : "", "peer", s->peer, "tag", s->tag, "bytes", (json_int_t)s->bytes,
-                         "micro", s->micro, "direction", dir);
-    }
-    case STEP_ACCUMULATE:
-        return json_pack("{s:s, s:s, s:i}", "kind", "accumulate", "value", s->value ? s->value->name : "", "micro",
-                         s->micro);
-    case STEP_ALLREDUCE:
-        return json_pack("{s:s, s:s, s:i, s:I}", "kind", "allreduce", "value", s->value ? s->value->name : "", "group",
-                         s->group, "bytes", (json_int_t)s->bytes);
-    case STEP_SEND_WAIT:
-        return json_pack("{s:s, s:s, s:i, s:i, s:i}", "kind", "send_wait", "value", s->value ? s->value->name : "",
-                         "peer", s->peer, "tag", s->tag, "micro", s->micro);
-    case STEP_ALLREDUCE_START:
-    case STEP_ALLREDUCE_WAIT:
-        return json_pack("{s:s, s:i, s:i, s:i}", "kind",
-                         s->kind == STEP_ALLREDUCE_START ? "allreduce_start" : "allreduce_wait", "bucket", s->bucket,
-                         "group", s->group, "micro", s->micro);
-    }
-    return json_pack("{s:s}", "kind", "unknown");
-}
-
-static json_t *steps_json(const Plan *p, const PlanStep *seq, int n) {
-    json_t *a = json_array();
-    for (int i = 0; i < n; i++) json_array_append_new(a, step_json(p, &seq[i]));
-    return a;
-}
-
-char *pipeline_plan_to_json(const Plan *p) {
-    const Graph *g = p->g;
-    json_t *ranks = json_array();
-    for (int r = 0; r < p->n_ranks; r++) {
-        const RankPlan *rp = &p->ranks[r];
-        json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:I, s:o, s:o}", "rank", rp->rank, "stage", rp->stage, "replica",
-                              rp->replica, "max_inflight", rp->max_inflight, "eval_steps", (json_int_t)rp->n_eval,
-                              "steps", steps_json(p, rp->train, rp->n_train), "eval", steps_json(p, rp->eval, rp->n_eval));
-        if (rp->holds) {
-            json_t *held = json_array();
-            for (int v = 0; v < g->n_values; v++) {
-                unsigned char h = rp->holds[v];
-                if (!h) continue;
-                json_t *how = json_array();
-                if (h & HOLD_PERSISTENT) json_array_append_new(how, json_string("persistent"));
-                if (h & HOLD_COMPUTED) json_array_append_new(how, json_string("computed"));
-                if (h & HOLD_RECEIVED) json_array_append_new(how, json_string("received"));
-                if (h & HOLD_ACCUM) json_array_append_new(how, json_string("accumulated"));
-                json_array_append_new(held, json_pack("{s:s, s:I, s:o}", "name", g->values[v]->name, "bytes",
-                                                      (json_int_t)plan_value_bytes(g->values[v]), "how", how));
-            }
-            json_object_set_new(o, "holds", held);
-        }
-        if (rp->n_buckets) {
-            json_object_set_new(o, "buckets", plan_buckets_json(rp));
-        }
-        if (rp->offset) {
-            json_object_set_new(o, "arena_bytes", json_integer(rp->arena_bytes));
-            json_object_set_new(o, "persistent_bytes", json_integer(rp->init_bytes));
-        }
-        if (rp->inst) {
-            int S = p->microbatches + 1;
-            json_t *bufs = json_array();
-            for (int v = 0; v < g->n_values; v++)
-                for (int k = 0; k < S; k++) {
-                    int64_t off = rp->inst[(size_t)v * (size_t)S + (size_t)k];
-                    if (off < 0) continue;
-                    json_array_append_new(bufs, json_pack("{s:s, s:i, s:I, s:I}", "name", g->values[v]->name, "micro",
-                                                          k - 1, "offset", (json_int_t)off, "bytes",
-                                                          (json_int_t)plan_value_bytes(g->values[v])));
-                }
-            json_object_set_new(o, "transient_bytes_without_reuse", json_integer(rp->transient_naive));
-            json_object_set_new(o, "peak_activation_bytes", json_integer(rp->peak_act_bytes));
-            json_object_set_new(o, "peak_activation_step", json_integer(rp->peak_act_step));
-            json_object_set_new(o, "send_pinned_bytes", json_integer(rp->send_pinned_bytes));
-            json_object_set_new(o, "buffers", bufs);
-        }
-        json_array_append_new(ranks, o);
-    }
-    json_t *root = json_pack("{s:s, s:i, s:s, s:s, s:I, s:I, s:i, s:i}", "format", "cleave-plan", "version", 1, "model",
-                             g->path ? g->path : "", "strategy", p->strategy ? p->strategy : "", "batch",
-                             (json_int_t)p->batch, "local_batch", (json_int_t)p->local_batch, "ranks", p->n_ranks,
-                             "replicas", p->replicas);
-    if (p->n_stages > 0) {
-        json_t *stages = json_array(), *xfers = json_array(), *groups = json_array();
-        for (int s = 0; s < p->n_stages; s++) {
-            int b = p->stage_begin[s], e = p->stage_begin[s + 1];
-            json_array_append_new(stages, json_pack("{s:i, s:s, s:s, s:i, s:f}", "stage", s, "first_node",
-                                                    p->fwd_order[b]->name, "last_node", p->fwd_order[e - 1]->name,
-                                                    "forward_nodes", e - b, "flops", p->stage_flops[s]));
-        }
-        for (int x = 0; x < p->n_xfers; x++) {
-            const PlanXfer *t = &p->xfers[x];
-            json_array_append_new(xfers, json_pack("{s:s, s:s, s:i, s:i, s:i, s:I, s:b}", "value", t->value->name,
-                                                   "direction", dir_name(t->dir), "from_stage", t->src_stage, "to_stage",
-                                                   t->dst_stage, "channel", t->channel, "bytes",
-                                                   (json_int_t)plan_value_bytes(t->value), "eval", t->eval));
-        }
-        for (int k = 0; k < p->n_groups; k++) {
-            json_t *m = json_array();
-            for (int i = 0; i < p->groups[k].n; i++) json_array_append_new(m, json_integer(p->groups[k].ranks[i]));
-            json_array_append_new(groups, m);
-        }
-        json_object_set_new(root, "bucket_mb", json_real(p->bucket_mb));
-        json_object_set_new(root, "stages", json_integer(p->n_stages));
-        json_object_set_new(root, "microbatches", json_integer(p->microbatches));
-        json_object_set_new(root, "micro_batch", json_integer(p->micro_batch));
-        json_object_set_new(root, "schedule", json_string(p->schedule ? p->schedule : ""));
-        json_object_set_new(root, "placement", json_string(plan_placement_name(p->placement)));
-        json_object_set_new(root, "tag_bound", json_integer(p->tag_bound));
-        json_object_set_new(root, "stage_table", stages);
-        json_object_set_new(root, "transfers", xfers);
-        json_object_set_new(root, "groups", groups);
-    }
-    json_object_set_new(root, "rank_plans", ranks);
-    char *s = root ? json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER) : NULL;
-    json_decref(root);
-    return s;
 }

@@ -233,7 +233,7 @@ bool plan_hybrid_weighted(Graph *g, const TrainGraph *t, int64_t batch, int dp, 
                           const char *schedule, const char *const *cuts, int n_cuts, double bucket_mb,
                           const StageWeight *weight, Placement placement, Plan *p, Diag *d);
 
-/* ---- memory (memplan_pipeline.c) ---- */
+/* ---- memory (memplan.c) ---- */
 
 /* Plans the memory of rank rp of pipeline plan p from its train and eval
  * steps and RankPlan.holds: sets inst, offset, init_bytes, arena_bytes,
@@ -257,13 +257,5 @@ PlanUnit plan_step_unit(const Plan *p, const PlanStep *st);
 /* Byte offset of program `program`'s initial image in the images of all
  * programs of p, back to back (one program per stage; each 64-aligned). */
 int64_t plan_init_offset(const Plan *p, int program);
-
-/* JSON text of any plan (malloc'd; NULL when out of memory): the fields
- * of docs/plan.md that do not depend on memory planning or training
- * options, the stages, transfers and groups, and per rank its stage,
- * steps (compute, send, recv, accumulate, allreduce), eval steps, the
- * values it holds and, with a memory plan, its sizes, peak activation
- * bytes and buffers (one per instance: name, micro, offset, bytes). */
-char *pipeline_plan_to_json(const Plan *p);
 
 #endif

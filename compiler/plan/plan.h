@@ -6,8 +6,15 @@
  * one arena per program, with a persistent region (parameters, constants,
  * optimizer state, inputs, runtime scalars) copied from the program's
  * initial image, and a transient region where intermediate tensors share
- * bytes when their lifetimes do not overlap.  Single-process compilation is
- * the plan with one rank; codegen reads only plans. */
+ * bytes when their lifetimes do not overlap.
+ *
+ * Every plan has one shape: D data-parallel replicas x P stages x M
+ * micro-batches on D * P ranks (single is 1 x 1 x 1, dp D x 1 x 1, layer
+ * 1 x P x 1), made by one planner (pipeline.c, see pipeline.h), with one
+ * memory planner (memplan.c) and one JSON writer (plan_json.c).  A rank's
+ * program is one sequence of steps: compute a node, send, receive, start
+ * or wait a collective over a group of ranks, accumulate; a collective may
+ * stand anywhere in it.  Codegen reads only plans. */
 #ifndef CLEAVE_PLAN_H
 #define CLEAVE_PLAN_H
 
@@ -20,7 +27,6 @@ typedef enum {
     STEP_COMPUTE = 0,
     STEP_ALLREDUCE_START, /* non-blocking sum of a bucket over the replicas */
     STEP_ALLREDUCE_WAIT,  /* completes a bucket's allreduce */
-    /* Pipeline plans (pipeline.h) */
     STEP_SEND,       /* non-blocking send of `value` (micro-batch `micro`) to rank `peer` with `tag` */
     STEP_RECV,       /* receive `value` from rank `peer` with `tag`; complete before the next step */
     STEP_ACCUMULATE, /* add micro-batch `micro`'s gradient `value` into that gradient's accumulator */
@@ -32,7 +38,7 @@ typedef struct PlanStep {
     StepKind kind;
     Node *node; /* STEP_COMPUTE */
     int bucket; /* allreduce steps */
-    /* Pipeline plans.  micro: the micro-batch a step works on, or -1 for
+    /* micro: the micro-batch a step works on, or -1 for
      * what runs once per global batch (optimizer updates, and the exchange
      * and reduction of accumulated gradients before them). */
     int micro;
@@ -97,15 +103,13 @@ typedef struct RankPlan {
     int inplace;             /* outputs that took their input's buffer */
     int n_buckets;
     Bucket *buckets;
-    /* Pipeline plans: the stage and data-parallel replica this rank runs,
-     * the most micro-batches whose activations it keeps at once, and by
-     * value id the HOLD_* flags of every value it holds (NULL in other
-     * plans). */
+    /* The stage and data-parallel replica this rank runs, the most
+     * micro-batches whose activations it keeps at once, and by value id
+     * the HOLD_* flags of every value it holds. */
     int stage, replica, max_inflight;
     unsigned char *holds;
     int n_held;
-    /* Pipeline plans' memory (memplan_pipeline.c; NULL and 0 in other
-     * plans).  A value has an instance per micro-batch it is computed,
+    /* Memory (memplan.c).  A value has an instance per micro-batch it is computed,
      * received or fed in, and one for micro -1 when it exists once per step
      * (parameter, constant, state, gradient accumulator, or computed or
      * received at micro -1).  inst[v * (Plan.microbatches + 1) + micro + 1]
@@ -150,7 +154,7 @@ typedef struct Plan {
      * (cg_gemm.c), and the plan file records it. */
     int threads;
     RankPlan *ranks;
-    /* Pipeline plans (pipeline.h); zero in the others.  ranks[] is
+    /* Stages (pipeline.h).  ranks[] is
      * indexed by MPI rank; plan_rank_of gives the rank of a (replica,
      * stage), and step peers and groups are MPI ranks. */
     Placement placement;
@@ -169,27 +173,30 @@ typedef struct Plan {
     int tag_bound; /* every tag is below this */
 } Plan;
 
+/* One process (plan.c): 1 x 1 x 1. */
 bool plan_single(Graph *g, const TrainGraph *t, int64_t batch, Plan *p, Diag *d);
-/* Data parallelism: `replicas` ranks run the same step on batch/replicas
- * rows each (g is built at that local batch); gradients are summed in
- * buckets of about bucket_mb MiB, each started as soon as the backward pass
- * has produced it and awaited before its first optimizer update. */
+/* Data parallelism, D x 1 x 1: `replicas` ranks run the same step on
+ * batch/replicas rows each (g is built at that local batch); gradients are
+ * summed in buckets of about bucket_mb MiB, each started as soon as the
+ * backward pass has produced it and awaited before its first optimizer
+ * update. */
 bool plan_dp(Graph *g, const TrainGraph *t, int64_t batch, int replicas, double bucket_mb, Plan *p, Diag *d);
 /* Inference only: every node of g in topological order (its eval and train
  * sequences are the same); graph outputs stay live to the end. */
 bool plan_forward(Graph *g, Plan *p, Diag *d);
-/* The MPI rank running `stage` of `replica` (0, 0 for unstaged plans). */
+/* The MPI rank running `stage` of `replica`. */
 int plan_rank_of(const Plan *p, int replica, int stage);
 /* The plan of stage s's replica-0 rank: what that stage's program is
- * generated from (ranks[0] for unstaged plans). */
+ * generated from. */
 const RankPlan *plan_stage_rank(const Plan *p, int s);
 const char *plan_placement_name(Placement pl);
 /* Buffer bytes of a value at run time (float32 for every float type). */
 int64_t plan_value_bytes(const Value *v);
-/* The "buckets" array of a rank's plan JSON (a jansson json_t). */
+/* The plan as JSON (plan_json.c, docs/plan.md): the same fields for every
+ * plan; the optimizer and loss when o is set.  plan_json gives the jansson
+ * object (NULL when out of memory), plan_to_json its text (malloc'd). */
 struct json_t;
-struct json_t *plan_buckets_json(const RankPlan *rp);
-/* JSON text of the plan (malloc'd); see docs/plan.md. */
+struct json_t *plan_json(const Plan *p, const TrainOptions *o);
 char *plan_to_json(const Plan *p, const TrainOptions *o);
 
 #endif

@@ -1463,7 +1463,7 @@ static void sample_plans(const char *model, LossKind loss, int P, int M, const c
     }
     ck_assert(p.ranks[P - 1].holds[t.loss->id] & HOLD_COMPUTED);
     check_memory(&p);
-    char *text = pipeline_plan_to_json(&p);
+    char *text = plan_to_json(&p, NULL);
     ck_assert_ptr_nonnull(text);
     json_error_t err;
     json_t *root = json_loads(text, 0, &err);
@@ -1504,7 +1504,12 @@ START_TEST(sample_models) {
 }
 END_TEST
 
-START_TEST(other_plans_check_and_print) {
+/* A dp plan is the one shape at 2 replicas x 1 stage x 1 micro-batch:
+ * both ranks run stage 0 with the same steps and memory, each bucket's
+ * gradients lie back to back inside it, and the bucket's sum starts right
+ * after its last gradient is computed and is awaited before the first
+ * update reading it. */
+START_TEST(dp_plan_is_the_one_shape) {
     Graph *g = test_load(test_src_path("samples/mlp.onnx"), 4);
     TrainOptions o = {.loss = LOSS_CE, .optimizer = OPT_SGD, .lr = 0.1f, .replicas = 2};
     TrainGraph t;
@@ -1513,10 +1518,56 @@ START_TEST(other_plans_check_and_print) {
     Plan p;
     ck_assert_msg(plan_dp(g, &t, 8, 2, 0.25, &p, &d), "%s", d.msg);
     ck_assert_msg(comm_check_plan(&p, &d), "%s", d.msg);
-    char *text = pipeline_plan_to_json(&p);
+    ck_assert_int_eq(p.n_stages, 1);
+    ck_assert_int_eq(p.microbatches, 1);
+    ck_assert_int_eq(p.replicas, 2);
+    ck_assert_int_eq(p.n_groups, 1);
+    ck_assert_int_eq(p.groups[0].n, 2);
+    const RankPlan *r0 = &p.ranks[0];
+    ck_assert_int_gt(r0->n_buckets, 1); /* 0.25 MiB splits the MLP's gradients */
+    for (int r = 0; r < 2; r++) {
+        ck_assert_int_eq(p.ranks[r].stage, 0);
+        ck_assert_int_eq(p.ranks[r].replica, r);
+        ck_assert_int_eq(p.ranks[r].n_train, r0->n_train);
+        ck_assert_ptr_nonnull(p.ranks[r].inst);
+    }
+    int64_t n_grads = 0;
+    for (int b = 0; b < r0->n_buckets; b++) {
+        const Bucket *bk = &r0->buckets[b];
+        int64_t at = bk->offset;
+        for (int k = 0; k < bk->n; k++) {
+            ck_assert_int_eq(pipeline_buffer(&p, r0, bk->grads[k], 0), at);
+            ck_assert_int_eq(pipeline_buffer(&p, r0, bk->grads[k], -1), at);
+            at += plan_value_bytes(bk->grads[k]);
+        }
+        ck_assert_int_eq(at, bk->offset + bk->bytes);
+        ck_assert_int_le(at, r0->init_bytes);
+        n_grads += bk->n;
+        int start = -1, wait = -1, last_grad = -1, first_read = -1;
+        for (int s = 0; s < r0->n_train; s++) {
+            const PlanStep *st = &r0->train[s];
+            ck_assert(st->kind != STEP_ACCUMULATE); /* one micro-batch: nothing to accumulate */
+            if (st->kind == STEP_ALLREDUCE_START && st->bucket == b) start = s;
+            if (st->kind == STEP_ALLREDUCE_WAIT && st->bucket == b) wait = s;
+            if (st->kind != STEP_COMPUTE) continue;
+            for (int k = 0; k < bk->n; k++) {
+                for (int j = 0; j < st->node->n_out; j++)
+                    if (st->node->out[j] == bk->grads[k]) last_grad = s;
+                for (int j = 0; j < st->node->n_in; j++)
+                    if (st->node->in[j] == bk->grads[k] && first_read < 0 && st->node->phase == PHASE_OPTIMIZER)
+                        first_read = s;
+            }
+        }
+        ck_assert_int_eq(start, last_grad + 1);
+        ck_assert_int_eq(wait, first_read - 1);
+    }
+    int trainable = 0;
+    for (int i = 0; i < t.n_params; i++) trainable += t.grads[i] != NULL;
+    ck_assert_int_eq(n_grads, trainable);
+    char *text = plan_to_json(&p, NULL);
     ck_assert_ptr_nonnull(text);
     ck_assert(strstr(text, "allreduce_start") != NULL);
-    for (int r = 0; r < 2; r++) ck_assert_ptr_null(p.ranks[r].inst); /* memplan.c's plan, untouched */
+    ck_assert(strstr(text, "\"stages\": 1") != NULL);
     free(text);
     graph_free(g);
 }
@@ -1546,7 +1597,7 @@ int main(void) {
     tcase_add_test(tc, comm_check_sequences);
     tcase_add_test(tc, comm_check_broken_plans);
     tcase_add_test(tc, sample_models);
-    tcase_add_test(tc, other_plans_check_and_print);
+    tcase_add_test(tc, dp_plan_is_the_one_shape);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }
