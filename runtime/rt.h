@@ -5,11 +5,12 @@
  * (rt_abi.h); it hands them to the other files as an RtProgram, so the rest
  * of the library can be linked into unit tests that define no program at
  * all.  The other direction, the runtime functions the generated step calls
- * (cleave_rt_allreduce_start and friends), is defined in rt_comm.c.
+ * (cleave_rt_allreduce_start and friends), is defined by the communication
+ * module (rt_comm.c and the files it names).
  *
  * Library functions never exit and never print: a failing function records
  * one line in an RtErr and returns false.  main() turns it into
- * "PROG: error: ..." (rt_die, rt_comm.c). */
+ * "PROG: error: ..." (rt_die, rt_util.c). */
 #ifndef CLEAVE_RT_H
 #define CLEAVE_RT_H
 
@@ -145,15 +146,15 @@ int rt_staged_rank(const RtStaged *st, int replica, int stage);
 /* Index of the input called name, or -1. */
 int rt_meta_input(const RtMeta *m, const char *name);
 
-/* ---- MPI: rt_comm.c ------------------------------------------------------
+/* ---- utilities: rt_util.c ------------------------------------------------
  *
- * Everything that talks to MPI is in rt_comm.c: start and end, the
- * collective start-up checks, agreeing on failures, the reductions of a
- * data-parallel run, the gradient buckets behind the rt_abi.h collectives,
- * and --check-replicas.  The collectives use a duplicate of MPI_COMM_WORLD,
- * "the program's communicator". */
+ * Who this process is, how it ends on an error, warnings and the hash.
+ * Before rt_comm_init (and in unit tests) a process is rank 0 of 1. */
 
-void rt_comm_init(int *argc, char ***argv);
+/* The program's name, for messages: argv[0] without its directory. */
+void rt_set_prog_name(const char *argv0);
+/* Set once by rt_comm_init. */
+void rt_set_rank(int rank, int ranks);
 int rt_rank(void);
 int rt_ranks(void);
 const char *rt_prog_name(void);
@@ -161,8 +162,32 @@ const char *rt_prog_name(void);
  * e->status: alone or for an `every` error by exiting, otherwise by aborting
  * the whole job so no rank waits for a dead one. */
 _Noreturn void rt_die(const RtErr *e);
+/* rt_die with an error this rank alone found (status 1): for a broken
+ * program or a resource failure where no caller can take an error, such
+ * as in the middle of a step, when the peers may be waiting on this rank. */
+_Noreturn void rt_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* "PROG: warning: ..." on stderr, from rank 0 only. */
 void rt_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* FNV-1a, 64 bits, continuing from h (RT_FNV1A64_INIT to start). */
+uint64_t rt_fnv1a64(uint64_t h, const void *data, size_t len);
+#define RT_FNV1A64_INIT 14695981039346656037ull
+
+/* ---- communication: rt_comm.c, rt_group.c, rt_collective.c, rt_p2p.c,
+ * rt_agree.c --------------------------------------------------------------
+ *
+ * Everything a run says to the other ranks: start and end of MPI, the
+ * groups (every rank, the replicas of each stage, the stage neighbours of
+ * a replica), the in-flight requests of a step (bucket allreduces, sends)
+ * and their progress, receives and stage group sums (the rt_abi.h
+ * functions), the start-up checks, agreeing on failures, the run's
+ * reductions and --check-replicas.  A plan is D replicas x P stages: a
+ * data-parallel program is D x 1, a single one 1 x 1.  rt_comm.h says
+ * which file calls which; rt_mpi.h gives the groups to the other files
+ * that call MPI. */
+
+/* MPI_Init, and the program's communicator (a duplicate of
+ * MPI_COMM_WORLD); tells rt_util.c the rank. */
+void rt_comm_init(int *argc, char ***argv);
 void rt_comm_finalize(void);
 
 /* What every rank must agree on before any other collective. */
@@ -191,47 +216,38 @@ void rt_comm_sum(double *x, int n);
  * (recv is ignored elsewhere). */
 void rt_comm_gather(const float *send, int count, float *recv);
 
-/* Gradient buckets of a dp program (the rt_abi.h collectives). */
-bool rt_dp_init(char *arena, const RtMeta *m, RtErr *e);
-void rt_dp_free(void);
+/* Local, before the first collective of the run: the groups' layout, the
+ * gradient buckets of a program that has them (their allreduces run in
+ * place in arena) and the sends of a staged one. */
+bool rt_comm_setup(char *arena, const RtMeta *m, RtErr *e);
+/* Collective over every rank, after rt_comm_agree: a staged program's
+ * stage groups. */
+void rt_comm_groups(void);
+void rt_comm_free(void);
 
 /* Communication of one train step (rank-local wall time, seconds). */
 typedef struct RtStepComm {
-    double wait_s;      /* blocked inside cleave_rt_allreduce_wait */
-    double allreduce_s; /* sum over buckets of start -> observed completion */
+    double wait_s;      /* blocked in waits, receives, sends and blocking collectives */
+    double allreduce_s; /* sum over collectives of start -> observed completion */
 } RtStepComm;
 
-void rt_dp_step_begin(void);
-/* Ends the step's bookkeeping; fails if a bucket started and was never
- * waited for (a broken program). */
-bool rt_dp_step_end(RtStepComm *c, RtErr *e);
+void rt_comm_step_begin(void);
+/* After the step function returned: completes the step's last sends, and
+ * fails if a bucket started and was never waited for (a broken program).
+ * c (may be NULL) gets the step's times. */
+bool rt_comm_step_end(RtStepComm *c, RtErr *e);
 
 /* --check-replicas: collective; every rank hashes the bytes of each of its
- * parameters (FNV-1a, 64 bits) and compares them with rank 0's.  Returns
- * false on every rank, with an `every` error in e, when any differ. */
+ * parameters (FNV-1a) and compares them with those of the other replicas
+ * of its stage.  Returns false on every rank, with an `every` error in e,
+ * when any differ. */
 bool rt_comm_check_replicas(const RtMeta *m, const char *arena, RtErr *e);
-uint64_t rt_fnv1a64(uint64_t h, const void *data, size_t len);
-#define RT_FNV1A64_INIT 14695981039346656037ull
 
-/* ---- staged programs: rt_stage.c -----------------------------------------
+/* ---- a staged run's ends: rt_stage.c ---------------------------------------
  *
- * Layer, pipeline and hybrid programs (RtStaged): the point-to-point and
- * stage-group functions of rt_abi.h, and the rest of a run that differs
- * from a single program's. */
+ * Layer, pipeline and hybrid programs (RtStaged): what --save and the
+ * metrics need beyond a single program. */
 
-bool rt_staged_init(const RtMeta *m, RtErr *e);
-/* Collective over every rank: the communicator of each stage's replicas. */
-void rt_staged_groups(void);
-void rt_staged_free(void);
-/* Tests the outstanding sends (called between kernels). */
-void rt_staged_progress(void);
-void rt_staged_step_begin(void);
-/* Completes every send of the step; c (may be NULL) gets the step's time
- * blocked in transfers and collectives. */
-void rt_staged_step_end(RtStepComm *c);
-/* --check-replicas: collective; the replicas of each stage compare their
- * parameters. */
-bool rt_staged_check_replicas(const RtMeta *m, const char *arena, RtErr *e);
 /* Collective: every parameter reaches rank 0, packed into *buf; rank 0's
  * *view is m with those parameters (offsets into *buf), for --save. */
 bool rt_staged_gather_params(const RtMeta *m, const char *arena, RtMeta *view, char **buf, RtErr *e);

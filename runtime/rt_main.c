@@ -107,10 +107,9 @@ static bool prepare(const RtProgram *prog, const RtArgs *args, const RtMeta *met
     if (!r->arena) return rt_error(e, "out of memory for the arena of %" PRIu64 " bytes", meta->arena_bytes);
     memset(r->arena, 0, (size_t)meta->arena_bytes);
     memcpy(r->arena, prog->init + meta->staged.init_offset, (size_t)meta->init_bytes);
-    if ((meta->dp || meta->n_buckets) && !rt_dp_init(r->arena, meta, e)) return false;
+    if (!rt_comm_setup(r->arena, meta, e)) return false;
     if (meta->staged.on) {
         *prog->program = meta->staged.stage;
-        if (!rt_staged_init(meta, e)) return false;
         /* Ranks other than a stage's output holders still take part in
          * gathering --predict rows: they send zeros. */
         if (r->predict_on && !meta->staged.has_output) {
@@ -142,15 +141,14 @@ static bool run(const RtProgram *prog, const RtArgs *args, const RtMeta *meta, R
      * only it cannot read) stops every rank here, with its message. */
     if (!rt_comm_agree_rows(r.train_rows, r.eval_rows, e)) goto out;
     rt_bind_ranks(!args->no_bind);
-    rt_staged_groups();
+    rt_comm_groups();
     if (meta->staged.on) rt_staged_report(&r.log, meta);
     rt_trace_start(args->trace != NULL);
 
     if (!rt_train_run(&r, e)) goto out;
     if (args->trace && !rt_trace_write(args->trace, meta, r.total_steps, e)) goto out;
     if (args->check_replicas) {
-        if (!(meta->staged.on ? rt_staged_check_replicas(meta, r.arena, e) : rt_comm_check_replicas(meta, r.arena, e)))
-            goto out;
+        if (!rt_comm_check_replicas(meta, r.arena, e)) goto out;
         if (rank0) {
             rt_log_break_line();
             fprintf(stderr, "%s: replicas identical (%d rank%s)\n", rt_prog_name(), ranks, ranks > 1 ? "s" : "");
@@ -180,8 +178,7 @@ static bool run(const RtProgram *prog, const RtArgs *args, const RtMeta *meta, R
 out:
     rt_pool_stop();
     rt_log_discard(&r.log);
-    if (meta->dp || meta->n_buckets) rt_dp_free();
-    if (meta->staged.on) rt_staged_free();
+    rt_comm_free();
     free(r.arena);
     free(r.zeros);
     free(r.predict);
@@ -195,6 +192,7 @@ out:
 }
 
 int main(int argc, char **argv) {
+    rt_set_prog_name(argc > 0 ? argv[0] : NULL);
     rt_comm_init(&argc, &argv);
     const RtProgram prog = {
         .meta = cleave_meta,

@@ -1,13 +1,15 @@
-/* rt_mpi.h - for the runtime files that call MPI themselves: the
- * program's communicator (a duplicate of MPI_COMM_WORLD, rt_comm.c). */
+/* rt_mpi.h - for the runtime files that call MPI themselves: the groups
+ * they call it on (rt_group.c). */
 #ifndef CLEAVE_RT_MPI_H
 #define CLEAVE_RT_MPI_H
 
 #include <mpi.h>
 
+/* The program's communicator: every rank, a duplicate of MPI_COMM_WORLD. */
 MPI_Comm rt_comm_world(void);
-/* The communicator the gradient buckets are summed over (rt_dp_init sets
- * the program's; a hybrid program's ranks use their stage's replicas). */
-void rt_dp_use_comm(MPI_Comm c);
+/* The replicas of this rank's stage: every rank of a data-parallel (or
+ * single) program; a staged program's stage group once rt_comm_groups
+ * split the ranks. */
+MPI_Comm rt_comm_replicas(void);
 
 #endif

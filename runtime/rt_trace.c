@@ -83,6 +83,9 @@ void rt_trace_unit(int kind, int32_t micro) {
     T.seg_t0 = now;
 }
 
+/* The generated step's announcement of a unit (rt_abi.h). */
+void cleave_rt_unit(int32_t kind, int32_t micro) { rt_trace_unit(kind, micro); }
+
 double rt_trace_wait_begin(void) {
     double now = rt_now();
     if (T.on && T.in_step) add(T.kind, T.seg_t0, now, T.micro);

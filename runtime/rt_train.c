@@ -76,7 +76,7 @@ void rt_eval_run(RtRun *r, bool predict, RtEvalResult *out) {
     for (int64_t j = 0; j < batches; j++) {
         rt_batch_fill(&in_order, m->inputs, r->eval, m->n_inputs, B, j, r0, r1, r->arena);
         r->prog->eval_step(r->arena);
-        if (st->on) rt_staged_step_end(NULL);
+        rt_comm_step_end(NULL, NULL); /* its sends; an eval step starts no bucket */
         int64_t valid = n - j * B < B ? n - j * B : B;
         /* This rank's positions r0 .. r1-1 that hold real rows. */
         int64_t mine = valid <= r0 ? 0 : valid >= r1 ? L : valid - r0;
@@ -138,15 +138,10 @@ bool rt_train_run(RtRun *r, RtErr *e) {
         if (!st->on || st->has_step) set_f32(r->arena, m->step_offset, (float)(s + 1));
         if (!st->on || st->has_lr) set_f32(r->arena, m->lr_offset, r->lr);
         RtStepComm comm;
-        bool buckets = m->dp || m->n_buckets;
-        if (buckets) rt_dp_step_begin();
-        if (st->on) rt_staged_step_begin();
+        rt_comm_step_begin();
         rt_trace_step_begin(s + 1);
         r->prog->train_step(r->arena);
-        RtStepComm staged_comm = {0}, dp_comm = {0};
-        if (st->on) rt_staged_step_end(&staged_comm);
-        if (buckets && !rt_dp_step_end(&dp_comm, e)) return false;
-        comm = (RtStepComm){staged_comm.wait_s + dp_comm.wait_s, staged_comm.allreduce_s + dp_comm.allreduce_s};
+        if (!rt_comm_step_end(&comm, e)) return false;
         /* The global batch's loss is the mean of the replicas' means (each
          * over L rows); a NaN or infinity anywhere reaches every rank through
          * the sum, so all stop at the same step. */

@@ -165,7 +165,7 @@ static bool build_step_fn(Cg *c, const char *name, int prog, int pass, const Ran
     for (int s = 0; s < n; s++) {
         const PlanStep *st = &steps[s];
         /* A stage's program serves every replica: it names its peers by
-         * stage, and the runtime finds their ranks (rt_stage.c). */
+         * stage, and the runtime finds their ranks (rt_group.c). */
         bool p2p = st->kind == STEP_SEND || st->kind == STEP_RECV || st->kind == STEP_SEND_WAIT;
         int peer_tag[2] = {p2p ? p->ranks[st->peer].stage : st->peer, st->tag};
         if (st->kind == STEP_SEND_WAIT) { /* between units: not part of either */

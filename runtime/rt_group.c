@@ -1,0 +1,73 @@
+/* rt_group.c - the groups of ranks a program talks to: every rank (the
+ * program's communicator, a duplicate of MPI_COMM_WORLD so nothing else
+ * in the process can match its messages), the replicas of this rank's
+ * stage, and the neighbour stages of its replica.
+ *
+ * Every plan is D replicas of a P-stage pipeline on D x P ranks.  A
+ * data-parallel program is D x 1: the replicas of its one stage are all
+ * the ranks, so its replica group is the program's communicator itself
+ * and no split is needed.  A staged program (layer, pipeline, hybrid)
+ * splits the ranks by stage once every rank got past its start-up
+ * (rt_group_split); its peers are the ranks of the other stages of its
+ * replica, placed as the plan says (rt_staged_rank).  A single program
+ * is 1 x 1. */
+#include <mpi.h>
+
+#include "rt.h"
+#include "rt_comm.h"
+
+static struct {
+    bool mpi_up;
+    MPI_Comm world;    /* the program's communicator */
+    MPI_Comm replicas; /* a staged program's stage replicas after the split (else world) */
+    RtStaged layout;   /* staged: stages, dp, placement, this rank's stage and replica
+                          (all 0 otherwise: no stage to send to) */
+} g = {.world = MPI_COMM_NULL, .replicas = MPI_COMM_NULL};
+
+void rt_comm_init(int *argc, char ***argv) {
+    /* MPI_Init's default error handler aborts with Open MPI's own message,
+     * which is all that can be said when the MPI environment is broken.
+     * FUNNELED: with --threads the process has worker threads (rt_pool.c),
+     * but only this one ever calls MPI. */
+    int provided = MPI_THREAD_SINGLE, rank = 0, ranks = 1;
+    MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    g.mpi_up = true;
+    MPI_Comm_dup(MPI_COMM_WORLD, &g.world);
+    MPI_Comm_rank(g.world, &rank);
+    MPI_Comm_size(g.world, &ranks);
+    rt_set_rank(rank, ranks);
+}
+
+void rt_comm_finalize(void) {
+    if (!g.mpi_up) return;
+    rt_group_free();
+    if (g.world != MPI_COMM_NULL) MPI_Comm_free(&g.world);
+    MPI_Finalize();
+    g.mpi_up = false;
+}
+
+MPI_Comm rt_comm_world(void) { return g.world; }
+
+MPI_Comm rt_comm_replicas(void) { return g.replicas != MPI_COMM_NULL ? g.replicas : g.world; }
+
+void rt_group_setup(const RtMeta *m) {
+    if (m->staged.on) g.layout = m->staged;
+}
+
+void rt_group_split(void) {
+    if (!g.layout.on || g.replicas != MPI_COMM_NULL) return;
+    MPI_Comm_split(g.world, g.layout.stage, g.layout.replica, &g.replicas);
+}
+
+void rt_group_free(void) {
+    if (g.replicas != MPI_COMM_NULL) MPI_Comm_free(&g.replicas);
+    g.layout = (RtStaged){0};
+}
+
+int rt_group_stage(void) { return g.layout.stage; }
+
+int rt_group_peer(int32_t stage) {
+    if (stage < 0 || stage >= g.layout.stages || stage == g.layout.stage)
+        rt_fatal("a transfer names stage %d, not another of the %d stages", stage, g.layout.stages);
+    return rt_staged_rank(&g.layout, g.layout.replica, stage);
+}
