@@ -1,7 +1,9 @@
 /* simulate.c - one training step of a plan, rank by rank, on a cluster
- * (simulate.h).  The walk is comm_check's: every rank advances through
- * its steps until it must wait for a message or for the other members of
- * a collective; here each rank also carries a clock. */
+ * (simulate.h).  The walk is comm_check's (plan/walk.h): every rank
+ * advances through its steps until it must wait for a message or for the
+ * other members of a collective; here each rank also carries a clock,
+ * which the walk's events move.  A message keeps when it arrives and when
+ * it was received (WalkMsg.user[0] and [1]). */
 #include "simulate.h"
 
 #include <math.h>
@@ -9,18 +11,9 @@
 #include <string.h>
 
 #include "../ops/ops.h"
+#include "../plan/walk.h"
 #include "node_cost.h"
 #include "profile.h"
-
-typedef struct Msg {
-    int src, tag;
-    double arrival, taken; /* taken < 0: not received yet */
-} Msg;
-
-typedef struct Box {
-    Msg *m;
-    int n, cap;
-} Box;
 
 /* A rank's part in a collective, from when its last member arrived until
  * the sum is complete: copying and adding, so CPU work. */
@@ -34,9 +27,8 @@ typedef struct Sim {
     const Cluster *c;
     Diag *d;
     int n;
-    int *pc;
+    Walk walk; /* the plan's train sequences */
     double *t;
-    Box *box;
     double **bucket_done; /* per rank, per bucket: when its sum is complete */
     SimRank *out;
     double *share;      /* each rank's part of a core while it computes */
@@ -104,17 +96,6 @@ double sim_node_seconds(const Cluster *c, int rank, const Node *n, bool warm) {
     return t + c->kernel_overhead_s;
 }
 
-static const PlanStep *at(const Sim *S, int r) {
-    const RankPlan *rp = &S->p->ranks[r];
-    return S->pc[r] < rp->n_train ? &rp->train[S->pc[r]] : NULL;
-}
-
-static Msg *find(Box *b, int src, int tag) {
-    for (int i = 0; i < b->n; i++)
-        if (b->m[i].src == src && b->m[i].tag == tag) return &b->m[i];
-    return NULL;
-}
-
 /* Within a node, MPI moves messages by copies the ranks' cores make: when
  * the node's cores are shared, a transfer between a and b gets the
  * smaller of their shares. */
@@ -122,21 +103,6 @@ static double copy_share(const Sim *S, int a, int b) {
     if (!cluster_same_node(S->c, a, b)) return 1.0;
     double x = S->share[a], y = S->share[b];
     return x < y ? x : y;
-}
-
-static bool post(Sim *S, int r, const PlanStep *s) {
-    Box *b = &S->box[s->peer];
-    if (b->n == b->cap) {
-        int cap = b->cap ? 2 * b->cap : 16;
-        Msg *m = realloc(b->m, sizeof *m * (size_t)cap);
-        if (!m) return diag_error(S->d, DIAG_NOMEM, "out of memory simulating the plan");
-        b->m = m;
-        b->cap = cap;
-    }
-    double arrive = S->t[r] + cluster_p2p_seconds(S->c, r, s->peer, (double)s->bytes) / copy_share(S, r, s->peer);
-    b->m[b->n++] = (Msg){r, s->tag, arrive, -1};
-    S->out[r].sent_bytes += s->bytes;
-    return true;
 }
 
 /* Records rank r's part in a collective (dropped when out of memory,
@@ -156,27 +122,13 @@ static void span(Sim *S, int r, double t0, double t1) {
     S->span[S->n_span++] = (Span){r, t0, t1};
 }
 
-/* Members of a collective step's group: ranks[0..*n). */
-static const int *members(const Sim *S, const PlanStep *s, int *n, int *all) {
-    if (s->group >= 0 && s->group < S->p->n_groups) {
-        *n = S->p->groups[s->group].n;
-        return S->p->groups[s->group].ranks;
-    }
-    for (int i = 0; i < S->n; i++) all[i] = i;
-    *n = S->n;
-    return all;
-}
-
-/* A collective runs when every member stands at it; 1: ran, 0: wait. */
-static int collective(Sim *S, const PlanStep *s, int *all) {
-    int n;
-    const int *m = members(S, s, &n, all);
+/* Every member m[0 .. n) stands at collective s (the walk's collective
+ * hook): it starts when the last of them arrived. */
+static bool on_collective(void *ctx, const PlanStep *s, const int *m, int n) {
+    Sim *S = ctx;
     double start = 0;
-    for (int i = 0; i < n; i++) {
-        const PlanStep *o = at(S, m[i]);
-        if (!o || o->kind != s->kind || o->group != s->group) return 0;
+    for (int i = 0; i < n; i++)
         if (S->t[m[i]] > start) start = S->t[m[i]];
-    }
     int64_t bytes = s->kind == STEP_ALLREDUCE ? s->bytes
                                               : S->p->ranks[m[0]].buckets[s->bucket].bytes;
     /* The ring moves at its slowest member's part of a core, where a core
@@ -200,13 +152,15 @@ static int collective(Sim *S, const PlanStep *s, int *all) {
         } else {
             S->bucket_done[r][s->bucket] = done;
         }
-        S->pc[r]++;
     }
-    return 1;
+    return true;
 }
 
-/* Advances rank r by one step; 1: done, 0: must wait, -1: error. */
-static int advance(Sim *S, int r, const PlanStep *s, int *all) {
+/* Rank r completed step s, not a collective (the walk's step hook): its
+ * clock moves by the step's work, or to when its message arrived or was
+ * received (m). */
+static bool on_step(void *ctx, int r, const PlanStep *s, WalkMsg *m) {
+    Sim *S = ctx;
     double before = S->t[r];
     switch (s->kind) {
     case STEP_COMPUTE: {
@@ -215,7 +169,7 @@ static int advance(Sim *S, int r, const PlanStep *s, int *all) {
         event(S, r, S->t[r], S->t[r] + dt, compute_kind(s), s);
         S->t[r] += dt;
         S->out[r].busy_s += dt;
-        break;
+        return true;
     }
     case STEP_ACCUMULATE: {
         double measured = S->c->profile ? profile_accumulate_seconds(S->c->profile, s->value, s->micro > 0) : -1;
@@ -225,45 +179,34 @@ static int advance(Sim *S, int r, const PlanStep *s, int *all) {
         event(S, r, S->t[r], S->t[r] + dt, compute_kind(s), s);
         S->t[r] += dt;
         S->out[r].busy_s += dt;
-        break;
+        return true;
     }
     case STEP_SEND:
-        if (!post(S, r, s)) return -1;
+        m->user[0] = S->t[r] + cluster_p2p_seconds(S->c, r, s->peer, (double)s->bytes) / copy_share(S, r, s->peer);
+        S->out[r].sent_bytes += s->bytes;
         break;
-    case STEP_RECV: {
-        Msg *m = find(&S->box[r], s->peer, s->tag);
-        if (!m) return 0;
-        if (m->arrival > S->t[r]) S->t[r] = m->arrival;
-        m->taken = S->t[r];
+    case STEP_RECV:
+        if (m->user[0] > S->t[r]) S->t[r] = m->user[0];
+        m->user[1] = S->t[r];
         break;
-    }
-    case STEP_SEND_WAIT: {
-        Msg *m = s->peer >= 0 && s->peer < S->n ? find(&S->box[s->peer], r, s->tag) : NULL;
-        if (!m || m->taken < 0) return 0;
-        if (m->taken > S->t[r]) S->t[r] = m->taken;
+    case STEP_SEND_WAIT:
+        if (m && m->user[1] > S->t[r]) S->t[r] = m->user[1];
         break;
-    }
-    case STEP_ALLREDUCE:
-    case STEP_ALLREDUCE_START:
-        return collective(S, s, all);
     case STEP_ALLREDUCE_WAIT:
         if (S->bucket_done[r][s->bucket] > S->t[r]) S->t[r] = S->bucket_done[r][s->bucket];
         break;
+    case STEP_ALLREDUCE:
+    case STEP_ALLREDUCE_START: break; /* collectives come to on_collective() */
     }
-    if (s->kind != STEP_COMPUTE && s->kind != STEP_ACCUMULATE) {
-        S->out[r].wait_s += S->t[r] - before;
-        event(S, r, before, S->t[r], 'W', s);
-    }
-    S->pc[r]++;
-    return 1;
+    S->out[r].wait_s += S->t[r] - before;
+    event(S, r, before, S->t[r], 'W', s);
+    return true;
 }
 
 /* Every rank's steps from the start, on S's current shares. */
-static bool walk(Sim *S, int *all) {
+static bool walk(Sim *S) {
     int n = S->n;
     for (int r = 0; r < n; r++) {
-        S->pc[r] = 0;
-        S->box[r].n = 0;
         memset(S->bucket_done[r], 0, sizeof **S->bucket_done * ((size_t)S->p->ranks[r].n_buckets + 1));
         S->out[r] = (SimRank){0};
     }
@@ -277,20 +220,14 @@ static bool walk(Sim *S, int *all) {
         event(S, r, 0, dt, 'U', NULL);
         S->t[r] = S->out[r].busy_s = dt;
     }
-    bool ok = true;
-    for (bool moved = true; ok && moved;) {
-        moved = false;
-        for (int r = 0; r < n && ok; r++) {
-            const PlanStep *s;
-            int res = 1;
-            while ((s = at(S, r)) != NULL && (res = advance(S, r, s, all)) > 0) moved = true;
-            if (s && res < 0) ok = false;
-        }
-    }
-    for (int r = 0; ok && r < n; r++)
-        if (at(S, r))
-            ok = diag_error(S->d, DIAG_INTERNAL, "simulating the plan: rank %d is stuck at step %d", r, S->pc[r]);
-    return ok;
+    static const WalkHooks hooks = {on_step, on_collective};
+    WalkFault f;
+    if (walk_run(&S->walk, &hooks, S, &f)) return true;
+    if (f.kind == WALK_NOMEM) return diag_error(S->d, DIAG_NOMEM, "out of memory simulating the plan");
+    if (f.kind == WALK_STUCK)
+        return diag_error(S->d, DIAG_INTERNAL, "simulating the plan: rank %d is stuck at step %d", f.rank, f.step);
+    return diag_error(S->d, DIAG_INTERNAL, "simulating the plan: rank %d step %d: %s (a plan comm_check rejects)",
+                      f.rank, f.step, walk_fault_name(f.kind));
 }
 
 typedef struct Edge {
@@ -401,14 +338,11 @@ static bool oversubscribed(const Cluster *c, int n) {
 }
 
 static void free_sim(Sim *S) {
-    if (S->box)
-        for (int r = 0; r < S->n; r++) free(S->box[r].m);
     if (S->bucket_done)
         for (int r = 0; r < S->n; r++) free(S->bucket_done[r]);
-    free(S->box);
     free(S->bucket_done);
-    free(S->pc);
     free(S->t);
+    walk_free(&S->walk);
 }
 
 bool simulate_plan(const Plan *p, const Cluster *c, SimResult *out, Diag *d) {
@@ -419,22 +353,20 @@ bool simulate_plan(const Plan *p, const Cluster *c, SimResult *out, Diag *d) {
                           cluster_ranks(c));
     Sim S = {.p = p, .c = c, .d = d, .n = n};
     if (c->profile) profile_bind(c->profile, p->g);
-    S.pc = calloc((size_t)n, sizeof *S.pc);
+    bool walks = walk_init_plan(&S.walk, p, false);
     S.t = calloc((size_t)n, sizeof *S.t);
-    S.box = calloc((size_t)n, sizeof *S.box);
     S.bucket_done = calloc((size_t)n, sizeof *S.bucket_done);
     S.out = calloc((size_t)n, sizeof *S.out);
     S.share = malloc(sizeof *S.share * (size_t)n);
     S.coll_share = malloc(sizeof *S.coll_share * (size_t)n);
-    int *all = malloc(sizeof *all * (size_t)n);
-    bool ok = S.pc && S.t && S.box && S.bucket_done && S.out && S.share && S.coll_share && all;
+    bool ok = walks && S.t && S.bucket_done && S.out && S.share && S.coll_share;
     for (int r = 0; ok && r < n; r++) {
         S.bucket_done[r] = calloc((size_t)p->ranks[r].n_buckets + 1, sizeof **S.bucket_done);
         ok = S.bucket_done[r] != NULL;
     }
     if (!ok) diag_error(d, DIAG_NOMEM, "out of memory simulating the plan");
     for (int r = 0; ok && r < n; r++) S.share[r] = S.coll_share[r] = 1.0;
-    ok = ok && walk(&S, all);
+    ok = ok && walk(&S);
     /* Ranks beyond their node's cores: walk again on the shares the last
      * walk's overlaps give, until they settle.  One round tells a pipeline,
      * whose stages take turns, from data parallelism, whose replicas all
@@ -446,7 +378,7 @@ bool simulate_plan(const Plan *p, const Cluster *c, SimResult *out, Diag *d) {
         for (int round = 0; ok && round < SIM_SHARE_ROUNDS && moved > 0.01; round++) {
             ok = (!S.ev_failed && contended_shares(&S, round == 0, &moved)) ||
                  diag_error(d, DIAG_NOMEM, "out of memory simulating the plan");
-            ok = ok && walk(&S, all);
+            ok = ok && walk(&S);
         }
     }
     if (ok) {
@@ -459,10 +391,7 @@ bool simulate_plan(const Plan *p, const Cluster *c, SimResult *out, Diag *d) {
             out->comm_bytes += S.out[r].sent_bytes + S.out[r].reduced_bytes;
             if (p->ranks[r].arena_bytes > out->peak_bytes) out->peak_bytes = p->ranks[r].arena_bytes;
         }
-        if (n > 1) {
-            for (int r = 0; r < n; r++) all[r] = r;
-            end += cluster_allreduce_seconds(c, all, n, 16); /* the step's loss */
-        }
+        if (n > 1) end += cluster_allreduce_seconds(c, S.walk.all, n, 16); /* the step's loss, over every rank */
         out->step_s = end;
         out->bubble = end > 0 ? 1 - busy / (n * end) : 0;
         out->n_ranks = n;
@@ -479,7 +408,6 @@ bool simulate_plan(const Plan *p, const Cluster *c, SimResult *out, Diag *d) {
     free(S.coll_share);
     free(S.span);
     free(S.ev);
-    free(all);
     free_sim(&S);
     return ok;
 }

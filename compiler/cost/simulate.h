@@ -2,7 +2,8 @@
  *
  * Requires: a plan (plan/plan.h, any strategy) and a cluster description
  * (cost/cluster.h).  Provides: each rank's timeline of one training step,
- * simulated from its planned steps in order, after the runtime's fixed
+ * simulated from its planned steps in order on the walk that checks plans
+ * (plan/walk.h: who blocks for whom), after the runtime's fixed
  * per-step work (step_overhead_s): a kernel takes the time its FLOPs need
  * at the cluster's matrix-product or convolution rate (ops marked dense
  * in the op table) or the time its bytes need at the memory rate,

@@ -18,6 +18,7 @@
 
 #include "support.h"
 #include "cost/cluster.h"
+#include "cost/simulate.h"
 
 /* ---- the temporary folder ---- */
 
@@ -629,6 +630,72 @@ START_TEST(large_clusters) {
 }
 END_TEST
 
+/* The simulator's clocks follow the walk (plan/walk.h) of a hand-made
+ * 2-rank step: rank 0 sends B bytes to rank 1 and waits for the send, then
+ * both allreduce X bytes.  Each rank starts after the runtime's fixed work
+ * t0; the message arrives at t0 + p2p(B), which is when rank 1 receives it
+ * and rank 0's send completes; the allreduce starts there, once both have
+ * reached it, and the step ends with the loss's reduction. */
+START_TEST(simulated_times_follow_the_walk) {
+    Cluster c = load_base();
+    c.step_overhead_s = 1e-5;
+    const int64_t B = 1000000, X = 4000;
+    int pair[] = {0, 1};
+    PlanGroup group = {2, pair};
+    PlanStep s0[] = {{.kind = STEP_SEND, .peer = 1, .tag = 7, .bytes = B, .micro = 0},
+                     {.kind = STEP_SEND_WAIT, .peer = 1, .tag = 7, .micro = 0},
+                     {.kind = STEP_ALLREDUCE, .group = 0, .bytes = X, .micro = -1}};
+    PlanStep s1[] = {{.kind = STEP_RECV, .peer = 0, .tag = 7, .bytes = B, .micro = 0},
+                     {.kind = STEP_ALLREDUCE, .group = 0, .bytes = X, .micro = -1}};
+    RankPlan ranks[2] = {{.rank = 0, .n_train = 3, .train = s0, .arena_bytes = 100},
+                         {.rank = 1, .n_train = 2, .train = s1, .arena_bytes = 300}};
+    Plan p = {.n_ranks = 2, .ranks = ranks, .n_groups = 1, .groups = &group};
+    SimResult r;
+    Diag d = {0};
+    ck_assert_msg(simulate_plan(&p, &c, &r, &d), "%s", d.msg);
+    double t0 = c.step_overhead_s, arrive = t0 + cluster_p2p_seconds(&c, 0, 1, (double)B);
+    double done = arrive + cluster_allreduce_seconds(&c, pair, 2, (double)X);
+    ck_assert(arrive > t0 && done > arrive);
+    near(r.step_s, done + cluster_allreduce_seconds(&c, pair, 2, 16), "step");
+    for (int k = 0; k < 2; k++) {
+        near(r.ranks[k].end_s, done, "end");
+        near(r.ranks[k].busy_s, t0, "busy");
+        near(r.ranks[k].wait_s, done - t0, "wait");
+        ck_assert_int_eq(r.ranks[k].reduced_bytes, X);
+    }
+    ck_assert_int_eq(r.ranks[0].sent_bytes, B);
+    ck_assert_int_eq(r.ranks[1].sent_bytes, 0);
+    ck_assert_int_eq(r.comm_bytes, B + 2 * X);
+    ck_assert_int_eq(r.peak_bytes, 300);
+    /* in the walk's order: the fixed work, rank 1's receive (rank 0 is
+     * still waiting for its send), rank 0's send, then the allreduce for
+     * both, completed by rank 0's arrival */
+    struct { int rank; char kind; SimWait wait; int peer; double t0, t1; } want[] = {
+        {0, 'U', SIM_WAIT_NONE, -1, 0, t0},         {1, 'U', SIM_WAIT_NONE, -1, 0, t0},
+        {1, 'W', SIM_WAIT_RECV, 0, t0, arrive},     {0, 'W', SIM_WAIT_SEND, 1, t0, arrive},
+        {0, 'W', SIM_WAIT_ALLREDUCE, -1, arrive, done}, {1, 'W', SIM_WAIT_ALLREDUCE, -1, arrive, done},
+    };
+    ck_assert_int_eq(r.n_events, 6);
+    for (int i = 0; i < 6; i++) {
+        const SimEvent *e = &r.events[i];
+        ck_assert_msg(e->rank == want[i].rank && e->kind == want[i].kind && e->wait == want[i].wait &&
+                          e->peer == want[i].peer,
+                      "event %d: rank %d kind %c wait %d peer %d", i, e->rank, e->kind, e->wait, e->peer);
+        near(e->t1, want[i].t1, "event end");
+        if (want[i].t0 > 0) near(e->t0, want[i].t0, "event start");
+    }
+    sim_result_free(&r);
+
+    /* Rank 1 waits for a message rank 0 never sends, and rank 0 for the
+     * receipt of the one it sends: the walk cannot end. */
+    s0[0].tag = 8;
+    s0[1].tag = 8;
+    ck_assert(!simulate_plan(&p, &c, &r, &d));
+    ck_assert_str_eq(d.msg, "simulating the plan: rank 0 is stuck at step 1");
+    cluster_free(&c);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("cluster");
     TCase *tc = tcase_create("cluster");
@@ -644,6 +711,7 @@ int main(void) {
     tcase_add_test(tc, accepted_variants);
     tcase_add_test(tc, truncated_and_corrupted_text);
     tcase_add_test(tc, large_clusters);
+    tcase_add_test(tc, simulated_times_follow_the_walk);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

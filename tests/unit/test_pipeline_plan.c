@@ -15,6 +15,7 @@
 #include "autodiff/train.h"
 #include "ops/ops.h"
 #include "plan/pipeline.h"
+#include "plan/walk.h"
 
 /* ---- building graphs ---- */
 
@@ -1343,7 +1344,104 @@ START_TEST(comm_check_sequences) {
     /* a member that never joins */
     PlanStep lone[] = {AR(2, 8)}, none[] = {WORK};
     ck_assert(!run(3, lone, 1, m1, 1, none, 1, groups, 3, &d));
-    ck_assert_str_eq(d.msg, "test: rank 0 step 0 (allreduce over group 2 (8 bytes)) never completes: rank 2 finished without joining it");
+    /* a blocking allreduce and a bucket's start over the same group do not
+     * meet, however the buckets and sizes compare */
+    PlanStep k0[] = {AR(0, 0)}, k1[] = {{.kind = STEP_ALLREDUCE_START, .group = 0, .bucket = 0}};
+    ck_assert(!run(2, k0, 1, k1, 1, NULL, 0, groups, 1, &d));
+    ck_assert_str_eq(d.msg, "test: collective mismatch: rank 1 step 0 does allreduce of bucket 0 over group 0 but rank 0 step 0 does allreduce over group 0 (0 bytes)");
+}
+END_TEST
+
+/* ---- the walker under both checks ---- */
+
+/* What a walk's hooks heard, as text: "r:kind" per step ("s" send, "r"
+ * receive, "w" send-wait, "c" compute), "A[m m]" per collective with its
+ * members; after a receive or send-wait, '+' when the message was there. */
+typedef struct Heard {
+    char text[512];
+    int stop_after; /* the hook that returns false (0: none) */
+    int calls;
+} Heard;
+
+static bool heard(Heard *h, const char *what) {
+    size_t n = strlen(h->text);
+    snprintf(h->text + n, sizeof h->text - n, "%s%s", n ? " " : "", what);
+    return ++h->calls != h->stop_after;
+}
+
+static bool heard_step(void *ctx, int r, const PlanStep *s, WalkMsg *m) {
+    char b[32];
+    const char *k = s->kind == STEP_SEND ? "s" : s->kind == STEP_RECV ? "r" : s->kind == STEP_SEND_WAIT ? "w" : "c";
+    snprintf(b, sizeof b, "%d:%s%s", r, k, m && s->kind != STEP_SEND && m->received ? "+" : "");
+    if (s->kind == STEP_SEND) m->user[0] = 10 * r + s->tag; /* read back by the receive */
+    if (s->kind == STEP_RECV) ck_assert(m->user[0] == 10 * s->peer + s->tag);
+    return heard(ctx, b);
+}
+
+static bool heard_collective(void *ctx, const PlanStep *s, const int *members, int n) {
+    char b[64] = "A[";
+    for (int i = 0; i < n; i++) snprintf(b + strlen(b), sizeof b - strlen(b), "%s%d", i ? " " : "", members[i]);
+    ck_assert(s->kind == STEP_ALLREDUCE || s->kind == STEP_ALLREDUCE_START);
+    return heard(ctx, strcat(b, "]"));
+}
+
+START_TEST(walk_events_and_deadlock) {
+    static const WalkHooks hooks = {heard_step, heard_collective};
+    int g01[] = {0, 1};
+    PlanGroup groups[] = {{2, g01}};
+    /* Rank 0 computes, sends, allreduces and waits for its send; rank 1
+     * receives it, computes, and joins the allreduce, which completes when
+     * rank 1 arrives.  The ranks take turns in rank order, each running
+     * until it blocks. */
+    PlanStep a0[] = {WORK, SEND(1, 1, 8), AR(0, 4), {.kind = STEP_SEND_WAIT, .peer = 1, .tag = 1}};
+    PlanStep a1[] = {RECV(0, 1, 8), WORK, AR(0, 4)};
+    const PlanStep *seq[] = {a0, a1};
+    int len[] = {4, 3};
+    Walk w;
+    ck_assert(walk_init(&w, 2, seq, len, groups, 1));
+    Heard h = {0};
+    WalkFault f;
+    ck_assert(walk_run(&w, &hooks, &h, &f));
+    ck_assert_int_eq(f.kind, WALK_OK);
+    ck_assert_str_eq(h.text, "0:c 0:s 1:r+ 1:c A[0 1] 0:w+");
+    ck_assert_ptr_null(walk_at(&w, 0));
+    ck_assert_int_eq(walk_waits_for(&w, 1), -1);
+    /* walks again from the start, the same */
+    h = (Heard){0};
+    ck_assert(walk_run(&w, &hooks, &h, &f));
+    ck_assert_str_eq(h.text, "0:c 0:s 1:r+ 1:c A[0 1] 0:w+");
+    /* a hook that returns false stops the walk there */
+    h = (Heard){.stop_after = 3};
+    ck_assert(!walk_run(&w, &hooks, &h, &f));
+    ck_assert_int_eq(f.kind, WALK_ABORTED);
+    ck_assert_int_eq(f.rank, 1);
+    ck_assert_int_eq(f.step, 0);
+    ck_assert_str_eq(h.text, "0:c 0:s 1:r+");
+    walk_free(&w);
+
+    /* Both receive before they send: neither moves, and each waits for the
+     * other. */
+    PlanStep d0[] = {WORK, RECV(1, 2, 8), SEND(1, 1, 8)}, d1[] = {RECV(0, 1, 8), SEND(0, 2, 8)};
+    seq[0] = d0, seq[1] = d1, len[0] = 3, len[1] = 2;
+    ck_assert(walk_init(&w, 2, seq, len, groups, 1));
+    h = (Heard){0};
+    ck_assert(!walk_run(&w, &hooks, &h, &f));
+    ck_assert_int_eq(f.kind, WALK_STUCK);
+    ck_assert_int_eq(f.rank, 0);
+    ck_assert_int_eq(f.step, 1);
+    ck_assert_str_eq(h.text, "0:c");
+    ck_assert_int_eq(walk_waits_for(&w, 0), 1);
+    ck_assert_int_eq(walk_waits_for(&w, 1), 0);
+    walk_free(&w);
+
+    /* A send-wait blocks until the peer receives: rank 1 computes first. */
+    PlanStep e0[] = {SEND(1, 1, 8), {.kind = STEP_SEND_WAIT, .peer = 1, .tag = 1}, WORK}, e1[] = {WORK, RECV(0, 1, 8)};
+    seq[0] = e0, seq[1] = e1, len[0] = 3, len[1] = 2;
+    ck_assert(walk_init(&w, 2, seq, len, groups, 1));
+    h = (Heard){0};
+    ck_assert(walk_run(&w, &hooks, &h, &f));
+    ck_assert_str_eq(h.text, "0:s 1:c 1:r+ 0:w+ 0:c");
+    walk_free(&w);
 }
 END_TEST
 
@@ -1595,6 +1693,7 @@ int main(void) {
     tcase_add_test(tc, layer_memory_against_single_rank);
     tcase_add_test(tc, hybrid_replicas_share_a_layout);
     tcase_add_test(tc, comm_check_sequences);
+    tcase_add_test(tc, walk_events_and_deadlock);
     tcase_add_test(tc, comm_check_broken_plans);
     tcase_add_test(tc, sample_models);
     tcase_add_test(tc, dp_plan_is_the_one_shape);
