@@ -2,14 +2,20 @@
  *
  *   load (frontend/onnx_load.c) -> verify -> shapes + folding (ir/shapes.c)
  *   -> prune -> verify -> training graph (autodiff/train.c) -> verify
- *   -> plan (plan/plan.c) -> codegen (codegen/cg_module.c) -> link
+ *   -> plan (plan/pipeline.c) -> codegen (codegen/cg_module.c) -> link
  *
- * Each stage's header says what it requires and provides. */
+ * Each stage's header says what it requires and provides.  The driver
+ * takes a layout that is already decided and checked: the command line
+ * checks flags (cli/compile_options.h) and the search chooses among
+ * layouts (search.h), which plans each through driver_build_plan. */
 #ifndef CLEAVE_DRIVER_H
 #define CLEAVE_DRIVER_H
 
 #include "autodiff/train.h"
+#include "cost/profile.h"
 #include "ir/ir.h"
+#include "plan/pipeline.h"
+#include "plan/strategy.h"
 
 typedef struct DriverOptions {
     const char *model;
@@ -21,28 +27,28 @@ typedef struct DriverOptions {
 Graph *driver_front_end(const DriverOptions *opt, Diag *d);
 typedef struct CompileOptions {
     const char *model, *output, *emit, *plan_out, *target_cpu;
-    const char *strategy; /* "single", "dp", "layer", "pipeline", "hybrid" or "auto" */
+    Strategy strategy;  /* --strategy, unless strategy_auto */
+    bool strategy_auto; /* --strategy auto: the search picks the layout (search.h) */
     int64_t batch, ranks;
     /* --threads: threads per rank for the large matrix products (0: 1);
      * the results are the same bits for any value (docs/perf.md) */
     int64_t threads;
     double bucket_mb;
-    /* layer, pipeline, hybrid: micro-batches (0: default), schedule (NULL:
-     * gpipe), the first node of every stage after the first (n_cuts = 0:
-     * balanced by FLOPs), data-parallel replicas and stages (0: derived
-     * from the ranks) */
+    /* The flags of layer, pipeline, hybrid, as given: micro-batches (0:
+     * default), schedule (NULL: gpipe), the first node of every stage after
+     * the first (n_cuts = 0: balanced by FLOPs), data-parallel replicas and
+     * stages (0: derived from the ranks).  cli/compile_options.h checks
+     * them and turns them into a Layout. */
     int64_t microbatches, dp, pp;
     const char *schedule;
     const char *placement; /* "by_replica" (NULL: the default) or "by_stage": how (replica, stage) map to ranks */
     const char *const *cuts;
     int n_cuts;
-    const char *cluster; /* --strategy auto: the cluster file (NULL: defaults) */
+    const char *cluster; /* --strategy auto, --balance time: the cluster file (NULL: defaults) */
     bool balance_time;   /* stages balanced by predicted time on `cluster`, not FLOPs (--balance time) */
     /* --profile: the cost model times the model's own kernels here
-     * (cost/profile.h); kernel_profile is the live cache, made by whoever
-     * first needs it (driver_search, driver_predict, plan_report) */
+     * (cost/profile.h), in a profile the search owns (search.h) */
     bool profile;
-    struct KernelProfile *kernel_profile;
     TrainOptions train;
     bool verbose;
     bool no_fuse; /* --no-fuse: no element-wise chains fused (codegen/cg_fuse.h) */
@@ -51,56 +57,33 @@ typedef struct CompileOptions {
     const struct PlanFile *plan_file;
 } CompileOptions;
 
-/* The whole pipeline: front end, training graph, plan, codegen, link.
- * Strategy "auto" compiles the plan driver_choose picks. */
-bool driver_compile(const CompileOptions *o, Diag *d);
+/* How the ranks split the work: D replicas x P stages on D x P ranks, each
+ * replica's batch in M micro-batches.  The command line gives one
+ * (cli/compile_options.h); the search enumerates them (search.h). */
+typedef struct Layout {
+    Strategy strategy;
+    int replicas, stages, microbatches; /* D, P, M */
+    SchedKind schedule;                 /* staged strategies; SCHED_LAYER otherwise */
+    Placement placement;
+    /* Staged strategies: stage k + 1 begins at node cuts[k] (n_cuts =
+     * stages - 1), or with n_cuts 0 the stages are balanced by FLOPs or,
+     * with balance_time, by the predicted time of their nodes on the
+     * cluster (cost/cluster_stages.h). */
+    const char *const *cuts;
+    int n_cuts;
+    bool balance_time;
+} Layout;
+
+/* The whole pipeline for layout l: front end, training graph, plan,
+ * codegen, link.  profile (NULL: none) prices the nodes when the stages
+ * are balanced by time. */
+bool driver_compile(const CompileOptions *o, const Layout *l, KernelProfile *profile, Diag *d);
 
 struct Plan;
-/* The front end, training graph and plan of o, without code generation:
- * *g (free with graph_free) holds what the plan points to. */
-bool driver_build_plan(const CompileOptions *o, Graph **g, TrainGraph *t, struct Plan *p, Diag *d);
-
-/* ---- choosing a plan (search.c) ---- */
-
-/* One way to run o on o->ranks ranks, and what the cost model predicts. */
-typedef struct Candidate {
-    char strategy[16];   /* single, dp, layer, pipeline, hybrid */
-    int dp, stages, microbatches;
-    char schedule[8];    /* layer, gpipe, 1f1b; "" without stages */
-    bool by_stage;       /* hybrid: placement by_stage (a stage's replicas on consecutive ranks) */
-    bool feasible;       /* planned, and fits every rank's memory */
-    char why[256];       /* infeasible: why; otherwise empty */
-    double step_s, bubble; /* predicted */
-    int64_t comm_bytes, peak_bytes;
-    int64_t *rank_bytes; /* arena of each rank (malloc'd, n_ranks) */
-    double *rank_busy_s;  /* predicted compute of each rank */
-    int n_ranks;
-    /* Staged plans: the first node of every stage after the first, as
-     * --stages takes them (malloc'd, comma-separated); NULL otherwise.
-     * Compiled with --stages, the candidate is exactly the plan priced. */
-    char *cuts;
-} Candidate;
-
-typedef struct Search {
-    int n;
-    Candidate *c;        /* fastest feasible first, then the infeasible */
-    int best;            /* 0, or -1 when none is feasible */
-    char cluster[1100];  /* which cluster description was used, for people */
-    int64_t memory_per_rank;
-} Search;
-
-/* Plans every strategy, factorisation D x P = o->ranks, micro-batch count
- * and schedule that applies to o, simulates each on the cluster
- * (o->cluster, or this machine's calibration or the stated defaults when NULL) and orders them. */
-bool driver_search(const CompileOptions *o, Search *s, Diag *d);
-void search_free(Search *s);
-/* The prediction for o's own strategy alone (one candidate). */
-bool driver_predict(const CompileOptions *o, Search *s, Diag *d);
-/* o set up to compile candidate c (strings static, not the search's). */
-void search_options(const CompileOptions *o, const Candidate *c, CompileOptions *x);
-/* o with the strategy of the search's best candidate, for --strategy auto
- * (o->cluster names the cluster file, may be NULL). */
-bool driver_choose(const CompileOptions *o, CompileOptions *chosen, Diag *d);
+/* The front end, training graph and plan of o in layout l, without code
+ * generation: *g (free with graph_free) holds what the plan points to. */
+bool driver_build_plan(const CompileOptions *o, const Layout *l, KernelProfile *profile, Graph **g, TrainGraph *t,
+                       struct Plan *p, Diag *d);
 
 /* The program description the runtime reads (runtime/rt_abi.h),
  * malloc'd JSON text; NULL when out of memory (program_meta.c). */

@@ -132,11 +132,11 @@ bool plan_file_load(const char *path, CompileOptions *o, PlanFile *f, Diag *d) {
         !get_str(f, f->root, "", "strategy", true, &strategy, d) ||
         !get_int(f, f->root, "", "replicas", false, 1, 1 << 20, &replicas, d))
         return false;
-    static const char *const strategies[] = {"single", "dp", "layer", "pipeline", "hybrid"};
-    if (!one_of(strategy, strategies, 5))
+    Strategy st;
+    if (!strategy_parse(strategy, &st))
         return diag_error(d, DIAG_FORMAT, "%s: strategy must be single, dp, layer, pipeline or hybrid, got '%s'", path,
                           strategy);
-    bool staged = strcmp(strategy, "layer") == 0 || strcmp(strategy, "pipeline") == 0 || strcmp(strategy, "hybrid") == 0;
+    bool staged = strategy_staged(st);
     if (staged) {
         static const char *const schedules[] = {"layer", "gpipe", "1f1b"};
         if (!get_int(f, f->root, "", "stages", true, 1, 1 << 20, &stages, d) ||
@@ -148,9 +148,9 @@ bool plan_file_load(const char *path, CompileOptions *o, PlanFile *f, Diag *d) {
         if (replicas * stages != ranks)
             return diag_error(d, DIAG_FORMAT, "%s: replicas %lld x stages %lld is not its ranks, %lld", path,
                               (long long)replicas, (long long)stages, (long long)ranks);
-    } else if (strcmp(strategy, "single") == 0 && ranks != 1) {
+    } else if (st == STRATEGY_SINGLE && ranks != 1) {
         return diag_error(d, DIAG_FORMAT, "%s: strategy single runs on 1 rank, not %lld", path, (long long)ranks);
-    } else if (strcmp(strategy, "dp") == 0 && replicas != ranks) {
+    } else if (st == STRATEGY_DP && replicas != ranks) {
         return diag_error(d, DIAG_FORMAT, "%s: strategy dp has one replica per rank: replicas %lld, ranks %lld", path,
                           (long long)replicas, (long long)ranks);
     }
@@ -169,24 +169,24 @@ bool plan_file_load(const char *path, CompileOptions *o, PlanFile *f, Diag *d) {
     if (!o->model) o->model = model;
     o->batch = batch;
     o->ranks = ranks;
-    o->strategy = strategy;
-    o->dp = strcmp(strategy, "hybrid") == 0 ? replicas : 0;
-    o->pp = strcmp(strategy, "hybrid") == 0 ? stages : 0;
+    o->strategy = st;
+    o->dp = st == STRATEGY_HYBRID ? replicas : 0;
+    o->pp = st == STRATEGY_HYBRID ? stages : 0;
     /* layer's one micro-batch and schedule are implied, as on the command line */
-    o->microbatches = staged && strcmp(strategy, "layer") ? micro : 0;
-    o->schedule = staged && strcmp(strategy, "layer") ? schedule : NULL;
-    if (strcmp(strategy, "layer") == 0 && (micro != 1 || strcmp(schedule, "layer")))
+    o->microbatches = staged && st != STRATEGY_LAYER ? micro : 0;
+    o->schedule = staged && st != STRATEGY_LAYER ? schedule : NULL;
+    if (st == STRATEGY_LAYER && (micro != 1 || strcmp(schedule, "layer")))
         return diag_error(d, DIAG_FORMAT, "%s: strategy layer has 1 micro-batch and schedule layer; use strategy "
                           "pipeline for more", path);
-    if (staged && strcmp(strategy, "layer") && strcmp(schedule, "layer") == 0)
+    if (staged && st != STRATEGY_LAYER && strcmp(schedule, "layer") == 0)
         return diag_error(d, DIAG_FORMAT, "%s: schedule layer needs strategy layer; %s takes gpipe or 1f1b", path, strategy);
     const char *placement = NULL;
     if (!get_str(f, f->root, "", "placement", false, &placement, d)) return false;
     if (placement && strcmp(placement, "by_replica") && strcmp(placement, "by_stage"))
         return diag_error(d, DIAG_FORMAT, "%s: placement must be by_replica or by_stage, got '%s'", path, placement);
-    if (placement && strcmp(placement, "by_stage") == 0 && strcmp(strategy, "hybrid"))
+    if (placement && strcmp(placement, "by_stage") == 0 && st != STRATEGY_HYBRID)
         return diag_error(d, DIAG_FORMAT, "%s: placement by_stage needs strategy hybrid", path);
-    o->placement = placement && strcmp(strategy, "hybrid") == 0 ? placement : NULL;
+    o->placement = placement && st == STRATEGY_HYBRID ? placement : NULL;
     return staged ? read_stages(f, o, stages, d) : true;
 }
 

@@ -67,7 +67,7 @@ static char *flat_meta(const Plan *p, const CompileOptions *o) {
         (double)o->train.lr, "step", "offset", (json_int_t)rp->offset[t->step->id], "inputs", inputs, "output",
         "name", t->output->name, "offset", (json_int_t)rp->offset[t->output->id], "shape", shape_json(t->output, 0),
         "params", params, "loss_kind", loss_kind_name(o->train.loss), "optimizer", optimizer_json(o));
-    json_object_set_new(root, "strategy", json_string(p->strategy));
+    json_object_set_new(root, "strategy", json_string(strategy_name(p->strategy)));
     json_object_set_new(root, "local_batch", json_integer(p->local_batch));
     json_object_set_new(root, "buckets", buckets);
     json_object_set_new(root, "threads", json_integer(p->threads > 1 ? p->threads : 1));
@@ -152,7 +152,7 @@ static char *staged_meta(const Plan *p, const CompileOptions *o) {
     json_t *root = json_pack(
         "{s:i, s:s, s:i, s:i, s:s, s:I, s:I, s:i, s:i, s:i, s:I, s:s, s:i, s:{s:f}, s:o, s:{s:s, s:o}, s:o, s:s, "
         "s:o, s:o}",
-        "abi", 1, "plan_hash", hash, "ranks", p->n_ranks, "rank_programs", p->n_stages, "strategy", p->strategy,
+        "abi", 1, "plan_hash", hash, "ranks", p->n_ranks, "rank_programs", p->n_stages, "strategy", strategy_name(p->strategy),
         "batch", (json_int_t)p->batch, "local_batch", (json_int_t)p->local_batch, "stages", p->n_stages, "dp",
         p->replicas, "microbatches", p->microbatches, "micro_batch", (json_int_t)p->micro_batch, "schedule",
         p->schedule, "tag_bound", p->tag_bound, "lr", "value", (double)o->train.lr, "inputs", inputs, "output",
@@ -167,6 +167,6 @@ static char *staged_meta(const Plan *p, const CompileOptions *o) {
 
 char *program_meta(const Plan *p, const CompileOptions *o) {
     /* One stage's program on every rank: the flat description */
-    bool flat = strcmp(p->strategy, "single") == 0 || strcmp(p->strategy, "dp") == 0;
+    bool flat = p->strategy == STRATEGY_SINGLE || p->strategy == STRATEGY_DP;
     return flat ? flat_meta(p, o) : staged_meta(p, o);
 }

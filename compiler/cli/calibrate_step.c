@@ -19,6 +19,7 @@
 #include "cli.h"
 #include "../cost/simulate.h"
 #include "../driver.h"
+#include "compile_options.h"
 #include "../plan/plan.h"
 #include "../util/sort.h"
 
@@ -82,14 +83,15 @@ static bool probe(const Cluster *c, const char *dir, int layers, double *measure
     snprintf(log, sizeof log, "%s/step%d.log", dir, layers);
     snprintf(x, sizeof x, "x=%s/x.npy", dir);
     snprintf(y, sizeof y, "labels=%s/y.npy", dir);
-    CompileOptions co = {.model = model, .output = prog, .emit = "exe", .strategy = "single", .batch = 1, .ranks = 1,
+    CompileOptions co = {.model = model, .output = prog, .emit = "exe", .strategy = STRATEGY_SINGLE, .batch = 1, .ranks = 1,
                          .train = {.loss = LOSS_MSE, .optimizer = OPT_SGD, .lr = 0.001f}};
     Diag d = {0};
     Graph *g = NULL;
     TrainGraph t;
     Plan p;
-    if (!calibrate_write_probe(model, layers, PROBE_WIDTH, &d) || !driver_compile(&co, &d) ||
-        !driver_build_plan(&co, &g, &t, &p, &d)) {
+    Layout l;
+    if (!calibrate_write_probe(model, layers, PROBE_WIDTH, &d) || !compile_options_layout(&co, &l, &d) ||
+        !driver_compile(&co, &l, NULL, &d) || !driver_build_plan(&co, &l, NULL, &g, &t, &p, &d)) {
         snprintf(note, len, "the %d-layer probe did not compile: %.300s", layers, d.msg);
         return false;
     }

@@ -28,6 +28,7 @@
 #include "../cost/kernel_run.h"
 #include "../cost/node_cost.h"
 #include "../driver.h"
+#include "compile_options.h"
 #include "../ir/shapes.h"
 #include "../ops/ops.h"
 #include "../plan/plan.h"
@@ -280,10 +281,12 @@ static void measure_with_mpirun(Cluster *c, const Opts *o, RunResult *r) {
     snprintf(model, sizeof model, "%s/probe.onnx", dir);
     snprintf(prog, sizeof prog, "%s/probe", dir);
     fprintf(stderr, "cleave: calibrate: compiling a probe program for mpirun\n");
-    CompileOptions co = {.model = model, .output = prog, .emit = "exe", .strategy = "single", .batch = 1,
+    CompileOptions co = {.model = model, .output = prog, .emit = "exe", .strategy = STRATEGY_SINGLE, .batch = 1,
                          .ranks = 1, .train = {.loss = LOSS_MSE, .optimizer = OPT_SGD, .lr = 0.01f}};
     Diag d = {0};
-    if (!calibrate_write_probe(model, 1, 4, &d) || !driver_compile(&co, &d)) {
+    Layout single;
+    if (!calibrate_write_probe(model, 1, 4, &d) || !compile_options_layout(&co, &single, &d) ||
+        !driver_compile(&co, &single, NULL, &d)) {
         snprintf(r->intra_note, sizeof r->intra_note, "compiling the probe program failed: %.500s", d.msg);
         snprintf(r->step_note, sizeof r->step_note, "%s", r->intra_note);
     } else {

@@ -1,5 +1,7 @@
 /* cmd_compile.c - `cleave compile`: an ONNX model into a training program.
- * The pipeline runs in driver_compile (driver.c); this file reads flags. */
+ * This file reads flags (their strategy flags checked together in
+ * compile_options.c), asks the search for the layout when --strategy auto
+ * leaves it open (search.c), and runs the pipeline (driver.c) on it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,6 +9,8 @@
 #include "cli.h"
 #include "../driver.h"
 #include "../plan_file.h"
+#include "../search.h"
+#include "compile_options.h"
 #include "plan_report.h"
 
 static const char compile_help[] =
@@ -130,9 +134,9 @@ static int split_names(char *s, const char ***out) {
  * the command should go on, else the exit status (after --help or a
  * usage error).  For plan, -o is not needed and --format is read. */
 static int parse_flags(const char *cmd, int argc, char **argv, CompileFlags *f) {
-    CompileOptions o = {.emit = "exe", .strategy = "single", .ranks = 1, .bucket_mb = 25};
     bool plan = strcmp(cmd, "plan") == 0;
-    if (plan) o.strategy = "auto";
+    CompileOptions o = {.emit = "exe", .strategy = STRATEGY_SINGLE, .strategy_auto = plan, .ranks = 1,
+                        .bucket_mb = 25};
     TrainOptions *t = &o.train;
     *t = (TrainOptions){.loss = LOSS_CE, .optimizer = OPT_SGD, .lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f,
                         .eps = 1e-8f};
@@ -228,10 +232,9 @@ static int parse_flags(const char *cmd, int argc, char **argv, CompileFlags *f) 
             o.ranks = ranks;
         } else if (strcmp(a, "--strategy") == 0) {
             NEED_VALUE();
-            if (strcmp(v, "dp") && strcmp(v, "single") && strcmp(v, "layer") && strcmp(v, "pipeline") &&
-                strcmp(v, "hybrid") && strcmp(v, "auto"))
+            o.strategy_auto = strcmp(v, "auto") == 0;
+            if (!o.strategy_auto && !strategy_parse(v, &o.strategy))
                 status = cli_usage(cmd, "--strategy must be single, dp, layer, pipeline, hybrid or auto, got '%s'", v);
-            o.strategy = v;
         } else if (strcmp(a, "--microbatches") == 0 || strcmp(a, "--dp") == 0 || strcmp(a, "--pp") == 0) {
             NEED_VALUE();
             int64_t x;
@@ -308,15 +311,36 @@ static void free_flags(CompileFlags *f) {
     free(f->stages_copy);
 }
 
+/* The layout to compile: with --strategy auto the search's choice, else
+ * o's own.  With --profile and --balance time o's own is priced first as
+ * `cleave plan` prices it (its kernels timed, then refined), so that its
+ * stages are cut where `cleave plan` cuts them; s keeps that profile. */
+static bool compile_layout(const CompileOptions *o, Search *s, Layout *l, Diag *d) {
+    if (o->strategy_auto) {
+        if (o->n_cuts)
+            return diag_error(d, DIAG_USAGE, "--stages chooses the stages by hand; it does not go with --strategy auto");
+        return search_choose(o, s, l, d);
+    }
+    if (!compile_options_layout(o, l, d)) {
+        if (o->plan_file) plan_file_reword(o->plan_file, d);
+        return false;
+    }
+    return !(o->profile && l->balance_time) || search_one(o, l, s, d);
+}
+
 int cmd_compile(int argc, char **argv) {
     CompileFlags f = {0};
     int status = parse_flags("compile", argc, argv, &f);
     PlanFile pf = {0};
     if (status < 0) {
         Diag d = {0};
+        Search s = {0};
+        Layout l;
         bool ok = !f.plan_in || plan_file_load(f.plan_in, &f.o, &pf, &d);
         if (ok && f.plan_in) f.o.plan_file = &pf;
-        status = ok && driver_compile(&f.o, &d) ? 0 : cli_fail(&d);
+        ok = ok && compile_layout(&f.o, &s, &l, &d) && driver_compile(&f.o, &l, s.profile, &d);
+        search_free(&s);
+        status = ok ? 0 : cli_fail(&d);
     }
     if (pf.cuts) f.o.cuts = NULL; /* the plan file's, freed with it (--stages cannot come with --plan) */
     plan_file_free(&pf);

@@ -18,6 +18,7 @@
 
 #include "cli.h"
 #include "trace_file.h"
+#include "../plan/strategy.h"
 #include "../util/sort.h"
 
 static const char report_help[] =
@@ -79,7 +80,8 @@ typedef struct Rank {
 typedef struct Report {
     const char *plan_path, *trace_path;
     json_t *plan;
-    const char *strategy, *schedule, *cluster;
+    Strategy strategy;
+    const char *schedule, *cluster;
     int n_ranks, stages, replicas, microbatches, n_units;
     double step;               /* predicted */
     Rank *r;
@@ -132,12 +134,15 @@ static bool read_layout(Report *R, Diag *d) {
     long long n;
     if (!int_at(R, R->plan, "plan", "ranks", 1, 1 << 20, &n, d)) return false;
     R->n_ranks = (int)n;
-    R->strategy = json_string_value(json_object_get(R->plan, "strategy"));
-    if (!R->strategy) return diag_error(d, DIAG_FORMAT, "%s: plan.strategy: expected a string", R->plan_path);
+    const char *strategy = json_string_value(json_object_get(R->plan, "strategy"));
+    if (!strategy) return diag_error(d, DIAG_FORMAT, "%s: plan.strategy: expected a string", R->plan_path);
+    if (!strategy_parse(strategy, &R->strategy))
+        return diag_error(d, DIAG_FORMAT, "%s: plan.strategy: expected single, dp, layer, pipeline or hybrid, got '%s'",
+                          R->plan_path, strategy);
     R->stages = R->replicas = R->microbatches = 1;
-    R->schedule = R->strategy; /* "single" or "dp", as the runtime names them */
+    R->schedule = strategy_name(R->strategy); /* "single" or "dp", as the runtime names them */
     /* Every plan has stages; single and dp programs trace no units */
-    if (strcmp(R->strategy, "single") != 0 && strcmp(R->strategy, "dp") != 0) {
+    if (strategy_staged(R->strategy)) {
         long long st, m;
         if (!int_at(R, R->plan, "plan", "stages", 1, n, &st, d) ||
             !int_at(R, R->plan, "plan", "microbatches", 1, 1 << 20, &m, d))
@@ -550,7 +555,7 @@ static void put_cmp(FILE *f, double pred, double meas) {
 }
 
 static void text_header(const Report *R, FILE *f, long long skip) {
-    fprintf(f, "report: plan %s (%s", R->plan_path, R->strategy);
+    fprintf(f, "report: plan %s (%s", R->plan_path, strategy_name(R->strategy));
     if (R->replicas > 1 && R->n_units) fprintf(f, ", %d replicas x", R->replicas);
     if (R->n_units)
         fprintf(f, "%s%d stage%s, %d micro-batch%s, %s", R->replicas > 1 ? " " : ", ", R->stages,
@@ -760,7 +765,7 @@ static bool print_json(const Report *R, FILE *f, long long skip) {
     json_t *ranks = json_array();
     for (int k = 0; k < R->n_ranks; k++) json_array_append_new(ranks, rank_json(R, k));
     json_t *root = json_pack("{s:s, s:s, s:s, s:i, s:I, s:o, s:o, s:o, s:o}", "plan", R->plan_path, "trace",
-                             R->trace_path, "strategy", R->strategy, "steps_used", R->steps_used, "skip",
+                             R->trace_path, "strategy", strategy_name(R->strategy), "steps_used", R->steps_used, "skip",
                              (json_int_t)skip, "step", cmp_json(R->step, R->m_step), "ranks", ranks, "stages",
                              stages_json(R), "links", links_json(R));
     char *text = root ? json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER) : NULL;

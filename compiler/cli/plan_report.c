@@ -9,19 +9,22 @@
 #include <string.h>
 
 #include "cli.h"
-#include "../cost/profile.h"
+#include "compile_options.h"
 #include "../cost/simulate.h"
 #include "../plan/plan.h"
 
 static void layout_text(const Candidate *c, char *buf, size_t len) {
-    if (strcmp(c->strategy, "single") == 0 || strcmp(c->strategy, "dp") == 0)
-        snprintf(buf, len, "%s%s", c->strategy, strcmp(c->strategy, "dp") == 0 ? " over every rank" : "");
-    else if (strcmp(c->strategy, "layer") == 0)
-        snprintf(buf, len, "layer, %d stages", c->stages);
+    const Layout *l = &c->layout;
+    const char *name = strategy_name(l->strategy);
+    if (!strategy_staged(l->strategy))
+        snprintf(buf, len, "%s%s", name, l->strategy == STRATEGY_DP ? " over every rank" : "");
+    else if (l->strategy == STRATEGY_LAYER)
+        snprintf(buf, len, "layer, %d stages", l->stages);
     else
-        snprintf(buf, len, "%s, %d replica%s x %d stages, %d micro-batch%s, %s%s", c->strategy, c->dp,
-                 c->dp > 1 ? "s" : "", c->stages, c->microbatches, c->microbatches > 1 ? "es" : "", c->schedule,
-                 c->by_stage ? ", placed by stage (a stage's replicas on consecutive ranks)" : "");
+        snprintf(buf, len, "%s, %d replica%s x %d stages, %d micro-batch%s, %s%s", name, l->replicas,
+                 l->replicas > 1 ? "s" : "", l->stages, l->microbatches, l->microbatches > 1 ? "es" : "",
+                 candidate_schedule(c),
+                 l->placement == PLACE_BY_STAGE ? ", placed by stage (a stage's replicas on consecutive ranks)" : "");
 }
 
 /* Why c lost to best, in a few words. */
@@ -44,7 +47,7 @@ static void why_lost(const Candidate *c, const Candidate *best, char *buf, size_
 }
 
 static void print_text(const CompileOptions *o, const Search *s) {
-    bool chose = strcmp(o->strategy, "auto") == 0;
+    bool chose = o->strategy_auto;
     const Candidate *best = s->best >= 0 ? &s->c[s->best] : NULL;
     printf("%s: batch %lld on %lld rank%s; cluster: %s (%.2f GB per rank)\n", o->model, (long long)o->batch,
            (long long)o->ranks, o->ranks > 1 ? "s" : "", s->cluster, (double)s->memory_per_rank / 1e9);
@@ -69,10 +72,13 @@ static void print_text(const CompileOptions *o, const Search *s) {
     for (int i = 0; i < s->n; i++) {
         const Candidate *c = &s->c[i];
         why_lost(c, best ? best : c, why, sizeof why);
+        const Layout *l = &c->layout;
         char sched[24];
-        snprintf(sched, sizeof sched, "%s%s", c->schedule[0] ? c->schedule : "-", c->by_stage ? " bystage" : "");
-        printf("  %-9s %3d %3d %3d %-13s %10.3f %7.1f%% %9.2f %9.1f  %s\n", c->strategy, c->dp, c->stages,
-               c->microbatches, sched, c->step_s * 1e3, c->bubble * 100, (double)c->comm_bytes / 1e6,
+        bool by_stage = l->placement == PLACE_BY_STAGE;
+        snprintf(sched, sizeof sched, "%s%s", candidate_schedule(c)[0] ? candidate_schedule(c) : "-",
+                 by_stage ? " bystage" : "");
+        printf("  %-9s %3d %3d %3d %-13s %10.3f %7.1f%% %9.2f %9.1f  %s\n", strategy_name(l->strategy), l->replicas,
+               l->stages, l->microbatches, sched, c->step_s * 1e3, c->bubble * 100, (double)c->comm_bytes / 1e6,
                (double)c->peak_bytes / 1e6, why);
     }
 }
@@ -84,28 +90,30 @@ static json_t *candidate_json(const Candidate *c, const Candidate *best) {
     for (int r = 0; r < c->n_ranks; r++)
         json_array_append_new(ranks, json_pack("{s:i, s:I, s:f}", "rank", r, "arena_bytes",
                                                (json_int_t)c->rank_bytes[r], "busy_s", c->rank_busy_s[r]));
+    const Layout *l = &c->layout;
     json_t *o = json_pack("{s:s, s:i, s:i, s:i, s:s, s:s, s:b, s:s, s:f, s:f, s:I, s:I, s:o}", "strategy",
-                          c->strategy, "dp", c->dp, "stages", c->stages, "microbatches", c->microbatches, "schedule",
-                          c->schedule, "placement", c->by_stage ? "by_stage" : "by_replica", "feasible", c->feasible,
+                          strategy_name(l->strategy), "dp", l->replicas, "stages", l->stages, "microbatches",
+                          l->microbatches, "schedule", candidate_schedule(c), "placement",
+                          l->placement == PLACE_BY_STAGE ? "by_stage" : "by_replica", "feasible", c->feasible,
                           "why", why, "step_s", c->step_s, "bubble", c->bubble, "comm_bytes",
                           (json_int_t)c->comm_bytes, "peak_bytes", (json_int_t)c->peak_bytes, "ranks", ranks);
     if (o && c->cuts) json_object_set_new(o, "cuts", json_string(c->cuts));
     return o;
 }
 
-/* The plan of the search's best candidate (auto), or the one o names. */
+/* The plan of the search's best candidate (auto), or of the one layout o
+ * names, on the search's kernel profile. */
 static bool chosen_plan(const CompileOptions *o, const Search *s, Graph **g, TrainGraph *t, Plan *p, Diag *d) {
-    CompileOptions x = *o;
-    if (strcmp(o->strategy, "auto") == 0) search_options(o, &s->c[s->best], &x);
-    return driver_build_plan(&x, g, t, p, d);
+    return driver_build_plan(o, &s->c[s->best].layout, s->profile, g, t, p, d);
 }
 
 /* The simulated step of plan p on the cluster the search used: o's
  * cluster file, or this machine's calibration or the stated defaults. */
-static bool simulate_chosen(const CompileOptions *o, const Plan *p, Cluster *cl, SimResult *r, Diag *d) {
+static bool simulate_chosen(const CompileOptions *o, const Search *s, const Plan *p, Cluster *cl, SimResult *r,
+                            Diag *d) {
     char which[1100];
     if (!cluster_open(o->cluster, p->n_ranks, cl, which, sizeof which, d)) return false;
-    cl->profile = o->kernel_profile;
+    cl->profile = s->profile;
     if (simulate_plan(p, cl, r, d) && (r->events || diag_error(d, DIAG_NOMEM, "out of memory for the timeline")))
         return true;
     sim_result_free(r);
@@ -241,7 +249,7 @@ static int print_json(const CompileOptions *o, const Search *s) {
     if (!chosen_plan(o, s, &g, &t, &p, &d)) return cli_fail(&d);
     Cluster cl;
     SimResult r;
-    if (!simulate_chosen(o, &p, &cl, &r, &d)) {
+    if (!simulate_chosen(o, s, &p, &cl, &r, &d)) {
         graph_free(g);
         return cli_fail(&d);
     }
@@ -372,7 +380,7 @@ static int print_drawing(const CompileOptions *o, const Search *s, bool svg) {
     } else {
         Cluster cl;
         SimResult r;
-        if ((ok = simulate_chosen(o, &p, &cl, &r, &d))) {
+        if ((ok = simulate_chosen(o, s, &p, &cl, &r, &d))) {
             char title[400];
             char lay[160];
             layout_text(best, lay, sizeof lay);
@@ -386,16 +394,11 @@ static int print_drawing(const CompileOptions *o, const Search *s, bool svg) {
     return ok ? 0 : cli_fail(&d);
 }
 
-int plan_report(const CompileOptions *given, const char *format) {
+int plan_report(const CompileOptions *o, const char *format) {
     Diag d = {0};
     Search s;
-    /* one profile for the search and the chosen plan's drawing */
-    CompileOptions opts = *given, *o = &opts;
-    if (o->profile && !o->kernel_profile && !(o->kernel_profile = profile_new())) {
-        diag_error(&d, DIAG_NOMEM, "out of memory");
-        return cli_fail(&d);
-    }
-    bool ok = strcmp(o->strategy, "auto") == 0 ? driver_search(o, &s, &d) : driver_predict(o, &s, &d);
+    Layout l;
+    bool ok = o->strategy_auto ? search_all(o, &s, &d) : compile_options_layout(o, &l, &d) && search_one(o, &l, &s, &d);
     if (!ok) return cli_fail(&d);
     int status = 0;
     bool drawing = strcmp(format, "dot") == 0 || strcmp(format, "svg") == 0;
@@ -410,6 +413,5 @@ int plan_report(const CompileOptions *given, const char *format) {
         print_text(o, &s);
     }
     search_free(&s);
-    if (!given->kernel_profile) profile_free(o->kernel_profile);
     return status;
 }

@@ -4,7 +4,7 @@
 #ifndef CLEAVE_PLAN_REPORT_H
 #define CLEAVE_PLAN_REPORT_H
 
-#include "../driver.h"
+#include "../search.h"
 
 /* format "text" or "json"; returns the exit status. */
 int plan_report(const CompileOptions *o, const char *format);

@@ -660,7 +660,7 @@ static bool fill_plan(Ctx *c, const StageSplit *sp, int64_t batch) {
     int P = c->P, n_ranks = c->D * P;
     p->g = g;
     p->t = c->t;
-    p->strategy = c->D > 1 ? "hybrid" : c->sched == SCHED_LAYER ? "layer" : "pipeline";
+    p->strategy = c->D > 1 ? STRATEGY_HYBRID : c->sched == SCHED_LAYER ? STRATEGY_LAYER : STRATEGY_PIPELINE;
     p->batch = batch;
     p->local_batch = batch / c->D;
     p->micro_batch = batch / ((int64_t)c->D * c->M);

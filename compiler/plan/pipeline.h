@@ -1,9 +1,11 @@
-/* pipeline.h - layer and pipeline parallelism: stages, micro-batch
- * schedules, per-rank plans with point-to-point transfers, and the static
- * check that every plan's communication matches up across ranks.
+/* pipeline.h - the planner of every plan, D replicas x P stages x M
+ * micro-batches (plan.h): stages, micro-batch schedules, per-rank plans
+ * with point-to-point transfers and collectives over replicas, and the
+ * static check that every plan's communication matches up across ranks.
+ * Single and dp plans are its P = 1, M = 1 case (plan.c).
  *
- * Requires: the training graph (autodiff/train.h); for the pipeline
- * strategies the graph is built at the micro-batch size batch / (dp * M),
+ * Requires: the training graph (autodiff/train.h), built at the
+ * micro-batch size batch / (dp * M),
  * with TrainOptions.replicas = dp * M so that the loss gradient is seeded
  * with 1 / (dp * M) and the gradients summed over micro-batches and
  * replicas are those of the global batch's mean loss.
@@ -193,20 +195,12 @@ bool schedule_check(SchedKind k, int n_stages, int stage, int microbatches, cons
 
 /* ---- communication check (comm_check.c) ---- */
 
-/* Simulates the ranks' step sequences and fails on the first mismatch or
- * potential deadlock, with one line naming the ranks, step indices, peers,
- * tags and sizes.  The model is the runtime's: STEP_SEND is buffered and
- * never blocks; STEP_RECV blocks until the peer's STEP_SEND with the same
- * tag, which must have the same size; STEP_ALLREDUCE blocks until every
- * member of its group reaches an allreduce over the same group, with the
- * same size (and so collectives come in the same order on every member);
- * STEP_SEND_WAIT blocks until the peer has received the message it names;
- * STEP_ALLREDUCE_START counts as a collective over all ranks (group -1)
- * or over Plan.groups[group], matched by
- * bucket.  Other steps are local.  At the end every message must have been
- * received, and no two messages from one rank to another may carry the
- * same tag at once.  `what` prefixes the message ("pipeline plan, train
- * step"). */
+/* Walks the ranks' step sequences (walk.h: the runtime's semantics) and
+ * fails on the first mismatch or potential deadlock, with one line naming
+ * the ranks, step indices, peers, tags and sizes.  At the end every
+ * message must have been received, and no two messages from one rank to
+ * another may carry the same tag at once.  `what` prefixes the message
+ * ("pipeline plan, train step"). */
 bool comm_check(int n_ranks, const PlanStep *const *seq, const int *n_steps, const PlanGroup *groups, int n_groups,
                 const char *what, Diag *d);
 /* comm_check over a plan's train and eval sequences. */

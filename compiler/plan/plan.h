@@ -20,6 +20,7 @@
 
 #include "../autodiff/train.h"
 #include "../ir/ir.h"
+#include "strategy.h"
 
 #define PLAN_ALIGN 64
 
@@ -142,7 +143,7 @@ typedef enum { PLACE_BY_REPLICA = 0, PLACE_BY_STAGE } Placement;
 typedef struct Plan {
     Graph *g;
     const TrainGraph *t;
-    const char *strategy;
+    Strategy strategy;
     int64_t batch;       /* global batch */
     int64_t local_batch; /* rows each rank computes per step */
     int n_ranks;

@@ -185,7 +185,7 @@ static json_t *options_json(const TrainOptions *o) {
 json_t *plan_json(const Plan *p, const TrainOptions *o) {
     const Graph *g = p->g;
     json_t *root = json_pack("{s:s, s:i, s:s, s:s, s:I, s:I, s:i, s:i}", "format", "cleave-plan", "version", 1, "model",
-                             g->path ? g->path : "", "strategy", p->strategy ? p->strategy : "", "batch",
+                             g->path ? g->path : "", "strategy", strategy_name(p->strategy), "batch",
                              (json_int_t)p->batch, "local_batch", (json_int_t)p->local_batch, "ranks", p->n_ranks,
                              "replicas", p->replicas);
     if (!root) return NULL;

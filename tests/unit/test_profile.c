@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "support.h"
+#include "cli/compile_options.h"
 #include "cost/profile.h"
 #include "cost/simulate.h"
 #include "ops/ops.h"
@@ -14,12 +15,14 @@
 /* The plan `cleave compile` would build for the model, on `ranks` ranks. */
 static void build(const char *model, const char *strategy, int ranks, int micro, LossKind loss, Graph **g,
                   TrainGraph *t, Plan *p) {
-    CompileOptions o = {.model = test_src_path(model), .strategy = strategy, .batch = 16, .ranks = ranks,
+    CompileOptions o = {.model = test_src_path(model), .batch = 16, .ranks = ranks,
                         .microbatches = micro, .bucket_mb = 25,
                         .train = {.loss = loss, .optimizer = OPT_ADAM, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f,
                                   .eps = 1e-8f}};
     Diag d = {0};
-    ck_assert_msg(driver_build_plan(&o, g, t, p, &d), "%s", d.msg);
+    Layout l;
+    ck_assert(strategy_parse(strategy, &o.strategy));
+    ck_assert_msg(compile_options_layout(&o, &l, &d) && driver_build_plan(&o, &l, NULL, g, t, p, &d), "%s", d.msg);
 }
 
 /* Every compute step of every rank gets a positive time, none fails. */
