@@ -121,7 +121,7 @@ bool driver_build_plan(const CompileOptions *o, const Layout *l, KernelProfile *
 /* A plan file's derived fields that its decisions do not give are
  * recomputed, and the user is told which, so an edit there is not lost
  * without a word (docs/plan.md, "Editing a plan"). */
-static void check_plan_file(const PlanFile *f, const char *derived) {
+static void check_plan_file(const PlanFile *f, const json_t *derived) {
     char where[512];
     if (plan_file_compare(f, derived, where, sizeof where))
         fprintf(stderr, "cleave: note: %s: %s is not what the plan's decisions (strategy, replicas, stages, "
@@ -132,11 +132,13 @@ static void check_plan_file(const PlanFile *f, const char *derived) {
 /* The plan's JSON: written to --emit-plan, and checked against --plan's file. */
 static bool emit_plan(const CompileOptions *o, const Plan *p, Diag *d) {
     if (!o->plan_out && !o->plan_file) return true;
-    char *text = plan_to_json(p, &o->train);
+    json_t *root = plan_json(p, &o->train);
+    char *text = root ? json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER) : NULL;
     bool ok = text != NULL || diag_error(d, DIAG_NOMEM, "out of memory");
     if (ok && o->plan_out) ok = write_text(o->plan_out, text, d);
-    if (ok && o->plan_file) check_plan_file(o->plan_file, text);
+    if (ok && o->plan_file) check_plan_file(o->plan_file, root);
     free(text);
+    json_decref(root);
     return ok;
 }
 

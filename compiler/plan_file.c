@@ -228,9 +228,9 @@ static bool first_difference(const json_t *want, const json_t *got, char *buf, s
     return !json_equal((json_t *)want, (json_t *)got);
 }
 
-bool plan_file_compare(const PlanFile *f, const char *derived, char *where, size_t len) {
+bool plan_file_compare(const PlanFile *f, const json_t *derived, char *where, size_t len) {
     where[0] = 0;
-    json_t *want = json_loads(derived, 0, NULL);
+    const json_t *want = derived;
     if (!want) return false;
     /* the model path is where the file was planned from, not a decision */
     json_t *got = json_deep_copy(f->root);
@@ -239,7 +239,6 @@ bool plan_file_compare(const PlanFile *f, const char *derived, char *where, size
     json_object_del(got, "threads");
     bool differs = got && first_difference(want, got, where, len);
     json_decref(got);
-    json_decref(want);
     return differs;
 }
 

@@ -21,9 +21,10 @@ typedef struct PlanFile {
 /* Sets o's decisions from the plan at path (o->model only when NULL);
  * one line naming the file and field on failure.  Free f after o's use. */
 bool plan_file_load(const char *path, CompileOptions *o, PlanFile *f, Diag *d);
-/* True when a field the file states differs from the derived plan (JSON
- * text); `where` gets its path, e.g. "rank_plans[1].steps[12].node". */
-bool plan_file_compare(const PlanFile *f, const char *derived, char *where, size_t len);
+/* True when a field the file states differs from the derived plan (its
+ * plan_json); `where` gets its path, e.g. "rank_plans[1].steps[12].node". */
+struct json_t;
+bool plan_file_compare(const PlanFile *f, const struct json_t *derived, char *where, size_t len);
 /* A planner error about flags, reworded to name the plan file's fields. */
 void plan_file_reword(const PlanFile *f, Diag *d);
 void plan_file_free(PlanFile *f);

@@ -253,10 +253,8 @@ static int print_json(const CompileOptions *o, const Search *s) {
         graph_free(g);
         return cli_fail(&d);
     }
-    char *text = plan_to_json(&p, &o->train);
-    json_t *root = text ? json_loads(text, 0, NULL) : NULL;
+    json_t *root = plan_json(&p, &o->train);
     json_t *prediction = root ? prediction_json(s, best, &p, &cl, &r) : NULL;
-    free(text);
     sim_result_free(&r);
     cluster_free(&cl);
     graph_free(g);

@@ -707,9 +707,8 @@ bool plan_hybrid_weighted(Graph *g, const TrainGraph *t, int64_t batch, int dp, 
     if (n_stages < 1) return diag_error(d, DIAG_USAGE, "a pipeline needs at least one stage, not %d", n_stages);
     if (microbatches < 1) return diag_error(d, DIAG_USAGE, "--microbatches must be at least 1, not %d", microbatches);
     if (dp < 1) return diag_error(d, DIAG_USAGE, "--dp must be at least 1, not %d", dp);
-    if (sched == SCHED_LAYER && microbatches != 1)
-        return diag_error(d, DIAG_USAGE, "--strategy layer runs the whole batch through the stages at once; use --strategy pipeline for %d micro-batches",
-                          microbatches);
+    if (sched == SCHED_LAYER && microbatches != 1) /* the flags' checks (compile_options.c) rule it out */
+        return diag_error(d, DIAG_INTERNAL, "schedule layer planned with %d micro-batches", microbatches);
     if ((int64_t)dp * n_stages > (1 << 20))
         return diag_error(d, DIAG_LIMIT, "%d x %d ranks is too many", dp, n_stages);
     if (batch < 0 || (batch > 0 && batch % ((int64_t)dp * microbatches)))
