@@ -124,19 +124,29 @@ Value *gb_sum_to(GradCtx *c, Value *x, const Value *like) {
     return gb_internal2(c, "SumTo", x, (Value *)like);
 }
 
-Value *gb_reshape_like(GradCtx *c, Value *x, const Value *like) {
-    if (!x || diag_failed(c->d)) return NULL;
-    Value *shape = fresh_value(c, "shape");
-    if (!shape || !(shape->konst = const_new(c->g, DT_INT64, like->rank))) {
+/* hint names the value, as in "shape:42". */
+static Value *const_ints(GradCtx *c, const char *hint, const int64_t *v, int count) {
+    if (diag_failed(c->d)) return NULL;
+    Value *k = fresh_value(c, hint);
+    if (!k || !(k->konst = const_new(c->g, DT_INT64, count))) {
         diag_error(c->d, DIAG_NOMEM, "%s: out of memory", c->g->path);
         return NULL;
     }
-    shape->kind = VAL_CONSTANT;
-    shape->dtype = DT_INT64;
-    shape->rank = 1;
-    shape->dims[0] = dim_const(like->rank);
-    for (int j = 0; j < like->rank; j++) const_set_i(shape->konst, j, like->dims[j].k);
-    return gb_op2(c, "Reshape", x, shape);
+    k->kind = VAL_CONSTANT;
+    k->dtype = DT_INT64;
+    k->rank = 1;
+    k->dims[0] = dim_const(count);
+    for (int j = 0; j < count; j++) const_set_i(k->konst, j, v[j]);
+    return k;
+}
+
+Value *gb_const_ints(GradCtx *c, const int64_t *v, int count) { return const_ints(c, "ints", v, count); }
+
+Value *gb_reshape_like(GradCtx *c, Value *x, const Value *like) {
+    if (!x || diag_failed(c->d)) return NULL;
+    int64_t shape[MAX_RANK];
+    for (int j = 0; j < like->rank; j++) shape[j] = like->dims[j].k;
+    return gb_op2(c, "Reshape", x, const_ints(c, "shape", shape, like->rank));
 }
 
 Value *gb_transpose(GradCtx *c, Value *x, const int64_t *perm, int rank) {

@@ -33,6 +33,8 @@ Value *gb_op2(GradCtx *c, const char *op, Value *a, Value *b);
 Value *gb_internal2(GradCtx *c, const char *op, Value *a, Value *b);
 /* Scalar float32 constant. */
 Value *gb_const_f(GradCtx *c, float x);
+/* 1-D int64 constant holding v[0..count). */
+Value *gb_const_ints(GradCtx *c, const int64_t *v, int count);
 /* x scaled by s (x itself when s == 1). */
 Value *gb_scale(GradCtx *c, Value *x, float s);
 /* Sums x over the dimensions broadcast to reach its shape from `like`'s:

@@ -135,28 +135,54 @@ static bool backward(GradCtx *c, TrainGraph *t, bool *requires, Node **order, in
     Value **gm = calloc((size_t)g->n_values * 16 + 256, sizeof *gm); /* grows with built values */
     if (!gm) return diag_error(c->d, DIAG_NOMEM, "%s: out of memory", g->path);
     int gm_cap = g->n_values * 16 + 256;
+    /* A rule's arguments, one slot per output gradient and per input of
+     * the widest node: Concat and Max take any number of inputs. */
+    int max_in = 1, max_out = 1;
+    for (int i = 0; i < count; i++) {
+        if (order[i]->n_in > max_in) max_in = order[i]->n_in;
+        if (order[i]->n_out > max_out) max_out = order[i]->n_out;
+    }
+    Value **dy = calloc((size_t)max_out, sizeof *dy);
+    Value **dx = calloc((size_t)max_in, sizeof *dx);
+    bool *need = calloc((size_t)max_in, sizeof *need);
+    if (!dy || !dx || !need) {
+        free(gm);
+        free(dy);
+        free(dx);
+        free(need);
+        return diag_error(c->d, DIAG_NOMEM, "%s: out of memory", g->path);
+    }
     c->phase = PHASE_BACKWARD;
     gm[t->loss->id] = gb_const_f(c, c->replicas > 1 ? 1.0f / (float)c->replicas : 1.0f);
     bool ok = true;
+    int used_in = 0, used_out = 0; /* slots from here on are clear */
     for (int i = count - 1; i >= 0 && ok; i--) {
         Node *n = order[i];
-        Value *dy[8] = {0};
+        /* Slots past this node's arity stay clear for rules that look. */
+        for (int k = n->n_out; k < used_out; k++) dy[k] = NULL;
+        for (int k = n->n_in; k < used_in; k++) dx[k] = NULL, need[k] = false;
+        used_out = n->n_out;
+        used_in = n->n_in;
         bool have = false;
-        for (int k = 0; k < n->n_out && k < 8; k++)
+        for (int k = 0; k < n->n_out; k++) {
+            dy[k] = NULL;
             if (n->out[k] && n->out[k]->id < gm_cap && gm[n->out[k]->id]) {
                 dy[k] = gm[n->out[k]->id];
                 have = true;
             }
-        bool need[16] = {0}, any_need = false;
-        for (int k = 0; k < n->n_in && k < 16; k++)
-            if (n->in[k] && requires[n->in[k]->id]) any_need = need[k] = true;
+        }
+        bool any_need = false;
+        for (int k = 0; k < n->n_in; k++) {
+            dx[k] = NULL;
+            need[k] = n->in[k] && requires[n->in[k]->id];
+            any_need |= need[k];
+        }
         if (!have || !any_need) continue;
         if (!n->def->grad) {
             ok = diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (%s) has no gradient rule", g->path, n->name,
                             n->op_type);
             break;
         }
-        Value *dx[16] = {0};
         c->origin = n;
         if (!n->def->grad(c, n, dy, dx, need) || diag_failed(c->d)) {
             ok = diag_error(c->d, DIAG_INTERNAL, "%s: node '%s' (%s): gradient construction failed", g->path, n->name,
@@ -169,13 +195,16 @@ static bool backward(GradCtx *c, TrainGraph *t, bool *requires, Node **order, in
         }
         /* Sums of contributions belong with the value's producer, where
          * the gradient is consumed next. */
-        for (int k = 0; k < n->n_in && k < 16; k++) {
+        for (int k = 0; k < n->n_in; k++) {
             if (!need[k]) continue;
             c->origin = n->in[k]->producer ? n->in[k]->producer : n;
             accumulate(c, gm, n->in[k], dx[k]);
         }
         c->origin = NULL;
     }
+    free(dy);
+    free(dx);
+    free(need);
     for (int i = 0; ok && i < t->n_params; i++)
         if (requires[t->params[i]->id]) t->grads[i] = gm[t->params[i]->id];
     free(gm);

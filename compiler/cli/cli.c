@@ -6,7 +6,10 @@
 #include <stdlib.h>
 
 int cli_fail(const Diag *d) {
-    fprintf(stderr, "cleave: error: %s\n", d->msg);
+    if (d->code == DIAG_INTERNAL)
+        fprintf(stderr, "cleave: internal error: %s (please report)\n", d->msg);
+    else
+        fprintf(stderr, "cleave: error: %s\n", d->msg);
     return diag_exit_status(d->code);
 }
 

@@ -18,7 +18,9 @@ int cmd_trace_stats(int argc, char **argv);
 int cmd_report(int argc, char **argv);
 int cmd_calibrate(int argc, char **argv);
 
-/* Prints "cleave: <msg>" and returns the status for its code. */
+/* Prints "cleave: error: <msg>" and returns the status for its code (1);
+ * an internal error prints "cleave: internal error: <msg> (please report)"
+ * and returns 70. */
 int cli_fail(const Diag *d);
 /* Usage error: "cleave <cmd>: <msg>" plus a hint; returns 2. */
 int cli_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -20,7 +20,9 @@
 #include "../ir/ir.h"
 #include "../plan/plan.h"
 
-#define CG_MAX_BUFS 16
+/* Buffers one kernel takes (inputs and outputs); a node with more is
+ * refused as unsupported, naming it (cg_kernel_begin_io). */
+#define CG_MAX_BUFS 64
 
 typedef struct CgKernel {
     LLVMValueRef fn;

@@ -23,18 +23,20 @@
 #include "../ops/ops.h"
 #include "../plan/pipeline.h"
 
-enum { MAX_CHAIN = 32 };
+/* A chain's nodes, and its kernel's buffers (below CG_MAX_BUFS: the
+ * chains fused were measured at this bound). */
+enum { MAX_CHAIN = 32, FUSE_MAX_BUFS = 16 };
 
 typedef struct Chain {
     int n;
     const Node *nodes[MAX_CHAIN];
     /* kernel buffers: the outside inputs, then the stored outputs */
     int n_in, n_out;
-    const Value *bufs[CG_MAX_BUFS];
-    bool bcast[CG_MAX_BUFS];    /* input read through broadcasting by some node */
-    int first_reader[CG_MAX_BUFS], last_reader[CG_MAX_BUFS]; /* chain positions reading input i */
-    int maker[CG_MAX_BUFS];     /* chain position making output i */
-    bool shared[CG_MAX_BUFS];   /* overlaps another buffer in some call */
+    const Value *bufs[FUSE_MAX_BUFS];
+    bool bcast[FUSE_MAX_BUFS];    /* input read through broadcasting by some node */
+    int first_reader[FUSE_MAX_BUFS], last_reader[FUSE_MAX_BUFS]; /* chain positions reading input i */
+    int maker[FUSE_MAX_BUFS];     /* chain position making output i */
+    bool shared[FUSE_MAX_BUFS];   /* overlaps another buffer in some call */
     bool unsafe;                /* some call's stores overwrite bytes it still reads */
     CgKernel k;
 } Chain;
@@ -100,7 +102,7 @@ static bool chain_buffers(const Cg *c, const CgFuse *f, Chain *ch) {
             if (!x || chain_pos(ch, x) >= 0) continue;
             int b = buf_index(ch, x, 0, ch->n_in);
             if (b < 0) {
-                if (ch->n_in == CG_MAX_BUFS) return false;
+                if (ch->n_in == FUSE_MAX_BUFS) return false;
                 b = ch->n_in++;
                 ch->bufs[b] = x;
                 ch->bcast[b] = false;
@@ -112,7 +114,7 @@ static bool chain_buffers(const Cg *c, const CgFuse *f, Chain *ch) {
     }
     for (int j = 0; j < ch->n; j++) {
         if (internal(c, f, ch, j)) continue;
-        if (ch->n_in + ch->n_out == CG_MAX_BUFS) return false;
+        if (ch->n_in + ch->n_out == FUSE_MAX_BUFS) return false;
         ch->bufs[ch->n_in + ch->n_out] = ch->nodes[j]->out[0];
         ch->maker[ch->n_in + ch->n_out] = j;
         ch->n_out++;
@@ -128,7 +130,7 @@ static bool chain_buffers(const Cg *c, const CgFuse *f, Chain *ch) {
  * output: element i is then read before it is overwritten, and never again. */
 static void check_call(const Cg *c, Chain *ch, const RankPlan *rp, int micro) {
     int nb = ch->n_in + ch->n_out;
-    int64_t off[CG_MAX_BUFS], len[CG_MAX_BUFS];
+    int64_t off[FUSE_MAX_BUFS], len[FUSE_MAX_BUFS];
     for (int i = 0; i < nb; i++) {
         off[i] = pipeline_buffer(c->plan, rp, ch->bufs[i], micro);
         len[i] = plan_value_bytes(ch->bufs[i]);
@@ -221,7 +223,7 @@ static void chain_body(Cg *c, void *ctx, LLVMValueRef out_idx, const LLVMValueRe
     LLVMValueRef val[MAX_CHAIN];
     for (int j = 0; j < ch->n; j++) {
         const Node *nd = ch->nodes[j];
-        LLVMValueRef x[CG_MAX_BUFS];
+        LLVMValueRef x[FUSE_MAX_BUFS];
         int k = 0;
         for (int i = 0; i < nd->n_in; i++) {
             const Value *v = nd->in[i];

@@ -28,7 +28,9 @@ bool cg_may_share(const Cg *c, const Node *n, const Value *a, const Value *b) {
 
 bool cg_kernel_begin_as(Cg *c, CgKernel *k, const char *name, const Node *n, int n_bufs, const Value *const *bufs,
                         const bool *shared) {
-    if (n_bufs > CG_MAX_BUFS) return diag_error(c->d, DIAG_INTERNAL, "node '%s': too many buffers", n->name);
+    if (n_bufs > CG_MAX_BUFS)
+        return diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (%s): more than %d inputs and outputs are not compiled",
+                          c->g->path, n->name, n->op_type, CG_MAX_BUFS);
     k->n_bufs = n_bufs;
     LLVMTypeRef params[CG_MAX_BUFS];
     for (int i = 0; i < n_bufs; i++) {
@@ -74,10 +76,14 @@ bool cg_kernel_begin(Cg *c, const Node *n, int n_bufs, const Value *const *bufs)
 bool cg_kernel_begin_io(Cg *c, const Node *n) {
     const Value *bufs[CG_MAX_BUFS];
     int nb = 0;
-    for (int i = 0; i < n->n_in && nb < CG_MAX_BUFS; i++)
-        if (n->in[i]) bufs[nb++] = n->in[i];
-    for (int k = 0; k < n->n_out && nb < CG_MAX_BUFS; k++)
-        if (n->out[k]) bufs[nb++] = n->out[k];
+    for (int i = 0; i < n->n_in + n->n_out; i++) {
+        const Value *v = i < n->n_in ? n->in[i] : n->out[i - n->n_in];
+        if (!v) continue;
+        if (nb == CG_MAX_BUFS)
+            return diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (%s): more than %d inputs and outputs are not "
+                              "compiled", c->g->path, n->name, n->op_type, CG_MAX_BUFS);
+        bufs[nb++] = v;
+    }
     return cg_kernel_begin(c, n, nb, bufs);
 }
 

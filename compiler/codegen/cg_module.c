@@ -344,10 +344,18 @@ static bool generate_kernels(Cg *c, const RankPlan *rp, CgShare *share) {
 static int n_programs(const Plan *p) { return p->n_stages; }
 
 /* The initial images of every program, back to back (plan_init_offset). */
-static unsigned char *all_images(const Plan *p, size_t *len) {
+static unsigned char *all_images(const Plan *p, size_t *len, Diag *d) {
     int n = n_programs(p);
     const RankPlan *last = plan_stage_rank(p, n - 1);
-    *len = (size_t)(plan_init_offset(p, n - 1) + last->init_bytes);
+    int64_t total = plan_init_offset(p, n - 1) + last->init_bytes;
+    /* Embedded as one constant: past 2 GiB neither LLVM's default code
+     * model nor the linker takes it. */
+    if (total > ((int64_t)2 << 30)) {
+        diag_error(d, DIAG_LIMIT, "%s: the programs' initial arena images (inputs at this batch, parameters, state) "
+                   "take %.1f GiB; a program embeds at most 2 GiB", p->g->path, (double)total / (1 << 30));
+        return NULL;
+    }
+    *len = (size_t)total;
     unsigned char *all = calloc(1, *len ? *len : 1);
     for (int k = 0; all && k < n; k++) {
         const RankPlan *rp = plan_stage_rank(p, k);
@@ -449,7 +457,7 @@ CgModule *cg_build(const Plan *p, const CgOptions *o, Diag *d) {
     size_t model_len = 0;
     uint8_t *model = o->model_path ? file_read_all(o->model_path, &model_len, d) : calloc(1, 1);
     size_t img_len = 0;
-    unsigned char *img = all_images(p, &img_len);
+    unsigned char *img = model ? all_images(p, &img_len, d) : NULL;
     m->tm = model && img && c->kernels ? make_target(o, d) : NULL;
     if (!m->tm) {
         if (!diag_failed(d)) diag_error(d, DIAG_NOMEM, "out of memory");

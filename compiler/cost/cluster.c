@@ -1,6 +1,5 @@
 #include "cluster.h"
 
-#include <assert.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
@@ -262,7 +261,7 @@ bool cluster_load(const char *path, Cluster *c, Diag *d) {
 }
 
 void cluster_defaults(Cluster *c, int ranks) {
-    assert(ranks >= 1 && ranks <= CLUSTER_MAX_RANKS);
+    CLEAVE_CHECK(ranks >= 1 && ranks <= CLUSTER_MAX_RANKS, "a cluster of %d ranks", ranks);
     static const double curve[][2] = {{1e3, 2}, {1e5, 10}, {1e7, 30}, {1e9, 40}};
     static const double conv[][2] = {{1e3, 2}, {1e5, 6}, {1e7, 15}, {1e9, 20}};
     memset(c, 0, sizeof *c);
@@ -396,13 +395,13 @@ char *cluster_to_json(const Cluster *c) {
 int cluster_ranks(const Cluster *c) { return c->nodes * c->ranks_per_node; }
 
 double cluster_rank_speed(const Cluster *c, int rank) {
-    assert(rank >= 0 && rank < cluster_ranks(c));
+    CLEAVE_CHECK(rank >= 0 && rank < cluster_ranks(c), "rank %d of a %d-rank cluster", rank, cluster_ranks(c));
     return c->rank_speed ? c->rank_speed[rank] : 1.0;
 }
 
 /* Linear in log(flops) between a curve's points, its ends beyond them. */
 static double curve_rate(int n, const double *f, const double *g, double flops) {
-    assert(n >= 1);
+    CLEAVE_CHECK(n >= 1, "a group of %d ranks", n);
     if (!(flops > f[0])) return g[0];
     if (flops >= f[n - 1]) return g[n - 1];
     int lo = 0, hi = n - 1; /* f[lo] < flops < f[hi] */
@@ -455,7 +454,8 @@ int cluster_core_of(const Cluster *c, int rank, int used) {
 }
 
 bool cluster_same_node(const Cluster *c, int a, int b) {
-    assert(a >= 0 && a < cluster_ranks(c) && b >= 0 && b < cluster_ranks(c));
+    CLEAVE_CHECK(a >= 0 && a < cluster_ranks(c) && b >= 0 && b < cluster_ranks(c), "link %d -> %d of a %d-rank cluster", a, b,
+                 cluster_ranks(c));
     return a / c->ranks_per_node == b / c->ranks_per_node;
 }
 

@@ -1,7 +1,6 @@
 /* graph.c - construction and queries of the IR graph. */
 #include "ir.h"
 
-#include <assert.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -203,7 +202,7 @@ int64_t value_numel(const Value *v) {
 }
 
 void value_set_shape(Value *v, int rank, const Dim *dims) {
-    assert(rank <= MAX_RANK);
+    CLEAVE_CHECK(rank >= 0 && rank <= MAX_RANK, "value '%s' given rank %d (at most %d)", v->name, rank, MAX_RANK);
     v->rank = rank;
     for (int i = 0; i < rank; i++) v->dims[i] = dims[i];
 }
@@ -238,7 +237,7 @@ const char *shape_str(const Graph *g, const Value *v, char *buf, size_t len) {
 /* ---- constants ---- */
 
 Const *const_new(Graph *g, DType store, int64_t n) {
-    assert(store == DT_FLOAT || store == DT_DOUBLE || store == DT_INT64);
+    CLEAVE_CHECK(store == DT_FLOAT || store == DT_DOUBLE || store == DT_INT64, "constant stored as %s", dtype_name(store));
     if (n < 0) return NULL;
     Const *c = ARENA_NEW(&g->arena, Const);
     if (!c) return NULL;

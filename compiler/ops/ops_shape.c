@@ -790,6 +790,30 @@ static bool g_same_order(GradCtx *c, Node *n, Value *const *dy, Value **dx, cons
     return true;
 }
 
+/* Each input's gradient is its stretch of dy along the axis, a Slice. */
+static bool g_concat(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    const Value *y = n->out[0];
+    const Attr *a = node_attr(n, "axis");
+    int64_t axis = a ? a->i : graph_opset(c->g, "") < 4 ? 1 : 0;
+    if (axis < 0) axis += y->rank;
+    int64_t at = 0;
+    for (int k = 0; k < n->n_in; k++) {
+        const Value *x = n->in[k];
+        if (!x) continue;
+        if (!dim_is_const(x->dims[axis]))
+            return diag_error(c->d, DIAG_UNSUPPORTED,
+                              "%s: node '%s' (Concat): the gradient needs a fixed length of input '%s' along axis %lld",
+                              c->g->path, n->name, x->name, (long long)axis);
+        int64_t end = at + x->dims[axis].k;
+        if (need[k]) {
+            Value *in[4] = {dy[0], gb_const_ints(c, &at, 1), gb_const_ints(c, &end, 1), gb_const_ints(c, &axis, 1)};
+            dx[k] = gb_finish(c, gb_start(c, "", "Slice", 4, in, 1));
+        }
+        at = end;
+    }
+    return true;
+}
+
 static bool g_transpose(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
     if (!need[0]) return true;
     int64_t perm[MAX_RANK], inv[MAX_RANK];
@@ -817,7 +841,7 @@ const OpDef op_Flatten = {"Flatten", "", 1, 0, 1, 1, 1, 1, attrs_axis1, 0, infer
 const OpDef op_Squeeze = {"Squeeze", "", 1, 0, 1, 2, 1, 1, attrs_axes, 0, infer_squeeze, fold_same_order, flops_zero, .grad = g_same_order, .cg = k_same_order};
 const OpDef op_Unsqueeze = {"Unsqueeze", "", 1, 0, 1, 2, 1, 1, attrs_axes, 0, infer_unsqueeze, fold_same_order, flops_zero, .grad = g_same_order, .cg = k_same_order};
 const OpDef op_Transpose = {"Transpose", "", 1, 0, 1, 1, 1, 1, attrs_perm, 0, infer_transpose, fold_transpose, flops_zero, .grad = g_transpose, .cg = k_transpose};
-const OpDef op_Concat = {"Concat", "", 1, 0, 1, 1 << 16, 1, 1, attrs_axis0, 0, infer_concat, fold_concat, flops_zero, .cg = k_concat};
+const OpDef op_Concat = {"Concat", "", 1, 0, 1, 1 << 16, 1, 1, attrs_axis0, 0, infer_concat, fold_concat, flops_zero, .grad = g_concat, .cg = k_concat};
 const OpDef op_Slice = {"Slice", "", 1, 0, 1, 5, 1, 1, attrs_slice, 0, infer_slice, fold_slice, flops_zero, .cg = k_slice};
 const OpDef op_Gather = {"Gather", "", 1, 0, 2, 2, 1, 1, attrs_axis0, 0, infer_gather, fold_gather, flops_zero, .cg = k_gather};
 const OpDef op_Expand = {"Expand", "", 8, 0, 2, 2, 1, 1, attrs_none, 0, infer_expand, fold_expand, flops_zero, .cg = k_expand};

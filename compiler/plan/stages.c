@@ -4,7 +4,6 @@
  * The split is over one order of the forward nodes (the model file's when
  * it is topological), so any cut gives stages whose forward edges only go
  * from a stage to itself or a later one. */
-#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -395,6 +394,18 @@ bool stages_split_weighted(Graph *g, int n_stages, const char *const *cuts, int 
     int n_fwd;
     Node **order = stages_forward_order(g, &n_fwd, d);
     if (!order) return false;
+    if (n_fwd == 0 && n_stages == 1 && n_cuts <= 0) {
+        /* Nothing left to run forward (folded away, or outputs that are
+         * inputs): one empty stage, which any other node joins. */
+        int *begin = ARENA_ARRAY(&g->arena, int, 2);
+        double *flops = ARENA_ARRAY(&g->arena, double, 1);
+        if (!begin || !flops) return diag_error(d, DIAG_NOMEM, "%s: out of memory", g->path);
+        begin[0] = begin[1] = 0;
+        flops[0] = 0;
+        GRAPH_FOR_NODES(g, n) { flops[0] += node_flops(n); }
+        *s = (StageSplit){1, 0, order, begin, flops};
+        return true;
+    }
     if (n_fwd == 0) return diag_error(d, DIAG_GRAPH, "%s: the model has no forward nodes to split into stages", g->path);
     if (n_stages > n_fwd)
         return diag_error(d, DIAG_USAGE, "%s: cannot split %d forward node%s into %d stages: every stage needs a node (use at most %d)",
@@ -421,7 +432,7 @@ bool stages_split_weighted(Graph *g, int n_stages, const char *const *cuts, int 
         w[at] += x > 0 && isfinite(x) ? x : 0;
         fl[at] += f;
     }
-    assert(n_cuts <= 0 || cuts);
+    CLEAVE_CHECK(n_cuts <= 0 || cuts, "%d stage cuts without their names", n_cuts);
     /* With the cost model's links, stages also pay for what crosses their
      * boundaries and must fit memory; graphs too large for that search
      * are balanced on compute alone. */

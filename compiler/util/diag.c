@@ -2,10 +2,12 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
-/* DIAG_CODES: name and exit status of each kind.  Usage errors exit 2, every
- * other failure 1, so scripts can tell "you called me wrong" from "your input
- * is wrong". */
+/* DIAG_CODES: name and exit status of each kind.  Usage errors exit 2, bad
+ * input 1 and compiler bugs 70, so scripts can tell "you called me wrong"
+ * from "your input is wrong" from "cleave is wrong". */
 static const struct {
     const char *name;
     int status;
@@ -19,7 +21,7 @@ static const struct {
     [DIAG_SHAPE] = {"shape", 1},
     [DIAG_LIMIT] = {"limit", 1},
     [DIAG_NOMEM] = {"out of memory", 1},
-    [DIAG_INTERNAL] = {"internal", 1},
+    [DIAG_INTERNAL] = {"internal", DIAG_INTERNAL_STATUS},
 };
 
 bool diag_error(Diag *d, DiagCode code, const char *fmt, ...) {
@@ -40,3 +42,17 @@ bool diag_failed(const Diag *d) { return d->code != DIAG_OK; }
 int diag_exit_status(DiagCode code) { return diag_table[code].status; }
 
 const char *diag_code_name(DiagCode code) { return diag_table[code].name; }
+
+void diag_bug(const char *file, int line, const char *fmt, ...) {
+    /* The path from the source tree's root, wherever it was built. */
+    const char *rel = strstr(file, "compiler/");
+    if (rel) file = rel;
+    fflush(stdout);
+    fprintf(stderr, "cleave: internal error: %s:%d: ", file, line);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, " (please report)\n");
+    exit(DIAG_INTERNAL_STATUS);
+}

@@ -323,6 +323,12 @@ def model_cases(outdir):
         helper.make_node("Flatten", ["x"], ["y"], name="flatten_huge", axis=0),
     ], [vi("x", F, [2 ** 40, 2 ** 40])], [vi("y", F, None)]))
 
+    # More tensors than one kernel takes: refused by name, not a compiler bug.
+    wide = [const_init("w_cat%d" % k, np.ones((1, 2), np.float32)) for k in range(70)]
+    save("wide_concat.onnx", model("wide_cat", [
+        helper.make_node("Concat", ["x"] + ["w_cat%d" % k for k in range(70)], ["y"], name="cat71", axis=1),
+    ], [vi("x", F, [1, 2])], [vi("y", F, None)], inits=wide))
+
     save("negative_input_dim.onnx", model("neg_in", [
         helper.make_node("Relu", ["x"], ["y"], name="relu"),
     ], [vi("x", F, [2, -3])], [vi("y", F, None)]))

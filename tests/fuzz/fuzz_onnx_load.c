@@ -3,12 +3,14 @@
  * Feeds arbitrary bytes to onnx_load_buffer() and, when they load, runs the
  * passes driver_front_end() runs (verify, shape inference and folding,
  * prune, verify again), once with the batch left symbolic and once bound
- * to 3.  A crash, a sanitizer report, a leak or a broken error contract is
- * a finding; an error reported through the Diag is the expected outcome for
- * most inputs.
+ * to 3; a bound graph every op of which is supported also gets its training
+ * graph (mse loss, SGD), verified.  A crash, a sanitizer report, a leak or
+ * a broken error contract is a finding; an error reported through the Diag
+ * is the expected outcome for most inputs.
  *
  * The error contract checked here: a failing call leaves a Diag that is set,
- * is one non-empty line, and starts with the model's path; a succeeding one
+ * is one non-empty line, starts with the model's path and is not
+ * DIAG_INTERNAL (a broken invariant no input may reach); a succeeding one
  * leaves the Diag clear.
  *
  * External data: the model's path names a folder next to this executable
@@ -27,6 +29,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "autodiff/train.h"
 #include "driver.h"
 #include "frontend/onnx.h"
 #include "ir/shapes.h"
@@ -52,6 +55,7 @@ static void check_diag(bool ok, const Diag *d) {
         return;
     }
     if (!diag_failed(d)) contract("a call failed without an error", d);
+    if (d->code == DIAG_INTERNAL) contract("an input reached an internal error", d);
     if (!d->msg[0]) contract("an error has an empty message", d);
     if (strchr(d->msg, '\n') || strchr(d->msg, '\r')) contract("an error message spans several lines", d);
     if (strncmp(d->msg, model_path, strlen(model_path)) != 0) contract("an error message does not name the file", d);
@@ -109,7 +113,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (ok && g->arena.failed) ok = diag_error(&d, DIAG_NOMEM, "%s: out of memory", g->path);
         check_diag(ok, &d);
         Diag strict = {0};
-        check_diag(driver_check_supported(g, &strict), &strict);
+        bool supported = driver_check_supported(g, &strict);
+        check_diag(supported, &strict);
+        if (ok && supported && bound) {
+            TrainOptions to = {.loss = LOSS_MSE, .optimizer = OPT_SGD, .lr = 0.1f, .replicas = 1};
+            TrainGraph t;
+            Diag td = {0};
+            bool built = train_build(g, &to, &t, &td) && ir_verify(g, &td);
+            if (built && g->arena.failed) built = diag_error(&td, DIAG_NOMEM, "%s: out of memory", g->path);
+            check_diag(built, &td);
+        }
         graph_free(g);
     }
     return 0;

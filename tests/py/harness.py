@@ -5,6 +5,18 @@ A script makes one Report, calls rep.check(label, ok, detail) per check (a
 line "PASS label" or "FAIL label: detail"), and ends with rep.summary(),
 which prints "N passed, M failed" and returns the exit status.
 
+Skips are visible: ctest runs these scripts with SKIP_RETURN_CODE 77
+(SKIP_STATUS), and reports a test that exits so as skipped, not passed.  A
+script that cannot run at all (a missing module or program) returns
+skip(why); one that runs some checks but not others calls rep.skip(label,
+why) for those, and rep.summary() then closes "N passed, M failed, K
+skipped" (and exits 77 when nothing else ran).
+
+CLEAVE_TEST_HIDE=torch,mpirun (names separated by commas) makes the named
+Python modules fail to import, and missing() report the named modules and
+programs as absent, so the skip paths can be tried on a machine that has
+them all.
+
 Scripts in tests/py import it directly; others put this folder on sys.path
 first.
 """
@@ -19,12 +31,38 @@ import tempfile
 import time
 
 TIMEOUT = 300  # seconds per command unless the caller says otherwise
+SKIP_STATUS = 77  # the SKIP_RETURN_CODE tests/CMakeLists.txt gives every test
+
+HIDDEN = frozenset(n.strip() for n in os.environ.get("CLEAVE_TEST_HIDE", "").split(",") if n.strip())
+
+
+class _HiddenModules:
+    """An import hook refusing the modules CLEAVE_TEST_HIDE names (and their
+    submodules), as if they were not installed."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in HIDDEN:
+            raise ImportError("%s hidden by CLEAVE_TEST_HIDE" % name)
+        return None
+
+
+if HIDDEN:
+    sys.meta_path.insert(0, _HiddenModules())
+
+
+def skip(why):
+    """Says why the whole script cannot run; returns the skip status, for
+    `return harness.skip(...)` from main()."""
+    print("SKIP: %s" % why)
+    sys.stdout.flush()
+    return SKIP_STATUS
 
 
 class Report:
     def __init__(self):
         self.passed = 0
         self.failed = 0
+        self.skipped = 0
 
     def check(self, label, ok, detail=""):
         """One PASS/FAIL line; the detail is printed on failure only."""
@@ -55,10 +93,24 @@ class Report:
         return self.check("cleave binary %s is executable" % path,
                           os.path.isfile(path) and os.access(path, os.X_OK))
 
+    def skip(self, label, why, count=1):
+        """`count` checks that cannot run here: a line "SKIP label: why";
+        counted apart, never as passed."""
+        self.skipped += count
+        print("SKIP %s: %s" % (label, why))
+        sys.stdout.flush()
+
     def summary(self):
-        """Prints "N passed, M failed"; returns the exit status (1 on failure)."""
-        print("%d passed, %d failed" % (self.passed, self.failed))
-        return 1 if self.failed else 0
+        """Prints "N passed, M failed" (", K skipped" when some were);
+        returns the exit status: 1 on failure, SKIP_STATUS when every check
+        was skipped, else 0."""
+        line = "%d passed, %d failed" % (self.passed, self.failed)
+        if self.skipped:
+            line += ", %d skipped" % self.skipped
+        print(line)
+        if self.failed:
+            return 1
+        return SKIP_STATUS if self.skipped and not self.passed else 0
 
 
 def run(cmd, cwd=None, env=None, timeout=TIMEOUT):
@@ -82,12 +134,14 @@ def missing(modules=(), programs=()):
     that is not there, as a SKIP reason; None when all are."""
     import importlib
     for m in modules:
+        if m in HIDDEN:  # it may have been imported before this module
+            return "%s not available" % m
         try:
             importlib.import_module(m)
         except ImportError:
             return "%s not available" % m
     for p in programs:
-        if not shutil.which(p):
+        if p in HIDDEN or not shutil.which(p):
             return "%s not available" % p
     return None
 

@@ -17,7 +17,7 @@ on two CPUs, this checks:
 - --no-bind=1 is a usage error (exit 2) naming the flag.
 
 usage: test_bind.py --cleave BIN --workdir DIR
-Ends with a line "N passed, M failed"; SKIP (exit 0) without numpy, onnx,
+Ends with a line "N passed, M failed"; SKIP (exit 77) without numpy, onnx,
 mpirun or taskset, or on a machine that lets this process use fewer than
 2 CPUs.
 """
@@ -52,8 +52,7 @@ def main():
     if not why and len(allowed) < 2:
         why = "this process may use %d CPU" % len(allowed)
     if why:
-        print("SKIP: %s" % why)
-        return 0
+        return harness.skip(why)
     import numpy as np
     rep = harness.Report()
     if not rep.executable(args.cleave):

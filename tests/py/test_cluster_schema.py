@@ -27,8 +27,7 @@ def main():
     try:
         import jsonschema
     except ImportError:
-        print("SKIP: python3-jsonschema not installed")
-        return 0
+        return harness.skip("python3-jsonschema not installed")
     with open(os.path.join(ROOT, "schemas", "cluster.schema.json")) as f:
         schema = json.load(f)
     jsonschema.Draft202012Validator.check_schema(schema)

@@ -10,7 +10,7 @@ does not divide, a program launched with the wrong -np, --check-replicas,
 and a failure on one rank ending every rank.
 
 usage: test_dp_equivalence.py --cleave BIN --workdir DIR
-Ends with a line "N passed, M failed"; SKIP (exit 0) without torch or
+Ends with a line "N passed, M failed"; SKIP (exit 77) without torch or
 mpirun.
 """
 import argparse
@@ -51,11 +51,9 @@ def main():
         import torch  # noqa: F401
         import train_models as tm
     except Exception as e:  # pragma: no cover
-        print("SKIP: torch not available (%s)" % e)
-        return 0
-    if not shutil.which("mpirun"):
-        print("SKIP: mpirun not available")
-        return 0
+        return harness.skip("torch not available (%s)" % e)
+    if harness.missing(programs=("mpirun",)):
+        return harness.skip("mpirun not available")
     work = args.workdir
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)

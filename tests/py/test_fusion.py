@@ -11,7 +11,7 @@ cg_share.c), and that it trains to exactly the losses and the weights of
 the unfused one.
 
 usage: test_fusion.py --cleave BIN [--workdir DIR]
-Ends with "N passed, M failed"; SKIP (exit 0) without numpy, onnx, torch
+Ends with "N passed, M failed"; SKIP (exit 77) without numpy, onnx, torch
 or mpirun.
 """
 import argparse
@@ -129,8 +129,7 @@ def main():
     args = ap.parse_args()
     why = harness.missing(("numpy", "onnx", "torch"), ("mpirun",))
     if why:
-        print("SKIP %s" % why)
-        return 0
+        return harness.skip(why)
     rep = harness.Report()
     if not rep.executable(args.cleave):
         return rep.summary()

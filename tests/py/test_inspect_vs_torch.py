@@ -15,7 +15,7 @@ attention shapes seen during a forward pass), and the per-sample FLOPs.
 
 Prints one PASS/FAIL line per check and finally `N passed, M failed`; the exit
 status is 1 if anything failed.  Without torch it prints "SKIP: torch not
-available" and exits 0.
+available" and exits 77 (ctest's skip status).
 
     /usr/bin/python3 tests/py/test_inspect_vs_torch.py --cleave build/cleave --workdir /tmp/w
     /usr/bin/python3 tests/py/test_inspect_vs_torch.py --selftest   # torch side only
@@ -276,9 +276,8 @@ def main():
         sys.path.insert(0, HERE)
         import torch_models as _tm
     except ImportError as e:
-        print("SKIP: torch not available (%s); run with /usr/bin/python3 and python3-torch "
-              "installed to compare cleave inspect against torch" % e)
-        return 0
+        return harness.skip("torch not available (%s); run with /usr/bin/python3 and python3-torch "
+                            "installed to compare cleave inspect against torch" % e)
     torch, nn, tm = _torch, _nn, _tm
     try:
         import onnx as _onnx

@@ -24,9 +24,9 @@ is exported at a fixed batch (Gemm MLP, ce, SGD), the other with a dynamic
 batch axis (MatMul MLP with a [B,4,3] output, mse, Adam).
 
 Prints PASS/FAIL lines and finally `N passed, M failed`; exits 1 on failure.
-Prints "SKIP: reason" and exits 0 without torch, node or onnxruntime-node
-(install it with scripts/setup_node.sh).  When only `cleave compile` is
-missing, part 1 still runs and part 2 prints a SKIP line.
+Prints "SKIP: reason" and exits 77 (ctest's skip status) without torch, node
+or onnxruntime-node (install it with scripts/setup_node.sh).  When only
+`cleave compile` is missing, part 1 still runs and part 2 is counted skipped.
 
     /usr/bin/python3 tests/py/test_ort_interop.py --cleave build/cleave --workdir /tmp/w
 """
@@ -222,15 +222,13 @@ def main():
         sys.path.insert(0, HERE)
         import train_models as _tmod
     except ImportError as e:
-        print("SKIP: torch/onnx/numpy not available (%s); run with /usr/bin/python3" % e)
-        return 0
+        return harness.skip("torch/onnx/numpy not available (%s); run with /usr/bin/python3" % e)
     np, torch, onnx, tmod = _np, _torch, _onnx, _tmod
     torch.set_num_threads(1)
 
     ok, info = ort_available(args.node)
     if not ok:
-        print("SKIP: ONNX Runtime not available: %s" % info)
-        return 0
+        return harness.skip("ONNX Runtime not available: %s" % info)
     print("using %s (%s)" % (info, args.node))
     ort = Ort(args.node)
 
@@ -241,11 +239,11 @@ def main():
 
         cleave = os.path.abspath(args.cleave) if args.cleave else None
         if cleave is None:
-            print("SKIP: no --cleave given; cleave-trained models not checked")
+            rep.skip("cleave-trained models", "no --cleave given", len(CASES))
         elif not rep.executable(cleave):
             pass
         elif not harness.compile_available(cleave):
-            print("SKIP: cleave compile not available; cleave-trained models not checked")
+            rep.skip("cleave-trained models", "cleave compile not available", len(CASES))
         else:
             for model_name, dynamic, loss, flags in CASES:
                 rep.guarded("%s/%s" % (model_name, loss), lambda: check_cleave_case(

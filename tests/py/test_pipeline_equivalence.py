@@ -24,7 +24,7 @@ wrong -np.
 
 usage: test_pipeline_equivalence.py --cleave BIN --workdir DIR
 Prints one line per check and ends with "N passed, M failed"; exits 1 on
-a failure; SKIP (exit 0) without torch or mpirun.
+a failure; SKIP (exit 77) without torch or mpirun.
 """
 import argparse
 import json
@@ -461,11 +461,9 @@ def main():
         import train_models as tm
         import pipeline_models  # noqa: F401
     except Exception as e:  # pragma: no cover
-        print("SKIP: torch not available (%s)" % e)
-        return 0
-    if not shutil.which("mpirun"):
-        print("SKIP: mpirun not available")
-        return 0
+        return harness.skip("torch not available (%s)" % e)
+    if harness.missing(programs=("mpirun",)):
+        return harness.skip("mpirun not available")
     if not rep.executable(ARGS.cleave):
         return rep.summary()
     work = os.path.abspath(ARGS.workdir)

@@ -11,7 +11,7 @@ trimmed to its decisions compiles silently; and that broken plans and
 conflicting flags give one line naming the file and field.
 
 usage: test_plan_file.py --cleave BIN [--workdir DIR]
-Ends with "N passed, M failed"; SKIP (exit 0) without mpirun or numpy.
+Ends with "N passed, M failed"; SKIP (exit 77) without mpirun or numpy.
 """
 import argparse
 import json
@@ -220,8 +220,7 @@ def main():
     args = ap.parse_args()
     why = harness.missing(modules=("numpy",), programs=("mpirun",))
     if why:
-        print("SKIP: " + why)
-        return 0
+        return harness.skip(why)
     rep = harness.Report()
     if not rep.executable(args.cleave):
         return rep.summary()

@@ -24,8 +24,7 @@ def main():
     try:
         import jsonschema
     except ImportError:
-        print("SKIP: python3-jsonschema not installed")
-        return 0
+        return harness.skip("python3-jsonschema not installed")
     os.makedirs(args.workdir, exist_ok=True)
     with open(os.path.join(ROOT, "schemas", "plan.schema.json")) as f:
         schema = json.load(f)

@@ -13,7 +13,7 @@ process; that --format dot and svg draw the stages and the simulated
 timeline; and the errors of the new flags.
 
 usage: test_plan_search.py --cleave BIN [--workdir DIR]
-Ends with "N passed, M failed"; SKIP (exit 0) without mpirun or numpy.
+Ends with "N passed, M failed"; SKIP (exit 77) without mpirun or numpy.
 """
 import argparse
 import json
@@ -83,7 +83,7 @@ def check_json(rep, args, work):
         rep.check("plan JSON validates against schemas/plan.schema.json", not errors,
                   "; ".join(e.message for e in errors[:3]))
     except ImportError:
-        print("SKIP schema validation: python3-jsonschema missing")
+        rep.skip("plan JSON validates against schemas/plan.schema.json", "python3-jsonschema missing")
     chosen = doc["prediction"]["chosen"]
     feasible = [a for a in doc["alternatives"] if a["feasible"]]
     rep.check("the chosen plan is the fastest feasible alternative",
@@ -319,8 +319,7 @@ def main():
     args = ap.parse_args()
     why = harness.missing(modules=("numpy",), programs=("mpirun",))
     if why:
-        print("SKIP: " + why)
-        return 0
+        return harness.skip(why)
     rep = harness.Report()
     if not rep.executable(args.cleave):
         return rep.summary()

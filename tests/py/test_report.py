@@ -18,7 +18,7 @@ trace of another rank count or layout, bad flags: each one line on stderr,
 nothing on stdout, a non-zero status.
 
 usage: test_report.py --cleave BIN --workdir DIR
-Ends with "N passed, M failed"; SKIP (exit 0) without mpirun or numpy.
+Ends with "N passed, M failed"; SKIP (exit 77) without mpirun or numpy.
 """
 import argparse
 import json
@@ -140,7 +140,7 @@ def check_plan_fields(rep, name, plan):
         errors = list(jsonschema.Draft202012Validator(schema).iter_errors(plan))
         rep.check("%s: plan validates against the schema" % name, not errors, "; ".join(e.message for e in errors[:3]))
     except ImportError:
-        print("SKIP schema validation: python3-jsonschema missing")
+        rep.skip("%s: plan validates against the schema" % name, "python3-jsonschema missing")
     rep.equal("%s: prediction.step_s is the chosen candidate's" % name, pred["step_s"], pred["chosen"]["step_s"])
     for k, r in enumerate(pred["ranks"]):
         busy = sum(e["t1"] - e["t0"] for e in pred["timeline"] if e["rank"] == k and e["kind"] != "W")
@@ -312,8 +312,7 @@ def main():
     args = ap.parse_args()
     why = harness.missing(modules=("numpy",), programs=("mpirun",))
     if why:
-        print("SKIP: " + why)
-        return 0
+        return harness.skip(why)
     import numpy as np
     rep = harness.Report()
     if not rep.executable(args.cleave):

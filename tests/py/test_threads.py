@@ -18,7 +18,7 @@ trains 12 steps with momentum on the same data, and checks:
   and weights of 2 ranks of 1 thread.
 
 usage: test_threads.py --cleave BIN --workdir DIR
-Ends with a line "N passed, M failed"; SKIP (exit 0) without numpy/onnx.
+Ends with a line "N passed, M failed"; SKIP (exit 77) without numpy/onnx.
 """
 import argparse
 import json
@@ -70,8 +70,7 @@ def main():
     rep = harness.Report()
     why = harness.missing(modules=("numpy", "onnx"))
     if why:
-        print("SKIP: %s" % why)
-        return 0
+        return harness.skip(why)
     import numpy as np
     if not rep.executable(args.cleave):
         return rep.summary()
@@ -164,7 +163,7 @@ def main():
                       "%s vs %s" % (got[2][0][:3], got[1][0][:3]))
             rep.check("mlp: dp x2 --threads 2 weights identical to --threads 1", got[1][1] == got[2][1])
     else:
-        print("SKIP: mpirun not available for the dp run")
+        rep.skip("mlp: dp x2 --threads 2 losses and weights", "mpirun not available", 2)
     return rep.summary()
 
 

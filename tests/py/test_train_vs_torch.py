@@ -36,7 +36,7 @@ per-epoch wrap shows.
 
 Prints PASS/FAIL lines and finally `N passed, M failed`; exits 1 on failure.
 Without torch, or while the binary has no `compile` command, it prints
-"SKIP: reason" and exits 0.
+"SKIP: reason" and exits 77 (ctest's skip status).
 
     /usr/bin/python3 tests/py/test_train_vs_torch.py --cleave build/cleave --workdir /tmp/w
     /usr/bin/python3 tests/py/test_train_vs_torch.py --selftest   # torch side only
@@ -487,9 +487,8 @@ def main():
         sys.path.insert(0, HERE)
         import train_models as _tmod
     except ImportError as e:
-        print("SKIP: torch/onnx/numpy not available (%s); run with /usr/bin/python3 and "
-              "python3-torch, python3-onnx installed" % e)
-        return 0
+        return harness.skip("torch/onnx/numpy not available (%s); run with /usr/bin/python3 and "
+                            "python3-torch, python3-onnx installed" % e)
     np, torch, onnx, numpy_helper, tmod = _np, _torch, _onnx, _nh, _tmod
     torch.set_num_threads(1)
 
@@ -506,8 +505,7 @@ def main():
         if not rep.executable(cleave):
             return rep.summary()
         if not harness.compile_available(cleave):
-            print("SKIP: cleave compile not available (%s has no compile command yet)" % cleave)
-            return 0
+            return harness.skip("cleave compile not available (%s has no compile command yet)" % cleave)
 
     t0 = time.time()
     with harness.workdir(args.workdir, "cleave-train-") as workdir:

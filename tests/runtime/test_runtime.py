@@ -15,7 +15,8 @@ data-parallel program (fake_program_dp) with its guard rails.
     /usr/bin/python3 tests/runtime/test_runtime.py --bin-dir build/tests/runtime --workdir /tmp/w
 
 Prints PASS/FAIL per check and `N passed, M failed`; exits 1 on any failure.
-Without numpy or onnx it prints "SKIP: ..." and exits 0.
+Without numpy or onnx it prints "SKIP: ..." and exits 77 (ctest's skip
+status).
 """
 
 import argparse
@@ -710,9 +711,9 @@ def main():
         from onnx import numpy_helper as nh
     except ImportError:
         onnx_module = None
-    if np is None or onnx_module is None:
-        print("SKIP: numpy and onnx are needed (scripts/setup.sh installs them)")
-        return 0
+    why = harness.missing(("numpy", "onnx"))
+    if np is None or onnx_module is None or why:
+        return harness.skip("numpy and onnx are needed (scripts/setup.sh installs them): %s" % why)
     onnx, numpy_helper = onnx_module, nh
 
     work = os.path.abspath(args.workdir)
@@ -732,6 +733,8 @@ def main():
     check_mpi(rep, progs, x, y, files, work)
     if shutil.which("mpirun") is not None:
         check_dp(rep, progs, x, y, xe, ye, files, work)
+    else:
+        rep.skip("data-parallel runs", "mpirun not available")
     return rep.summary()
 
 

@@ -15,8 +15,14 @@
 const char *test_src_path(const char *rel);
 /* Runs the front end on a model; fails the test with the Diag on error. */
 Graph *test_load(const char *path, int64_t batch);
-/* Runs a suite and returns the process exit status. */
+/* Runs a suite and returns the process exit status: 1 on a failure, else
+ * TEST_SKIP_STATUS when every test called test_skip, else 0. */
 int test_run_suite(Suite *s);
+/* The status ctest reads as "skipped" (SKIP_RETURN_CODE in tests/CMakeLists.txt). */
+#define TEST_SKIP_STATUS 77
+/* Prints "SKIP: why" and counts the running test as skipped; the test
+ * returns after it.  test_run_suite reports the count. */
+void test_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Whether a file can be opened for reading. */
 bool test_file_exists(const char *path);
 /* An empty hand-built graph at `opset` of the default domain, with room

@@ -105,7 +105,7 @@ START_TEST(inferred_shapes_match_onnx_node_tests) {
     int count = 0;
     char **names = node_test_names(NULL, &count);
     if (!names) {
-        printf("SKIP: ../shared/onnx-node-tests not found\n");
+        test_skip("../shared/onnx-node-tests not found");
         return;
     }
     OpGroups groups = {0};

@@ -157,6 +157,91 @@ START_TEST(shape_ops) {
 }
 END_TEST
 
+/* Concat's rule: each input's gradient is its stretch of the output's,
+ * checked by finite differences at 15 inputs (the most one kernel takes
+ * today: 15 buffers in, 1 out), also past a constant input that needs no
+ * gradient, along either axis.  Inputs have lengths 1, 2, 3, 1, ... */
+static Value *concat_inputs(GradCase *k, int64_t axis, int n_params, int constant_at, Value **in, int *n_in) {
+    int n = 0;
+    for (int i = 0; i < n_params; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "X%d", i);
+        int64_t len = 1 + i % 3;
+        in[n++] = grad_param(k, name, 2, axis == 0 ? D(len, 3) : D(2, len));
+        if (i == constant_at)
+            in[n++] = grad_tensor(k, "C", VAL_CONSTANT, 2, axis == 0 ? D(2, 3) : D(2, 2), FILL_UNIFORM);
+    }
+    *n_in = n;
+    return op(k, "Concat", n, in, "axis", NULL, 1, (float)axis);
+}
+
+START_TEST(concat) {
+    const struct {
+        int64_t axis;
+        int n_params, constant_at;
+    } cases[] = {{1, 15, -1}, {0, 14, 6}, {-1, 14, 0}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        GradCase k;
+        grad_case_init(&k, &rules);
+        Value *in[16];
+        int n_in;
+        Value *y = concat_inputs(&k, cases[c].axis, cases[c].n_params, cases[c].constant_at, in, &n_in);
+        ck_assert_int_eq(n_in, 15);
+        grad_check(&k, y, 1e-2);
+    }
+}
+END_TEST
+
+/* More inputs than the backward sweep once had room for (16): the training
+ * graph gives each of 20 parameters its own Slice of the output's gradient,
+ * [offset, offset + length) along the axis, the ones past the 16th too. */
+START_TEST(concat_gradients_past_16_inputs) {
+    enum { N_PARAMS = 20 };
+    GradCase k;
+    grad_case_init(&k, &rules);
+    Value *in[N_PARAMS + 1];
+    int n_in;
+    Value *y = concat_inputs(&k, 1, N_PARAMS, 17, in, &n_in);
+    ck_assert_int_eq(n_in, N_PARAMS + 1);
+    Node *sum = grad_node(&k, "ReduceSum", 1, &y);
+    gb_attr_i(&k.gc, sum, "keepdims", 0);
+    Value *loss = grad_finish(&k, sum);
+    loss->is_output = true;
+    k.g->outputs[k.g->n_outputs++] = loss;
+    TrainOptions o = {.loss = LOSS_MODEL, .optimizer = OPT_SGD, .lr = 0};
+    TrainGraph t;
+    ck_assert_msg(train_build(k.g, &o, &t, &k.d), "%s", k.d.msg);
+    ck_assert_int_eq(t.n_params, N_PARAMS);
+    const Value *dy = NULL;
+    int64_t at = 0;
+    for (int i = 0; i < n_in; i++) {
+        if (in[i]->kind == VAL_CONSTANT) {
+            at += in[i]->dims[1].k;
+            continue;
+        }
+        int p = 0;
+        while (p < t.n_params && t.params[p] != in[i]) p++;
+        ck_assert_int_lt(p, t.n_params);
+        const Value *gw = t.grads[p];
+        ck_assert_msg(gw != NULL, "no gradient for %s (input %d of %d)", in[i]->name, i, n_in);
+        const Node *slice = gw->producer;
+        ck_assert_msg(slice && strcmp(slice->op_type, "Slice") == 0, "gradient of %s made by %s", in[i]->name,
+                      slice ? slice->op_type : "nothing");
+        if (!dy) dy = slice->in[0];
+        ck_assert_msg(slice->in[0] == dy, "%s: slices another value than the other inputs", in[i]->name);
+        int64_t len = in[i]->dims[1].k;
+        ck_assert_int_eq(const_get_i(slice->in[1]->konst, 0), at);
+        ck_assert_int_eq(const_get_i(slice->in[2]->konst, 0), at + len);
+        ck_assert_int_eq(const_get_i(slice->in[3]->konst, 0), 1);
+        ck_assert_int_eq(gw->dims[0].k, 2);
+        ck_assert_int_eq(gw->dims[1].k, len);
+        at += len;
+    }
+    ck_assert_int_eq(at, y->dims[1].k);
+    graph_free(k.g);
+}
+END_TEST
+
 START_TEST(reductions) {
     const char *ops[] = {"ReduceMean", "ReduceSum"};
     for (int i = 0; i < 2; i++) {
@@ -195,6 +280,8 @@ int main(void) {
     tcase_add_test(tc, softmax_family);
     tcase_add_test(tc, pow_by_constant);
     tcase_add_test(tc, shape_ops);
+    tcase_add_test(tc, concat);
+    tcase_add_test(tc, concat_gradients_past_16_inputs);
     tcase_add_test(tc, reductions);
     tcase_add_test(tc, softmax_cross_entropy);
     suite_add_tcase(s, tc);

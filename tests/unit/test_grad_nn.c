@@ -387,7 +387,7 @@ START_TEST(forward_matches_onnx_node_tests) {
     int count = 0;
     char **names = node_test_names(fwd_selected, &count);
     if (!names) {
-        printf("SKIP: %s not found\n", NODE_TESTS_DIR);
+        test_skip("%s not found", NODE_TESTS_DIR);
         return;
     }
     FwdTally tally[16];

@@ -214,6 +214,24 @@ START_TEST(op_table_entries_are_well_formed) {
 }
 END_TEST
 
+/* Input errors exit 1 (2 for usage), compiler bugs 70. */
+START_TEST(exit_statuses_by_kind) {
+    ck_assert_int_eq(diag_exit_status(DIAG_USAGE), 2);
+    for (DiagCode c = DIAG_IO; c < DIAG_INTERNAL; c++) ck_assert_int_eq(diag_exit_status(c), 1);
+    ck_assert_int_eq(diag_exit_status(DIAG_INTERNAL), 70);
+}
+END_TEST
+
+/* A broken invariant where no Diag can be returned stops the process with
+ * the internal-error status, in release builds too (no assert()). */
+START_TEST(broken_invariant_exits_70) {
+    Graph *g = test_graph_new("bug", 17, 0, 0);
+    Value *v = graph_add_value(g, "v");
+    Dim dims[MAX_RANK + 1] = {0};
+    value_set_shape(v, MAX_RANK + 1, dims);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("ir");
     TCase *tc = tcase_create("ir");
@@ -221,6 +239,8 @@ int main(void) {
     tcase_add_test(tc, arena_zeroes_and_refuses_overflow);
     tcase_add_test(tc, arena_fault_injection_fails_the_nth);
     tcase_add_test(tc, diag_keeps_first_error);
+    tcase_add_test(tc, exit_statuses_by_kind);
+    tcase_add_exit_test(tc, broken_invariant_exits_70, 70);
     tcase_add_test(tc, infers_broadcast_and_matmul_with_symbolic_batch);
     tcase_add_test(tc, binding_the_batch_makes_shapes_concrete);
     tcase_add_test(tc, inner_dimension_mismatch_names_the_node);

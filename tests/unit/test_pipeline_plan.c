@@ -787,7 +787,8 @@ START_TEST(pipeline_plans_on_a_chain) {
     plan_ok(&k, 4, 1, "layer", NULL, 0, &p);
     ck_assert_str_eq(strategy_name(p.strategy), "layer");
     Diag d = {0};
-    expect_error(plan_pipeline(k.g, &k.t, 8, 4, 4, "layer", NULL, 0, &p, &d), &d, "--strategy layer");
+    expect_error(plan_pipeline(k.g, &k.t, 8, 4, 4, "layer", NULL, 0, &p, &d), &d, "schedule layer planned with 4 micro-batches");
+    ck_assert_int_eq(d.code, DIAG_INTERNAL); /* the flags are checked before (compile_options.c) */
     d = (Diag){0};
     expect_error(plan_pipeline(k.g, &k.t, 6, 2, 4, "gpipe", NULL, 0, &p, &d), &d, "--batch 6 does not divide");
     d = (Diag){0};
