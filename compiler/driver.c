@@ -58,7 +58,7 @@ static void report_plan(const Plan *p, const CompileOptions *o) {
     for (int r = 0; r < p->n_ranks; r++)
         if (p->ranks[r].arena_bytes > arena) arena = p->ranks[r].arena_bytes;
     if (o->verbose)
-        for (int r = 0; r < (p->n_stages ? p->n_stages : 1); r++) {
+        for (int r = 0; r < p->n_stages; r++) {
             const RankPlan *rp = plan_stage_rank(p, r);
             fprintf(stderr,
                     "cleave: %s: program %d: %d train steps, %d eval steps; arena %lld bytes: %lld persistent, "

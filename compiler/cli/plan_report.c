@@ -129,7 +129,7 @@ static json_t *rank_predictions(const Plan *p, const SimResult *r) {
     for (int k = 0; k < r->n_ranks; k++) {
         const SimRank *x = &r->ranks[k];
         json_array_append_new(a, json_pack("{s:i, s:i, s:f, s:f, s:f, s:I, s:I, s:I}", "rank", k, "stage",
-                                           p->n_stages ? p->ranks[k].stage : 0, "end_s", x->end_s, "busy_s", x->busy_s,
+                                           p->ranks[k].stage, "end_s", x->end_s, "busy_s", x->busy_s,
                                            "wait_s", x->wait_s, "sent_bytes", (json_int_t)x->sent_bytes,
                                            "reduced_bytes", (json_int_t)x->reduced_bytes, "arena_bytes",
                                            (json_int_t)x->arena_bytes));
@@ -217,7 +217,7 @@ static json_t *timeline_json(const Plan *p, const SimResult *r) {
     for (int i = 0, j; i < r->n_events; i = j) {
         SimEvent e = ev[i];
         for (j = i + 1; j < r->n_events && same_unit(&ev[j - 1], &ev[j]); j++) e.t1 = ev[j].t1;
-        json_array_append_new(a, event_json(e.rank, e.t0, e.t1, e.kind, p->n_stages ? e.micro : -1,
+        json_array_append_new(a, event_json(e.rank, e.t0, e.t1, e.kind, e.micro,
                                             wait_name(e.wait), e.peer));
         bool last = j == r->n_events || ev[j].rank != e.rank;
         if (last && r->step_s > r->ranks[e.rank].end_s)
@@ -294,15 +294,13 @@ static void put_escaped(const char *s, bool xml) {
 static void print_dot(const Plan *p) {
     const Graph *g = p->g;
     printf("digraph plan {\n  rankdir=LR;\n  node [shape=box, fontsize=10];\n");
-    int stages = p->n_stages ? p->n_stages : 1;
-    for (int st = 0; st < stages; st++) {
+    for (int st = 0; st < p->n_stages; st++) {
         printf("  subgraph cluster_%d {\n    label=\"stage %d", st, st);
-        if (p->n_stages) printf(" (%.3g GFLOP)", p->stage_flops[st] / 1e9);
+        printf(" (%.3g GFLOP)", p->stage_flops[st] / 1e9);
         printf("\";\n");
         GRAPH_FOR_NODES(g, n) {
             if (n->phase != PHASE_FORWARD) continue;
-            int ns = p->n_stages ? p->node_stage[n->id] : 0;
-            if (ns != st) continue;
+            if (p->node_stage[n->id] != st) continue;
             printf("    n%d [label=\"", n->id);
             put_escaped(n->name, false);
             printf("\\n%s\"];\n", n->op_type);
@@ -315,7 +313,7 @@ static void print_dot(const Plan *p) {
             const Value *v = n->in[k];
             const Node *pr = v ? v->producer : NULL;
             if (!pr || pr->dead || pr->phase != PHASE_FORWARD) continue;
-            bool cross = p->n_stages && p->node_stage[pr->id] != p->node_stage[n->id];
+            bool cross = p->node_stage[pr->id] != p->node_stage[n->id];
             if (cross)
                 printf("  n%d -> n%d [color=red, label=\"%.3g MB\"];\n", pr->id, n->id,
                        (double)plan_value_bytes(v) / 1e6);
@@ -344,10 +342,7 @@ static void print_svg(const Plan *p, const SimResult *r, const char *title) {
     for (int k = 0; k < rows; k++) {
         int y = TOP + k * ROW;
         const RankPlan *rp = &p->ranks[k];
-        if (p->n_stages)
-            printf("<text x=\"4\" y=\"%d\">rank %d s%d r%d</text>\n", y + 12, k, rp->stage, rp->replica);
-        else
-            printf("<text x=\"4\" y=\"%d\">rank %d</text>\n", y + 12, k);
+        printf("<text x=\"4\" y=\"%d\">rank %d s%d r%d</text>\n", y + 12, k, rp->stage, rp->replica);
     }
     for (int i = 0; i < r->n_events; i++) {
         const SimEvent *e = &r->events[i];

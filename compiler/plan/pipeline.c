@@ -262,11 +262,10 @@ static bool analyse(Ctx *c, const StageSplit *sp) {
 static int rank_of(const Ctx *c, int replica, int stage) { return plan_rank_of(c->p, replica, stage); }
 
 int plan_rank_of(const Plan *p, int replica, int stage) {
-    if (!p->n_stages) return replica;
     return p->placement == PLACE_BY_STAGE ? stage * p->replicas + replica : replica * p->n_stages + stage;
 }
 
-const RankPlan *plan_stage_rank(const Plan *p, int s) { return &p->ranks[p->n_stages ? plan_rank_of(p, 0, s) : 0]; }
+const RankPlan *plan_stage_rank(const Plan *p, int s) { return &p->ranks[plan_rank_of(p, 0, s)]; }
 
 const char *plan_placement_name(Placement pl) { return pl == PLACE_BY_STAGE ? "by_stage" : "by_replica"; }
 
