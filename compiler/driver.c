@@ -109,6 +109,8 @@ bool driver_build_plan(const CompileOptions *o, const Layout *l, KernelProfile *
     if (!g) return false;
     TrainOptions to = o->train;
     to.replicas = l->replicas * l->microbatches;
+    to.stat_replicas = l->replicas;
+    to.microbatches = l->microbatches;
     if (!train_build(g, &to, t, d) || !ir_verify(g, d) || !plan_layout(o, l, profile, g, t, p, d)) {
         graph_free(g);
         return false;

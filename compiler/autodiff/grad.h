@@ -16,6 +16,8 @@ struct GradCtx {
     Diag *d;
     NodePhase phase; /* phase given to built nodes */
     int replicas;    /* data-parallel replicas (gradient seed 1/replicas) */
+    int stat_replicas; /* replicas whose rows batch statistics cover */
+    int microbatches;  /* micro-batches of a step (1: the rank's rows at once) */
     Node *origin;    /* given to built nodes (see Node.origin) */
 };
 

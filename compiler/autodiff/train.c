@@ -92,6 +92,16 @@ static bool frozen(const TrainOptions *o, const char *name) {
     return false;
 }
 
+/* An initializer a node updates in place (batch normalisation's running
+ * statistics): state the trained model saves with its parameters. */
+static bool is_updated_state(const Graph *g, const Value *v) {
+    GRAPH_FOR_NODES(g, n) {
+        for (int i = 0; i < n->n_in && i < 32; i++)
+            if (n->in[i] == v && n->def && (n->def->mutates_inputs >> i) & 1) return true;
+    }
+    return false;
+}
+
 static bool collect_params(Graph *g, const TrainOptions *o, TrainGraph *t, bool *requires, Diag *d) {
     for (int i = 0; i < o->n_freeze; i++) {
         Value *v = graph_find_value(g, o->freeze[i]);
@@ -104,12 +114,14 @@ static bool collect_params(Graph *g, const TrainOptions *o, TrainGraph *t, bool 
     if (!t->params || !t->grads) return diag_error(d, DIAG_NOMEM, "%s: out of memory", g->path);
     for (int i = 0; i < g->n_values; i++) {
         Value *v = g->values[i];
-        if (v->kind != VAL_INITIALIZER || !dtype_is_float(v->dtype) || !value_is_trainable(g, v)) continue;
+        if (v->kind != VAL_INITIALIZER || !dtype_is_float(v->dtype)) continue;
+        bool weight = value_is_trainable(g, v);
+        if (!weight && !is_updated_state(g, v)) continue;
         if (v->dtype != DT_FLOAT)
             return diag_error(d, DIAG_UNSUPPORTED, "%s: parameter '%s' is %s; training supports float32 parameters",
                               g->path, v->name, dtype_name(v->dtype));
         t->params[t->n_params++] = v;
-        if (!frozen(o, v->name)) requires[v->id] = true;
+        if (weight && !frozen(o, v->name)) requires[v->id] = true;
     }
     return true;
 }
@@ -282,10 +294,24 @@ static bool build_optimizer(GradCtx *c, const TrainOptions *o, TrainGraph *t) {
     return true;
 }
 
+/* Nodes whose training differs from their inference (OpDef.train_form)
+ * are replaced by the nodes that train them, before anything reads the
+ * graph as a training graph. */
+static bool training_forms(GradCtx *c) {
+    int n = c->g->n_nodes; /* the nodes the rules add need no replacing */
+    for (int i = 0; i < n && !diag_failed(c->d); i++) {
+        Node *node = c->g->nodes[i];
+        if (!node->dead && node->def && node->def->train_form && !node->def->train_form(c, node)) return false;
+    }
+    return !diag_failed(c->d);
+}
+
 bool train_build(Graph *g, const TrainOptions *o, TrainGraph *t, Diag *d) {
     memset(t, 0, sizeof *t);
-    GradCtx c = {g, d, PHASE_LOSS, o->replicas};
-    if (!build_loss(&c, o, t)) return false;
+    GradCtx c = {.g = g, .d = d, .phase = PHASE_LOSS, .replicas = o->replicas,
+                 .stat_replicas = o->stat_replicas > 1 ? o->stat_replicas : 1,
+                 .microbatches = o->microbatches > 1 ? o->microbatches : 1};
+    if (!training_forms(&c) || !build_loss(&c, o, t)) return false;
     t->lr = add_state_scalar(g, "cleave.lr", d);
     t->step = add_state_scalar(g, "cleave.step", d);
     if (!t->lr || !t->step) return false;

@@ -25,6 +25,10 @@ typedef struct TrainOptions {
      * gradient gets a buffer of its own that an allreduce may update in
      * place. */
     int replicas;
+    /* Layout the graph trains under: batch statistics (BatchNormalization's
+     * training form) cover the rows of stat_replicas data-parallel replicas
+     * (1: each replica's own, as PyTorch DDP); microbatches per step. */
+    int stat_replicas, microbatches;
 } TrainOptions;
 
 typedef struct TrainGraph {
@@ -33,7 +37,8 @@ typedef struct TrainGraph {
     Value *labels; /* added input, NULL for LOSS_MODEL */
     Value *lr, *step;
     int n_params;
-    Value **params; /* float initializers read as weights */
+    Value **params; /* float initializers read as weights, and those updated
+                       in place as state (running statistics) */
     Value **grads;  /* gradient per param, NULL if frozen or unused */
 } TrainGraph;
 

@@ -41,6 +41,8 @@ struct Cg {
     Diag *d;
     const Plan *plan;
     CgKernel *kernels; /* per node id */
+    CgKernel *eval_kernels; /* per node id: the eval step's (OpDef.cg_eval) */
+    bool eval_form;         /* cg_kernel_begin builds into eval_kernels */
     CgFuse *fuse;      /* fused element-wise chains (cg_fuse.h) */
     /* the kernel being built */
     const Node *node;

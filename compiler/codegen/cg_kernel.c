@@ -69,8 +69,9 @@ bool cg_kernel_begin(Cg *c, const Node *n, int n_bufs, const Value *const *bufs)
             if (j != i && (bufs[j] == bufs[i] || cg_may_share(c, n, bufs[i], bufs[j]))) shared[i] = true;
     }
     char name[64];
-    snprintf(name, sizeof name, "k%d_%s", n->id, n->op_type);
-    return cg_kernel_begin_as(c, &c->kernels[n->id], name, n, n_bufs, bufs, shared);
+    snprintf(name, sizeof name, "k%d_%s%s", n->id, n->op_type, c->eval_form ? "_eval" : "");
+    CgKernel *k = c->eval_form ? &c->eval_kernels[n->id] : &c->kernels[n->id];
+    return cg_kernel_begin_as(c, k, name, n, n_bufs, bufs, shared);
 }
 
 bool cg_kernel_begin_io(Cg *c, const Node *n) {

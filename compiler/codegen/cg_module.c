@@ -193,7 +193,7 @@ static bool build_step_fn(Cg *c, const char *name, int prog, int pass, const Ran
         if (st->kind == STEP_COMPUTE) {
             int span = 1;
             const CgKernel *k = cg_fused_at(c, prog, pass, s, &span);
-            if (!k) k = &c->kernels[st->node->id];
+            if (!k) k = pass == 1 && st->node->def->cg_eval ? &c->eval_kernels[st->node->id] : &c->kernels[st->node->id];
             s += span - 1; /* a fused chain stands for its steps, all in this unit */
             if (!k->fn) continue;
             LLVMValueRef args[CG_MAX_BUFS];
@@ -322,7 +322,23 @@ static LLVMTargetMachineRef make_target(const CgOptions *o, Diag *d) {
     return tm;
 }
 
+/* The eval step's own kernels (OpDef.cg_eval), one per node. */
+static bool generate_eval_kernels(Cg *c, const RankPlan *rp) {
+    for (int s = 0; s < rp->n_eval; s++) {
+        const Node *n = rp->eval[s].node;
+        if (rp->eval[s].kind != STEP_COMPUTE || !n->def || !n->def->cg_eval || c->eval_kernels[n->id].n_bufs) continue;
+        c->eval_form = true;
+        bool ok = n->def->cg_eval(c, n) && !diag_failed(c->d);
+        c->eval_form = false;
+        if (!ok)
+            return diag_error(c->d, DIAG_INTERNAL, "%s: node '%s' (%s): code generation of the eval kernel failed",
+                              c->g->path, n->name, n->op_type);
+    }
+    return true;
+}
+
 static bool generate_kernels(Cg *c, const RankPlan *rp, CgShare *share) {
+    if (!generate_eval_kernels(c, rp)) return false;
     for (int s = 0; s < rp->n_train; s++) {
         if (rp->train[s].kind != STEP_COMPUTE) continue;
         const Node *n = rp->train[s].node;
@@ -438,6 +454,7 @@ void cg_module_free(CgModule *m) {
     if (m->tsc) LLVMOrcDisposeThreadSafeContext(m->tsc);
     if (m->tm) LLVMDisposeTargetMachine(m->tm);
     free(m->c.kernels);
+    free(m->c.eval_kernels);
     cg_fuse_free(m->c.fuse);
     free(m);
 }
@@ -454,11 +471,12 @@ CgModule *cg_build(const Plan *p, const CgOptions *o, Diag *d) {
     c->d = d;
     c->plan = p;
     c->kernels = calloc((size_t)p->g->n_nodes + 1, sizeof *c->kernels);
+    c->eval_kernels = calloc((size_t)p->g->n_nodes + 1, sizeof *c->eval_kernels);
     size_t model_len = 0;
     uint8_t *model = o->model_path ? file_read_all(o->model_path, &model_len, d) : calloc(1, 1);
     size_t img_len = 0;
     unsigned char *img = model ? all_images(p, &img_len, d) : NULL;
-    m->tm = model && img && c->kernels ? make_target(o, d) : NULL;
+    m->tm = model && img && c->kernels && c->eval_kernels ? make_target(o, d) : NULL;
     if (!m->tm) {
         if (!diag_failed(d)) diag_error(d, DIAG_NOMEM, "out of memory");
         free(model);

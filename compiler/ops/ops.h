@@ -75,6 +75,22 @@ typedef struct OpDef {
      * function: codegen may fuse a chain of such nodes into one loop
      * (codegen/cg_fuse.c).  NULL: the node's kernel always runs alone. */
     struct LLVMOpaqueValue *(*scalar)(Cg *c, const Node *n, struct LLVMOpaqueValue **x);
+    /* Ops that compute differently in training (BatchNormalization with
+     * batch statistics, Dropout): replaces node n, before the backward
+     * sweep, with the nodes that train it (built with the grad.h
+     * builders; n itself may be turned into one of them).  NULL: the
+     * node trains as it is. */
+    bool (*train_form)(GradCtx *c, Node *n);
+    /* The kernel the eval step runs for the node (running statistics
+     * instead of the batch's, no dropout).  NULL: the same kernel as the
+     * train step.  A rule that emits nothing leaves the node out of the
+     * eval step. */
+    bool (*cg_eval)(Cg *c, const Node *n);
+    /* Bit k: output k is a sum over this replica's rows that the plan sums
+     * over the replicas of the stage (STEP_ALLREDUCE, right after the
+     * node) when the node's "replicas" attribute is above 1: batch
+     * statistics computed over the global batch. */
+    uint32_t replica_sums;
 } OpDef;
 
 enum { DENSE_GEMM = 1, DENSE_CONV = 2 };

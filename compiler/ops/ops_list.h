@@ -17,3 +17,5 @@ X(SoftmaxCrossEntropyLossGrad) X(SumTo) X(ReluGrad) X(LeakyReluGrad) X(SigmoidGr
 X(TanhGrad) X(SoftmaxGrad) X(LogSoftmaxGrad) X(ReduceGrad) X(SGD) X(Adam) X(MatMulT)
 /* gradients of convolution, pooling and normalisation (ops_nn.c) */
 X(ConvGradInput) X(ConvGradWeight) X(ConvGradBias) X(MaxPoolGrad) X(AveragePoolGrad) X(BatchNormGrad) X(LayerNormGrad)
+/* batch normalisation's training form (ops_batchnorm.c) */
+X(BatchNormStats) X(BatchNormTrain) X(BatchNormRunning) X(BatchNormGradStats) X(BatchNormGradInput)

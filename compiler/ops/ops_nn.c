@@ -1,8 +1,8 @@
 /* ops_nn.c - convolution, pooling and normalisation layers (NCHW): shape
  * rules, forward kernels, gradient rules, and the internal ops of domain
  * "cleave" those gradients are built from (ConvGradInput, ConvGradWeight,
- * ConvGradBias, MaxPoolGrad, AveragePoolGrad, BatchNormGrad,
- * LayerNormGrad).  Forward and gradient kernels walk the same window
+ * ConvGradBias, MaxPoolGrad, AveragePoolGrad, LayerNormGrad).  Batch
+ * normalisation is in ops_batchnorm.c.  Forward and gradient kernels walk the same window
  * geometry, so they live together. */
 #include <math.h>
 #include <string.h>
@@ -11,6 +11,7 @@
 #include "ops_families.h"
 #include "../autodiff/grad.h"
 #include "../codegen/cg.h"
+#include "ops_cg.h"
 
 /* Spatial output sizes for Conv and the pools, honouring auto_pad, pads,
  * strides, dilations and ceil_mode.  `kernel` holds the window size per
@@ -150,33 +151,6 @@ static double flops_global_pool(const Node *n) {
     return e < 0 ? 0 : (double)e;
 }
 
-/* X, scale, B, mean, var.  The optional outputs are statistics of length
- * C: running mean and variance (training mode), and before opset 14 also
- * the saved batch mean and variance; means take the type of input 3 and
- * variances that of input 4. */
-static bool infer_batchnorm(OpCtx *c, Node *n) {
-    const Value *x = n->in[0];
-    if (x->rank < 2) return op_error(c, n, "input rank %d; at least 2 required", x->rank);
-    if (c->opset < 9 && node_attr_i(n, "spatial", 1) == 0)
-        return op_error_kind(c, n, DIAG_UNSUPPORTED,
-                             "spatial=0 (statistics per element, not per channel) is not supported");
-    int max_out = c->opset >= 14 ? 3 : 5;
-    if (n->n_out > max_out)
-        return op_error_kind(c, n, DIAG_GRAPH, "has %d outputs; opset %lld allows at most %d", n->n_out,
-                             (long long)c->opset, max_out);
-    Dim ch = x->dims[1];
-    for (int i = 1; i < n->n_in; i++) {
-        const Value *p = n->in[i];
-        if (!p) continue;
-        if (p->rank != 1 || (dim_is_const(p->dims[0]) && dim_is_const(ch) && p->dims[0].k != ch.k)) {
-            char cs[64];
-            return op_error(c, n, "'%s' must be 1-D of length C = %s", p->name, dim_str(c->g, ch, cs, sizeof cs));
-        }
-    }
-    same_as_input(n, 0, 0);
-    for (int k = 1; k < n->n_out; k++) set_out(n, k, n->in[k % 2 ? 3 : 4]->dtype, 1, &ch);
-    return true;
-}
 
 static bool infer_layernorm(OpCtx *c, Node *n) {
     const Value *x = n->in[0];
@@ -313,30 +287,6 @@ static LLVMValueRef in_pos(Cg *c, const Win *w, int j, LLVMValueRef o, LLVMValue
     return cg_add(c, affine(c, -w->pb[j], o, w->s[j]), cg_mul(c, k, w->d[j]));
 }
 
-/* for (iv = lo; iv < hi; iv++); no iterations when hi <= lo. */
-static LLVMValueRef for_range(Cg *c, CgLoop *l, LLVMValueRef lo, LLVMValueRef hi) {
-    return cg_add(c, lo, cg_for(c, l, LLVMBuildNSWSub(c->b, hi, lo, "")));
-}
-
-/* A stack of open loops, closed innermost first. */
-typedef struct Nest {
-    CgLoop l[2 * MAX_RANK + 2];
-    int n;
-} Nest;
-
-static LLVMValueRef nest_for(Cg *c, Nest *ns, LLVMValueRef n) { return cg_for(c, &ns->l[ns->n++], n); }
-static LLVMValueRef nest_range(Cg *c, Nest *ns, LLVMValueRef lo, LLVMValueRef hi) {
-    return for_range(c, &ns->l[ns->n++], lo, hi);
-}
-static void nest_close(Cg *c, Nest *ns) {
-    while (ns->n > 0) cg_for_end(c, &ns->l[--ns->n]);
-}
-
-static LLVMValueRef f_add(Cg *c, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFAdd(c->b, a, b, ""); }
-static LLVMValueRef f_sub(Cg *c, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFSub(c->b, a, b, ""); }
-static LLVMValueRef f_mul(Cg *c, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFMul(c->b, a, b, ""); }
-static LLVMValueRef f_div(Cg *c, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFDiv(c->b, a, b, ""); }
-static LLVMValueRef load_f(Cg *c, LLVMValueRef slot) { return LLVMBuildLoad2(c->b, c->t_f32, slot, ""); }
 
 /* v[i] += x */
 static void add_to(Cg *c, const Value *v, LLVMValueRef i, LLVMValueRef x) {
@@ -811,84 +761,7 @@ static bool k_global_avgpool(Cg *c, const Node *n) {
     return true;
 }
 
-/* ==== BatchNormalization (inference form) ==== */
 
-/* True (with the Diag set) when the node is not the inference form. */
-static bool bn_refused(Diag *d, const Graph *g, const Node *n) {
-    if (node_attr_i(n, "training_mode", 0) != 0) {
-        diag_error(d, DIAG_UNSUPPORTED,
-                   "%s: node '%s' (BatchNormalization): training_mode=1 (batch statistics) is not supported; only "
-                   "the inference form with running mean and variance is",
-                   g->path, n->name);
-        return true;
-    }
-    for (int k = 1; k < n->n_out; k++)
-        if (n->out[k]) {
-            diag_error(d, DIAG_UNSUPPORTED,
-                       "%s: node '%s' (BatchNormalization): output %d ('%s') is requested; only Y of the inference "
-                       "form is supported",
-                       g->path, n->name, k, n->out[k]->name);
-            return true;
-        }
-    return false;
-}
-
-static LLVMValueRef inv_std(Cg *c, LLVMValueRef var, float eps) {
-    return f_div(c, cg_f32(c, 1), cg_math(c, "sqrt", f_add(c, var, cg_f32(c, eps)), NULL));
-}
-
-/* Y = (X - mean[c]) * (scale[c] / sqrt(var[c] + eps)) + B[c] */
-static bool k_batchnorm(Cg *c, const Node *n) {
-    if (bn_refused(c->d, c->g, n)) return false;
-    const Value *X = n->in[0], *S = n->in[1], *B = n->in[2], *M = n->in[3], *V = n->in[4], *Y = n->out[0];
-    float eps = node_attr_f(n, "epsilon", 1e-5f);
-    int64_t outer, C, inner;
-    cg_axis_split(X, 1, &outer, &C, &inner);
-    const Value *bufs[6] = {X, S, B, M, V, Y};
-    if (!cg_kernel_begin(c, n, 6, bufs)) return false;
-    Nest ns = {.n = 0};
-    LLVMValueRef nn = nest_for(c, &ns, cg_i64(c, outer)), ch = nest_for(c, &ns, cg_i64(c, C));
-    LLVMValueRef a = f_mul(c, cg_load(c, S, ch), inv_std(c, cg_load(c, V, ch), eps));
-    LLVMValueRef mean = cg_load(c, M, ch), bias = cg_load(c, B, ch);
-    LLVMValueRef base = cg_mul(c, cg_mad(c, nn, C, ch), inner);
-    LLVMValueRef i = cg_add(c, base, nest_for(c, &ns, cg_i64(c, inner)));
-    cg_store(c, Y, i, f_add(c, f_mul(c, f_sub(c, cg_load(c, X, i), mean), a), bias));
-    nest_close(c, &ns);
-    cg_kernel_end(c);
-    return true;
-}
-
-/* BatchNormGrad(dY, X, scale, mean, var) -> dX, dScale, dB of the
- * inference form: dX = dY * scale * invstd, dScale[c] = sum dY * xhat,
- * dB[c] = sum dY. */
-static bool k_batchnorm_grad(Cg *c, const Node *n) {
-    const Value *dY = n->in[0], *X = n->in[1], *S = n->in[2], *M = n->in[3], *V = n->in[4];
-    const Value *dX = n->out[0], *dS = n->out[1], *dB = n->out[2];
-    float eps = node_attr_f(n, "epsilon", 1e-5f);
-    int64_t outer, C, inner;
-    cg_axis_split(X, 1, &outer, &C, &inner);
-    if (!cg_kernel_begin_io(c, n)) return false;
-    LLVMValueRef s1 = cg_alloca(c, c->t_f32), s2 = cg_alloca(c, c->t_f32);
-    Nest ns = {.n = 0};
-    LLVMValueRef ch = nest_for(c, &ns, cg_i64(c, C));
-    LLVMValueRef inv = inv_std(c, cg_load(c, V, ch), eps);
-    LLVMValueRef a = f_mul(c, cg_load(c, S, ch), inv), mean = cg_load(c, M, ch);
-    LLVMBuildStore(c->b, cg_f32(c, 0), s1);
-    LLVMBuildStore(c->b, cg_f32(c, 0), s2);
-    Nest in = {.n = 0};
-    LLVMValueRef nn = nest_for(c, &in, cg_i64(c, outer));
-    LLVMValueRef i = cg_add(c, cg_mul(c, cg_mad(c, nn, C, ch), inner), nest_for(c, &in, cg_i64(c, inner)));
-    LLVMValueRef dy = cg_load(c, dY, i);
-    cg_store(c, dX, i, f_mul(c, dy, a));
-    LLVMBuildStore(c->b, f_add(c, load_f(c, s1), dy), s1);
-    LLVMBuildStore(c->b, f_add(c, load_f(c, s2), f_mul(c, dy, f_sub(c, cg_load(c, X, i), mean))), s2);
-    nest_close(c, &in);
-    cg_store(c, dB, ch, load_f(c, s1));
-    cg_store(c, dS, ch, f_mul(c, load_f(c, s2), inv));
-    nest_close(c, &ns);
-    cg_kernel_end(c);
-    return true;
-}
 
 /* ==== LayerNormalization ==== */
 
@@ -1141,20 +1014,6 @@ static bool g_global_avgpool(GradCtx *c, Node *n, Value *const *dy, Value **dx, 
     return true;
 }
 
-/* Inference form: mean and var are state, so only X, scale and B get
- * gradients, from one BatchNormGrad node. */
-static bool g_batchnorm(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
-    if (bn_refused(c->d, c->g, n)) return false;
-    if (!need[0] && !need[1] && !need[2]) return true;
-    Value *in[5] = {dy[0], n->in[0], n->in[1], n->in[3], n->in[4]};
-    Node *g = gb_start(c, "cleave", "BatchNormGrad", 5, in, 3);
-    if (!g) return false;
-    gb_attr_f(c, g, "epsilon", node_attr_f(n, "epsilon", 1e-5f));
-    if (!gb_finish(c, g)) return false;
-    for (int i = 0; i < 3; i++)
-        if (need[i]) dx[i] = g->out[i];
-    return true;
-}
 
 static bool g_layernorm(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
     if ((n->n_out > 1 && dy[1]) || (n->n_out > 2 && dy[2]))
@@ -1226,13 +1085,6 @@ static bool infer_like_second(OpCtx *c, Node *n) {
 
 static bool infer_avgpool_grad(OpCtx *c, Node *n) { return spatial_out(c, n, n->in[0]->dims[1]); }
 
-static bool infer_bn_grad(OpCtx *c, Node *n) {
-    (void)c;
-    same_as_input(n, 0, 1);
-    same_as_input(n, 1, 2);
-    same_as_input(n, 2, 2);
-    return true;
-}
 
 static bool infer_ln_grad(OpCtx *c, Node *n) {
     const Value *x = n->in[1];
@@ -1276,8 +1128,6 @@ static const AttrSpec attrs_avgpool[] = {
     {"count_include_pad", ATTR_INT, .i = 0}, {"dilations", ATTR_INTS},
     {"kernel_shape", ATTR_INTS, .required = true}, {"pads", ATTR_INTS}, {"strides", ATTR_INTS}, {0}};
 static const AttrSpec attrs_none[] = {{0}};
-static const AttrSpec attrs_bn[] = {
-    {"epsilon", ATTR_FLOAT, .f = 1e-5f}, {"momentum", ATTR_FLOAT, .f = 0.9f}, {"training_mode", ATTR_INT, .i = 0}, {0}};
 static const AttrSpec attrs_ln[] = {
     {"axis", ATTR_INT, .i = -1}, {"epsilon", ATTR_FLOAT, .f = 1e-5f}, {"stash_type", ATTR_INT, .i = 1}, {0}};
 
@@ -1294,15 +1144,12 @@ static const AttrSpec attrs_maxpool_grad[] = {
 static const AttrSpec attrs_avgpool_grad[] = {
     {"count_include_pad", ATTR_INT, .i = 0}, {"dilations", ATTR_INTS}, {"kernel_shape", ATTR_INTS, .required = true},
     {"pads", ATTR_INTS}, {"spatial", ATTR_INTS, .required = true}, {"strides", ATTR_INTS}, {0}};
-static const AttrSpec attrs_bn_grad[] = {{"epsilon", ATTR_FLOAT, .f = 1e-5f}, {0}};
 static const AttrSpec attrs_ln_grad[] = {{"axis", ATTR_INT, .i = -1}, {"epsilon", ATTR_FLOAT, .f = 1e-5f}, {0}};
 
 const OpDef op_Conv = {"Conv", "", 1, 0, 2, 3, 1, 1, attrs_conv, 0, infer_conv, NULL, flops_conv, .grad = g_conv, .cg = k_conv, .dense = DENSE_CONV};
 const OpDef op_MaxPool = {"MaxPool", "", 1, 0, 1, 1, 1, 2, attrs_maxpool, 0, infer_pool, NULL, flops_pool, .grad = g_maxpool, .cg = k_maxpool};
 const OpDef op_AveragePool = {"AveragePool", "", 1, 0, 1, 1, 1, 1, attrs_avgpool, 0, infer_pool, NULL, flops_pool, .grad = g_avgpool, .cg = k_avgpool};
 const OpDef op_GlobalAveragePool = {"GlobalAveragePool", "", 1, 0, 1, 1, 1, 1, attrs_none, 0, infer_global_pool, NULL, flops_global_pool, .grad = g_global_avgpool, .cg = k_global_avgpool};
-/* Inputs 3 and 4 (running mean and variance) are state, not weights. */
-const OpDef op_BatchNormalization = {"BatchNormalization", "", 1, 0, 5, 5, 1, 5, attrs_bn, (1u << 3) | (1u << 4), infer_batchnorm, NULL, flops_norm, .grad = g_batchnorm, .cg = k_batchnorm};
 const OpDef op_LayerNormalization = {"LayerNormalization", "", 17, 0, 2, 3, 1, 3, attrs_ln, 0, infer_layernorm, NULL, flops_norm, .grad = g_layernorm, .cg = k_layernorm};
 
 const OpDef op_ConvGradInput = {"ConvGradInput", "cleave", 1, 0, 2, 2, 1, 1, attrs_conv_grad_input, 0, infer_conv_grad_input, NULL, flops_conv_grad, .cg = k_conv_grad_input, .dense = DENSE_CONV};
@@ -1310,6 +1157,4 @@ const OpDef op_ConvGradWeight = {"ConvGradWeight", "cleave", 1, 0, 2, 2, 1, 1, a
 const OpDef op_ConvGradBias = {"ConvGradBias", "cleave", 1, 0, 1, 1, 1, 1, attrs_none, 0, infer_conv_grad_bias, NULL, flops_in_elems, .cg = k_conv_grad_bias};
 const OpDef op_MaxPoolGrad = {"MaxPoolGrad", "cleave", 1, 0, 2, 2, 1, 1, attrs_maxpool_grad, 0, infer_like_second, NULL, flops_pool, .cg = k_maxpool_grad};
 const OpDef op_AveragePoolGrad = {"AveragePoolGrad", "cleave", 1, 0, 1, 1, 1, 1, attrs_avgpool_grad, 0, infer_avgpool_grad, NULL, flops_pool, .cg = k_avgpool_grad};
-/* BatchNormGrad reads the running statistics as state, as the forward op does. */
-const OpDef op_BatchNormGrad = {"BatchNormGrad", "cleave", 1, 0, 5, 5, 3, 3, attrs_bn_grad, (1u << 3) | (1u << 4), infer_bn_grad, NULL, flops_norm_grad, .cg = k_batchnorm_grad};
 const OpDef op_LayerNormGrad = {"LayerNormGrad", "cleave", 1, 0, 3, 3, 3, 3, attrs_ln_grad, 0, infer_ln_grad, NULL, flops_norm_grad, .cg = k_layernorm_grad};

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "pipeline.h"
+#include "../ops/ops.h"
 
 /* A growing step sequence (malloc'd until copied into the arena). */
 typedef struct Seq {
@@ -141,7 +142,9 @@ static bool defer_sums(Ctx *c) {
                 readers[v->id]++;
                 if (n->phase != PHASE_OPTIMIZER) continue;
                 opt_readers[v->id]++;
-                if (live_producer(v)) c->grad[v->id] = 1;
+                /* a gradient; the updates of running statistics read forward values */
+                const Node *pr = live_producer(v);
+                if (pr && pr->phase == PHASE_BACKWARD) c->grad[v->id] = 1;
             }
         }
         for (int v = 0; v < nv; v++) {
@@ -277,6 +280,19 @@ static PlanStep xfer_step(const Ctx *c, StepKind kind, int x, int peer, int micr
                       .value = v, .bytes = plan_value_bytes(v)};
 }
 
+/* Sums over the stage's replicas of the outputs node n computed for this
+ * replica's rows (OpDef.replica_sums: batch statistics), right after it,
+ * in the train step; the eval step normalises with running statistics. */
+static void emit_replica_sums(Ctx *c, Seq *q, const Node *n, int s, int m) {
+    if (!n->def->replica_sums || node_attr_i(n, "replicas", 1) <= 1) return;
+    CLEAVE_CHECK(node_attr_i(n, "replicas", 1) == c->D, "node '%s' sums its statistics over %lld replicas in a plan of %d",
+                 n->name, (long long)node_attr_i(n, "replicas", 1), c->D);
+    for (int k = 0; k < n->n_out; k++)
+        if (n->out[k] && (n->def->replica_sums >> k) & 1)
+            emit(q, (PlanStep){.kind = STEP_ALLREDUCE, .micro = m, .peer = -1, .group = s, .xfer = -1,
+                               .value = n->out[k], .bytes = plan_value_bytes(n->out[k])});
+}
+
 /* One unit of micro-batch m: each node with the receives it needs first
  * and the sends of what it computes after (for the eval step, only the
  * transfers forward and loss nodes read). */
@@ -294,6 +310,7 @@ static void emit_nodes(Ctx *c, Seq *q, const NodeList *l, int replica, int s, in
             emit(q, xfer_step(c, STEP_RECV, x, rank_of(c, replica, c->xf[x].src_stage), m));
         }
         emit(q, (PlanStep){.kind = STEP_COMPUTE, .node = n, .micro = m, .peer = -1, .group = -1, .xfer = -1});
+        if (train) emit_replica_sums(c, q, n, s, m);
         for (int k = 0; k < n->n_out; k++) {
             Value *v = n->out[k];
             if (!v) continue;
@@ -397,7 +414,7 @@ static bool check_dataflow(Ctx *c, const RankPlan *rp, const PlanStep *seq, int 
 #define AVAIL(v, m) avail[(size_t)(v)->id * (size_t)slots + (size_t)((m) + 1)]
     for (int i = 0; i < n; i++) {
         const PlanStep *s = &seq[i];
-        bool per_micro = s->micro >= 0 && s->kind != STEP_ALLREDUCE;
+        bool per_micro = s->micro >= 0;
         int n_read = s->kind == STEP_COMPUTE ? s->node->n_in
                      : s->kind == STEP_SEND || s->kind == STEP_ACCUMULATE || s->kind == STEP_ALLREDUCE ? 1
                                                                                                      : 0;

@@ -148,7 +148,8 @@ void op_groups_free(OpGroups *t);
  * grad_check appends loss = ReduceSum(y * R) for a random R, compiles the
  * training program, takes every parameter's gradient from one train step
  * at learning rate 0, and compares it with central differences of the loss
- * computed by the program's eval step. */
+ * computed by more train steps at learning rate 0 (which change no
+ * parameter). */
 
 typedef enum { FILL_UNIFORM, FILL_POSITIVE, FILL_DISTINCT } Fill;
 

@@ -206,8 +206,24 @@ START_TEST(chains) {
 }
 END_TEST
 
-/* training_mode and extra outputs of BatchNormalization are refused by
- * name, as unsupported. */
+/* The training form (batch statistics): dX, dScale and dB, where the
+ * statistics' own dependence on X is part of dX. */
+START_TEST(batchnorm_training_grad) {
+    GradCase k;
+    grad_case_init(&k, &rules);
+    Value *in[5] = {grad_param(&k, "X", 4, D(4, 3, 2, 2)), grad_param(&k, "scale", 1, D(3)),
+                    grad_param(&k, "B", 1, D(3)), grad_tensor(&k, "mean", VAL_INITIALIZER, 1, D(3), FILL_UNIFORM),
+                    grad_tensor(&k, "var", VAL_INITIALIZER, 1, D(3), FILL_POSITIVE)};
+    Node *n = gb_start(&k.gc, "", "BatchNormalization", 5, in, 1);
+    gb_attr_i(&k.gc, n, "training_mode", 1);
+    Value *y = grad_finish(&k, n);
+    /* a non-linearity after it, so the loss is not linear in Y */
+    grad_check(&k, gb_op2(&k.gc, "Mul", y, y), 2e-2);
+}
+END_TEST
+
+/* Outside training (a forward program), the training form is refused by
+ * name. */
 START_TEST(batchnorm_training_refused) {
     GradCase k;
     grad_case_init(&k, &rules);
@@ -223,7 +239,7 @@ START_TEST(batchnorm_training_refused) {
     TestProg tp;
     char msg[1024];
     ck_assert(!test_prog_forward(&tp, k.g, msg, sizeof msg));
-    ck_assert_msg(strstr(msg, "training_mode") && strstr(msg, n->name), "message: %s", msg);
+    ck_assert_msg(strstr(msg, "training form") && strstr(msg, n->name), "message: %s", msg);
     graph_free(k.g);
 }
 END_TEST
@@ -439,6 +455,7 @@ int main(void) {
     tcase_add_test(tc, layernorm_last_axis);
     tcase_add_test(tc, layernorm_last_two_axes);
     tcase_add_test(tc, chains);
+    tcase_add_test(tc, batchnorm_training_grad);
     tcase_add_test(tc, batchnorm_training_refused);
     suite_add_tcase(s, tc);
     TCase *fw = tcase_create("forward");
