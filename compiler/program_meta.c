@@ -1,10 +1,10 @@
 /* program_meta.c - the program description embedded for the runtime
  * (runtime/rt_abi.h documents every field; edits go together).
  *
- * Single and data-parallel programs are one program: the description is
- * flat.  Layer, pipeline and hybrid plans have one program per stage (the
- * replicas of a stage run the same code at the same offsets); the
- * description then holds what every rank shares at the top level and, in
+ * Every plan is D replicas x P stages x M micro-batches, with one program
+ * per stage (the replicas of a stage run the same code at the same
+ * offsets): a single program is 1 x 1 x 1, a data-parallel one D x 1 x 1.
+ * The description holds what every rank shares at the top level and, in
  * "programs", what each stage's arena holds. */
 #include <jansson.h>
 #include <stdlib.h>
@@ -12,6 +12,9 @@
 
 #include "driver.h"
 #include "plan/pipeline.h"
+
+/* rt_abi.h's CLEAVE_ABI_VERSION: a runtime reads only its own version. */
+enum { META_ABI = 2 };
 
 static json_t *shape_json(const Value *v, int64_t rows) {
     json_t *shape = json_array();
@@ -34,46 +37,6 @@ static void plan_hash(const Plan *p, const CompileOptions *o, char hash[32]) {
 static json_t *optimizer_json(const CompileOptions *o) {
     static const char *opt_names[] = {"sgd", "momentum", "adam"};
     return json_pack("{s:s}", "name", opt_names[o->train.optimizer]);
-}
-
-static char *flat_meta(const Plan *p, const CompileOptions *o) {
-    const Graph *g = p->g;
-    const TrainGraph *t = p->t;
-    const RankPlan *rp = &p->ranks[0];
-    json_t *inputs = json_array(), *params = json_array();
-    for (int i = 0; i < g->n_inputs; i++) {
-        const Value *v = g->inputs[i];
-        json_array_append_new(inputs, json_pack("{s:s, s:s, s:o, s:I}", "name", v->name, "dtype", dtype_json(v),
-                                                "shape", shape_json(v, 0), "offset", (json_int_t)rp->offset[v->id]));
-    }
-    for (int i = 0; i < t->n_params; i++) {
-        const Value *v = t->params[i];
-        json_array_append_new(params, json_pack("{s:s, s:s, s:o, s:I, s:b}", "name", v->name, "dtype", "float32",
-                                                "shape", shape_json(v, 0), "offset", (json_int_t)rp->offset[v->id],
-                                                "trainable", t->grads[i] != NULL));
-    }
-    char hash[32];
-    plan_hash(p, o, hash);
-    json_t *buckets = json_array();
-    for (int b = 0; b < rp->n_buckets; b++)
-        json_array_append_new(buckets, json_pack("{s:I, s:I}", "offset", (json_int_t)rp->buckets[b].offset, "count",
-                                                 (json_int_t)(rp->buckets[b].bytes / 4)));
-    json_t *root = json_pack(
-        "{s:i, s:s, s:i, s:i, s:I, s:I, s:I, s:{s:I}, s:{s:I, s:f}, s:{s:I}, s:o, s:{s:s, s:I, s:o}, s:o, s:s, "
-        "s:o}",
-        "abi", 1, "plan_hash", hash, "ranks", p->n_ranks, "rank_programs", 1, "batch", (json_int_t)o->batch,
-        "arena_bytes", (json_int_t)rp->arena_bytes, "init_bytes", (json_int_t)rp->init_bytes, "loss", "offset",
-        (json_int_t)rp->offset[t->loss->id], "lr", "offset", (json_int_t)rp->offset[t->lr->id], "value",
-        (double)o->train.lr, "step", "offset", (json_int_t)rp->offset[t->step->id], "inputs", inputs, "output",
-        "name", t->output->name, "offset", (json_int_t)rp->offset[t->output->id], "shape", shape_json(t->output, 0),
-        "params", params, "loss_kind", loss_kind_name(o->train.loss), "optimizer", optimizer_json(o));
-    json_object_set_new(root, "strategy", json_string(strategy_name(p->strategy)));
-    json_object_set_new(root, "local_batch", json_integer(p->local_batch));
-    json_object_set_new(root, "buckets", buckets);
-    json_object_set_new(root, "threads", json_integer(p->threads > 1 ? p->threads : 1));
-    char *s = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    json_decref(root);
-    return s;
 }
 
 /* {"offset": o} when rank rp holds v, else nothing added. */
@@ -127,7 +90,7 @@ static int64_t output_rows(const Plan *p, const Value *out) {
     return out->rank > 0 && out->dims[0].k == p->micro_batch ? p->local_batch : 0;
 }
 
-static char *staged_meta(const Plan *p, const CompileOptions *o) {
+char *program_meta(const Plan *p, const CompileOptions *o) {
     const Graph *g = p->g;
     const TrainGraph *t = p->t;
     json_t *inputs = json_array(), *params = json_array(), *programs = json_array();
@@ -152,7 +115,8 @@ static char *staged_meta(const Plan *p, const CompileOptions *o) {
     json_t *root = json_pack(
         "{s:i, s:s, s:i, s:i, s:s, s:I, s:I, s:i, s:i, s:i, s:I, s:s, s:i, s:{s:f}, s:o, s:{s:s, s:o}, s:o, s:s, "
         "s:o, s:o}",
-        "abi", 1, "plan_hash", hash, "ranks", p->n_ranks, "rank_programs", p->n_stages, "strategy", strategy_name(p->strategy),
+        "abi", META_ABI, "plan_hash", hash, "ranks", p->n_ranks, "rank_programs", p->n_stages, "strategy",
+        strategy_name(p->strategy),
         "batch", (json_int_t)p->batch, "local_batch", (json_int_t)p->local_batch, "stages", p->n_stages, "dp",
         p->replicas, "microbatches", p->microbatches, "micro_batch", (json_int_t)p->micro_batch, "schedule",
         p->schedule, "tag_bound", p->tag_bound, "lr", "value", (double)o->train.lr, "inputs", inputs, "output",
@@ -163,10 +127,4 @@ static char *staged_meta(const Plan *p, const CompileOptions *o) {
     char *str = root ? json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(root);
     return str;
-}
-
-char *program_meta(const Plan *p, const CompileOptions *o) {
-    /* One stage's program on every rank: the flat description */
-    bool flat = p->strategy == STRATEGY_SINGLE || p->strategy == STRATEGY_DP;
-    return flat ? flat_meta(p, o) : staged_meta(p, o);
 }

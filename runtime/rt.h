@@ -74,14 +74,15 @@ typedef struct RtTensor {
                            whose shape[0] is the local batch); 0 for an
                            output without rows (loss_kind model) */
     uint64_t bytes;
-    bool absent;        /* staged programs: an input or parameter another
-                           stage's rank holds (no offset here) */
+    bool absent;        /* an input or parameter only another stage's
+                           ranks hold (no offset here) */
 } RtTensor;
 
 typedef enum { RT_LOSS_CE, RT_LOSS_MSE, RT_LOSS_MODEL } RtLossKind;
 
-/* A gradient bucket of a data-parallel program: `count` float32 values at
- * byte `offset` of the arena, summed over the ranks in one allreduce. */
+/* A gradient bucket of a program with replicas: `count` float32 values at
+ * byte `offset` of the arena, summed over the replicas of this rank's
+ * stage in one allreduce. */
 typedef struct RtBucket {
     uint64_t offset;
     int count;
@@ -89,11 +90,11 @@ typedef struct RtBucket {
 
 #define RT_HASH_MAX 64 /* longest "plan_hash" accepted */
 
-/* A staged program (strategy layer, pipeline or hybrid, rt_abi.h): the
- * ranks run D replicas of a P-stage pipeline; rank replica * P + stage
- * runs program `stage`. */
-typedef struct RtStaged {
-    bool on;
+/* How a program is split (rt_abi.h): D replicas of a P-stage pipeline on
+ * D x P ranks, each step's rows in M micro-batches; rank replica * P +
+ * stage (by stage: stage * D + replica) runs program `stage`.  A single
+ * program is 1 x 1 x 1, a data-parallel one D x 1 x 1. */
+typedef struct RtLayout {
     int stages, dp, microbatches;
     int stage, replica;      /* this rank's */
     bool by_stage;           /* placement: a stage's replicas on consecutive ranks (else a replica's stages) */
@@ -108,16 +109,15 @@ typedef struct RtStaged {
     RtTensor *all_params;    /* every parameter; offsets into the program of */
     int *param_stage;        /* ... the stage whose replica-0 rank --save reads */
     int n_all_params;
-} RtStaged;
+} RtLayout;
 
 typedef struct RtMeta {
     int64_t batch;       /* global: the rows of one optimizer step */
-    int64_t local_batch; /* rows each rank computes: batch / ranks under dp,
-                            batch otherwise; dim 0 of the inputs and output */
+    int64_t local_batch; /* rows of each replica: batch / dp; dim 0 of the
+                            inputs and output */
     int ranks;           /* ranks the program was compiled for */
-    bool dp;             /* "strategy": "dp" (else "single") */
     char plan_hash[RT_HASH_MAX + 1];
-    RtBucket *buckets;   /* dp: in the order the program starts them */
+    RtBucket *buckets;   /* in the order the program starts them (dp > 1) */
     int n_buckets;
     uint64_t arena_bytes; /* rounded up to a multiple of 64 */
     uint64_t init_bytes;
@@ -132,17 +132,22 @@ typedef struct RtMeta {
     int labels;       /* index of the input named "labels", -1 if none */
     int64_t classes;  /* ce: the output's last dimension */
     int threads;      /* "threads": threads per rank for the matrix products (1..RT_MAX_THREADS) */
-    RtStaged staged;
+    RtLayout layout;
 } RtMeta;
 
 const char *rt_dtype_name(RtDType t);
 size_t rt_dtype_size(RtDType t);
+/* The metadata as rank 0 sees it. */
 bool rt_meta_parse(const char *json, size_t len, RtMeta *m, RtErr *e);
-/* The same for the program that MPI rank `rank` runs (staged programs). */
+/* The same for the program that MPI rank `rank` runs; a rank beyond the
+ * ranks the program was compiled for takes the place of rank % ranks. */
 bool rt_meta_parse_rank(const char *json, size_t len, int rank, RtMeta *m, RtErr *e);
 void rt_meta_free(RtMeta *m);
-/* The MPI rank running `stage` of `replica` under st's placement. */
-int rt_staged_rank(const RtStaged *st, int replica, int stage);
+/* The MPI rank running `stage` of `replica` under l's placement. */
+int rt_layout_rank(const RtLayout *l, int replica, int stage);
+/* Whether l has stages or micro-batches, beyond replicas: what --help,
+ * the metrics' plan line and the trace describe as a pipeline. */
+bool rt_layout_pipelined(const RtLayout *l);
 /* Index of the input called name, or -1. */
 int rt_meta_input(const RtMeta *m, const char *name);
 
@@ -200,8 +205,8 @@ typedef struct RtHello {
 /* The first collective of every run, made by every rank whatever happened
  * before (e holds this rank's error so far).  Returns false, with an `every`
  * error in e, when any rank failed (its message), when ranks run different
- * programs (plan hashes) or different options, or when a dp program runs on
- * a number of ranks it was not compiled for.  *any_help: some rank was asked
+ * programs (plan hashes) or different options, or when a program compiled
+ * for several ranks runs on another number of them.  *any_help: some rank was asked
  * for --help; every rank then ends without training. */
 bool rt_comm_startup(const RtHello *h, bool *any_help, RtErr *e);
 /* Collective: true on every rank when no rank has an error in e; otherwise
@@ -217,11 +222,11 @@ void rt_comm_sum(double *x, int n);
 void rt_comm_gather(const float *send, int count, float *recv);
 
 /* Local, before the first collective of the run: the groups' layout, the
- * gradient buckets of a program that has them (their allreduces run in
- * place in arena) and the sends of a staged one. */
+ * gradient buckets of a program with replicas (their allreduces run in
+ * place in arena) and the sends of one with stages. */
 bool rt_comm_setup(char *arena, const RtMeta *m, RtErr *e);
-/* Collective over every rank, after rt_comm_agree: a staged program's
- * stage groups. */
+/* Collective over every rank, after rt_comm_agree: the stage groups of a
+ * program with stages. */
 void rt_comm_groups(void);
 void rt_comm_free(void);
 
@@ -243,20 +248,21 @@ bool rt_comm_step_end(RtStepComm *c, RtErr *e);
  * when any differ. */
 bool rt_comm_check_replicas(const RtMeta *m, const char *arena, RtErr *e);
 
-/* ---- a staged run's ends: rt_stage.c ---------------------------------------
+/* ---- the stages of a run: rt_stage.c ---------------------------------------
  *
- * Layer, pipeline and hybrid programs (RtStaged): what --save and the
- * metrics need beyond a single program. */
+ * What --save and the metrics need from the layout (RtLayout): the
+ * parameters of every stage, and which rank runs which stage. */
 
-/* Collective: every parameter reaches rank 0, packed into *buf; rank 0's
- * *view is m with those parameters (offsets into *buf), for --save. */
-bool rt_staged_gather_params(const RtMeta *m, const char *arena, RtMeta *view, char **buf, RtErr *e);
+/* Collective: every parameter reaches rank 0, packed into *buf (with one
+ * stage, rank 0 copies its own); rank 0's *view is m with those
+ * parameters (offsets into *buf), for --save. */
+bool rt_stage_gather_params(const RtMeta *m, const char *arena, RtMeta *view, char **buf, RtErr *e);
 /* Collective: rank 0 adds a line to the metrics with every rank's stage,
  * replica and planned peak activation bytes. */
 struct RtLog;
-void rt_staged_report(struct RtLog *l, const RtMeta *m);
+void rt_stage_report(struct RtLog *l, const RtMeta *m);
 /* m with every parameter of every stage (offsets unset), for checks. */
-void rt_staged_save_view(const RtMeta *m, RtMeta *view);
+void rt_stage_save_view(const RtMeta *m, RtMeta *view);
 
 /* ---- threads: rt_pool.c ---------------------------------------------------
  *
@@ -447,7 +453,7 @@ double rt_now(void);
 bool rt_log_open(RtLog *l, const char *metrics_path, bool quiet, bool tty, int64_t total,
                  int64_t batch, int64_t log_every, RtErr *e);
 /* loss: the global batch's mean loss; comm: the step's communication
- * times (dp programs), NULL for none. */
+ * times (programs of several ranks), NULL for none. */
 void rt_log_step(RtLog *l, int64_t step, double loss, double step_seconds, const RtStepComm *comm);
 void rt_log_eval(RtLog *l, int64_t epoch, double eval_loss, bool has_accuracy, double accuracy);
 /* Closes the metrics file (reporting a failed write) and ends the bar. */
@@ -468,17 +474,14 @@ typedef struct RtProgram {
     size_t model_len;
     void (*train_step)(char *arena);
     void (*eval_step)(char *arena);
-    int32_t *program; /* which program of a staged module runs (cleave_program) */
+    int32_t *program; /* which stage's program of the module runs (cleave_program) */
 } RtProgram;
 
 typedef struct RtRun {
     const RtProgram *prog;
     const RtMeta *meta;
-    char *arena;
-    /* This rank computes rows [shard * local_batch, (shard + 1) * local_batch)
-     * of every global batch: under dp shard is the rank and shards the
-     * ranks; otherwise 0 and 1 (every rank runs the whole batch alone). */
-    int shard, shards;
+    char *arena; /* this rank computes rows [replica * local_batch, +local_batch)
+                    of every global batch (meta->layout) */
     RtArray *train; /* one per meta input */
     int64_t train_rows;
     RtArray *eval;  /* NULL without --eval-data */
@@ -491,7 +494,7 @@ typedef struct RtRun {
     float *gathered; /* rank 0 of a run on several ranks with --predict:
                         every rank's output rows of one batch,
                         [ranks * local_batch, output row] */
-    float *zeros;    /* staged: what ranks without outputs send instead */
+    float *zeros;    /* what ranks without the output send instead */
     RtLog log;
 } RtRun;
 
@@ -505,7 +508,7 @@ int64_t rt_steps_per_epoch(int64_t rows, int64_t batch);
 /* Runs every step, and the evaluations after each epoch and at the end. */
 bool rt_train_run(RtRun *r, RtErr *e);
 /* One pass over the eval rows; fills r->predict (rank 0) when `predict` is
- * set.  Collective in a sharded run. */
+ * set.  Collective in a program of several ranks. */
 void rt_eval_run(RtRun *r, bool predict, RtEvalResult *out);
 
 /* ---- --save: rt_save.c --------------------------------------------------- */

@@ -14,67 +14,102 @@
 
 #include <stdint.h>
 
-#define CLEAVE_ABI_VERSION 1
+#define CLEAVE_ABI_VERSION 2
 
-/* JSON text describing the program (not NUL-terminated; length given):
+/* JSON text describing the program (not NUL-terminated; length given).
+ * Every plan is D data-parallel replicas of a P-stage pipeline on D x P
+ * ranks, each replica's rows split into M micro-batches: a single program
+ * is 1 x 1 x 1, a data-parallel one D x 1 x 1, and layer, pipeline and
+ * hybrid programs fill in the rest.  The module holds one program per
+ * stage; what every rank shares is at the top level, what each stage's
+ * arena holds is in "programs":
  *
- * {"abi": 1, "plan_hash": "hex",   hash of the plan; every rank of a run
+ * {"abi": 2, "plan_hash": "hex",   hash of the plan; every rank of a run
  *                                   must hold the same program
- *  "ranks": N,                      ranks the program is compiled for
- *  "rank_programs": 1,              (staged programs: one per stage, below)
- *  "strategy": "single"|"dp",       "dp": data parallelism over N ranks
- *                                   ("layer", "pipeline", "hybrid": below)
- *                                   (absent: "single", N must be 1)
+ *  "ranks": N,                      ranks the program is compiled for,
+ *                                   D x P
+ *  "rank_programs": P,              programs in the module, one per stage
+ *  "strategy": s,                   the plan's strategy ("single", "dp",
+ *                                   "layer", "pipeline", "hybrid"), for
+ *                                   readers: the runtime goes by the layout
  *  "batch": B,                      global batch: rows of one optimizer step
- *  "local_batch": L,                rows each rank computes, B / N under
- *                                   "dp" (absent: B); dim 0 of every input
- *                                   and of the output below
- *  "buckets": [{"offset": o, "count": n}],
- *                                   "dp": the gradient buckets, n float32
- *                                   values at byte o, contiguous, in the
- *                                   numbering the collectives below use
- *                                   (absent: none)
- *  "arena_bytes": N,                bytes the runtime allocates (64-aligned)
- *  "init_bytes": N,                 cleave_init is copied to arena[0..N)
- *  "loss": {"offset": o},           float32 scalar: the step's mean loss
- *  "lr": {"offset": o, "value": x}, float32 scalar the runtime sets (--lr)
- *  "step": {"offset": o},           float32 scalar: 1-based optimizer step
- *                                   count, set by the runtime before each
- *                                   train step (Adam's bias correction)
- *  "inputs": [{"name": s, "dtype": "float32"|"int64", "shape": [L, ...],
- *              "offset": o}],       one per graph input incl. "labels";
- *                                   the runtime writes each step's rows here
- *                                   (under "dp" this rank's share of them)
- *  "output": {"name": s, "offset": o, "shape": [L, ...]},
+ *  "local_batch": L,                rows of each replica, B / D; dim 0 of
+ *                                   every input and of a batched output
+ *  "stages": P, "dp": D, "microbatches": M,
+ *  "micro_batch": L / M,            rows of one micro-batch
+ *  "schedule": "layer"|"gpipe"|"1f1b",  order of the micro-batches' units
+ *                                   ("layer" for single and dp)
+ *  "tag_bound": T,                  every message tag is below it
+ *  "placement": "by_replica"|"by_stage",  rank = replica x P + stage
+ *                                   (by_replica, the default when absent)
+ *                                   or stage x D + replica
+ *  "lr": {"value": x},              the learning rate compiled in (--lr)
+ *  "inputs": [{"name": s, "dtype": "float32"|"int64", "shape": [L, ...]}],
+ *                                   one per graph input incl. "labels";
+ *                                   the runtime writes each step's rows of
+ *                                   this rank's replica to the stages
+ *                                   reading them
+ *  "output": {"name": s, "shape": [L, ...]},
  *                                   the model's first graph output (logits
- *                                   for --loss ce), valid after any step;
- *                                   read for accuracy and --predict
+ *                                   for --loss ce), valid after any step on
+ *                                   the stages holding it; read for
+ *                                   accuracy and --predict
  *  "params": [{"name": s, "dtype": "float32", "shape": [...],
- *              "offset": o, "trainable": bool}],
+ *              "trainable": bool, "stage": s}],
  *                                   initializers as the ONNX file names
- *                                   them; --save writes these back
+ *                                   them; --save writes these back, each
+ *                                   from the first stage `s` holding it
  *  "loss_kind": "ce"|"mse"|"model", "optimizer": {...},
- *  "threads": T}                    threads each rank runs its large matrix
+ *  "threads": T,                    threads each rank runs its large matrix
  *                                   products on, 1 to 64 (absent: 1); the
  *                                   runtime starts T - 1 workers for
  *                                   cleave_rt_parallel before the first step
+ *  "programs": [                    one per stage, in stage order:
+ *   {"stage": s, "arena_bytes": N,  bytes the runtime allocates (64-aligned)
+ *    "init_bytes": N,               cleave_init + init_offset is copied to
+ *    "init_offset": o,              arena[0..N): this program's image
+ *    "peak_activation_bytes": N,    planned peak of live activations
+ *    "inputs": [{"name", "offset"}],  the inputs this stage reads; the M
+ *                                   micro-batches' rows back to back from
+ *                                   offset, as one [L, ...] tensor
+ *    "params": [{"name", "offset"}],  the parameters it holds
+ *    "buckets": [{"offset": o, "count": n}],
+ *                                   with replicas (D > 1): the gradient
+ *                                   buckets, n float32 values at byte o,
+ *                                   contiguous, in the numbering the
+ *                                   collectives below use (absent: none)
+ *    "loss": {"offset", "count": M},  last stage: each micro-batch's mean
+ *                                   loss, float32 (the step's is their mean)
+ *    "output": {"offset"},          the stages holding the output: the M
+ *                                   micro-batches' output rows, back to back
+ *    "lr": {"offset"},              float32 scalars the runtime sets before
+ *    "step": {"offset"}}]}          each train step when the stage runs
+ *                                   optimizer updates: the learning rate
+ *                                   and the 1-based optimizer step count
+ *                                   (Adam's bias correction)
  *
- * Offsets are byte offsets into the arena, aligned to 64. */
+ * Offsets are byte offsets into the stage's arena, aligned to 64. */
 /* How the runtime reads the metadata (runtime/README.md): every field above
- * is required and checked; fields it does not know are ignored.  "output"
- * is float32.  For loss_kind "ce" the input named "labels" is int64 and
- * holds one class index per row of logits over the output's last
- * dimension.  Under loss_kind "model" the output is the model's loss and
- * may have any shape, a scalar [] included; without a batch dimension it
- * has no rows and --predict is refused.  "arena_bytes" is rounded up to a
- * multiple of 64.  Under "dp", batch = local_batch * ranks, the loss slot
- * holds the mean over this rank's L rows, and the loss gradient is seeded
- * with 1/N so that summing the gradients over the ranks gives the gradient
- * of the global batch's mean loss. */
+ * is required and checked, but for those that say what their absence
+ * means, a program's slots only some stages hold, and "strategy", which it
+ * does not read; fields it does not know are ignored.  "output" is float32.  For loss_kind "ce" the input named
+ * "labels" is int64 and holds one class index per row of logits over the
+ * output's last dimension.  Under loss_kind "model" the output is the
+ * model's loss and may have any shape, a scalar [] included; without a
+ * batch dimension it has no rows and --predict is refused.  "arena_bytes"
+ * is rounded up to a multiple of 64.  Rank replica x P + stage (under
+ * by_replica) runs program `stage` of replica `replica`, on rows
+ * [replica x L, +L) of each batch.  With replicas, the gradients are
+ * scaled so that summing them over the replicas of a stage gives the
+ * gradient of the global batch's mean loss; the step's loss is the mean of
+ * the replicas' losses.  A program compiled for one
+ * rank runs on any number, each rank training alone; one compiled for
+ * several needs exactly its ranks. */
 extern const char cleave_meta[];
 extern const uint64_t cleave_meta_len;
 
-/* Initial contents of arena[0 .. init_bytes): parameters and constants. */
+/* The programs' initial arena images (parameters and constants), back to
+ * back: a program's arena[0 .. init_bytes) starts at its init_offset. */
 extern const unsigned char cleave_init[];
 
 /* The input ONNX model, for --save (initializers are replaced by the
@@ -88,16 +123,18 @@ void cleave_train_step(char *arena);
 /* Forward and loss only (no update): writes the loss slot and output. */
 void cleave_eval_step(char *arena);
 
-/* Defined by the runtime, called by cleave_train_step of a "dp" program
- * (the buckets are numbered as in the metadata's "buckets"; the runtime
- * knows the arena and the communicator, set up before the first step).
- * Each step sums every bucket exactly once: either a start and later a
- * wait, in that order, or (nothing to overlap) one cleave_rt_allreduce:
+/* Defined by the runtime, called by cleave_train_step of a program with
+ * replicas (the buckets are numbered as in its program's "buckets"; the
+ * runtime knows the arena and the communicator, set up before the first
+ * step).  Each step sums every bucket exactly once: either a start and
+ * later a wait, in that order, or (nothing to overlap) one
+ * cleave_rt_allreduce:
  *
- * Starts summing bucket `bucket` over the ranks, in place: MPI_Iallreduce
- * (MPI_IN_PLACE, arena + offset, count, MPI_FLOAT, MPI_SUM) on the
- * program's communicator.  Called as soon as the bucket's last gradient is
- * written; nothing may write to the bucket until its wait returns. */
+ * Starts summing bucket `bucket` over the replicas of this rank's stage, in
+ * place: MPI_Iallreduce (MPI_IN_PLACE, arena + offset, count, MPI_FLOAT,
+ * MPI_SUM) on their communicator (the program's, with one stage).  Called
+ * as soon as the bucket's last gradient is written; nothing may write to
+ * the bucket until its wait returns. */
 void cleave_rt_allreduce_start(int32_t bucket);
 /* Returns when the bucket's sum is complete (MPI_Wait); called before the
  * first kernel that reads one of its gradients. */
@@ -121,34 +158,11 @@ void cleave_rt_progress(void);
  * simply calls task(ctx, 0, 1). */
 void cleave_rt_parallel(void (*task)(void *ctx, int64_t t, int64_t T), void *ctx);
 
-/* Staged programs (strategy "layer", "pipeline", "hybrid"): one module
- * holds a program per stage; the runtime stores the stage of its rank in
- * cleave_program before the first step, and cleave_train_step and
- * cleave_eval_step run that program.  Their metadata adds, at the top
- * level, "stages" P, "dp" D (ranks = D x P), "microbatches" M,
- * "micro_batch" (rows of one), "schedule", "tag_bound" (every message tag
- * is below it), "placement" ("by_replica", the default: rank = replica x
- * P + stage; "by_stage": rank = stage x D + replica); "inputs", "output" and "params" there give names, dtypes
- * and shapes ([local_batch, ...] for inputs; params add "stage", the
- * stage whose copy --save writes) without offsets; "lr" only its "value";
- * and "programs", one per stage:
- *   {"stage": s, "arena_bytes": N, "init_bytes": N,
- *    "init_offset": o,               this program's image in cleave_init
- *    "peak_activation_bytes": N,     planned peak of live activations
- *    "inputs": [{"name", "offset"}], the inputs this stage reads; the M
- *                                    micro-batches' rows back to back
- *                                    from offset, as one [local_batch,
- *                                    ...] tensor
- *    "params": [{"name", "offset"}], the parameters it holds
- *    "loss": {"offset", "count": M}, last stage: each micro-batch's mean
- *                                    loss (the step's is their mean)
- *    "output": {"offset"},           last stage: the M micro-batches'
- *                                    output rows, back to back
- *    "lr": {"offset"}, "step": {"offset"}}  when it runs optimizer updates
- * Rank replica * P + stage runs program `stage` of data-parallel
- * `replica`, on rows [replica * local_batch, +local_batch) of each batch.
- * The generated step names peers by stage; the runtime adds
- * replica * P.  Sends complete at cleave_rt_send_wait or, for the last
+/* The stage this rank runs: the runtime stores it before the first step,
+ * and cleave_train_step and cleave_eval_step run that stage's program (0
+ * in a module of one).  The generated step names peers by stage; the
+ * runtime turns a stage into the rank that runs it in this rank's replica
+ * ("placement").  Sends complete at cleave_rt_send_wait or, for the last
  * ones, after the step function returns, before the next step writes any
  * input. */
 extern int32_t cleave_program;

@@ -25,8 +25,6 @@ typedef struct Report {
     int64_t status; /* the rank's error so far, 0 for none */
     uint64_t msg;   /* hash of its message */
     int64_t help;
-    int64_t ranks;  /* the ranks its program is compiled for; 0 without metadata */
-    int64_t dp;
     int64_t train_rows, eval_rows;
     uint64_t options;
     char hash[RT_HASH_MAX + 8]; /* NUL-padded */
@@ -76,11 +74,7 @@ bool rt_comm_startup(const RtHello *h, bool *any_help, RtErr *e) {
     mine.help = h->help;
     mine.options = h->options;
     const RtMeta *m = h->meta;
-    if (m) {
-        mine.ranks = m->ranks;
-        mine.dp = m->dp;
-        snprintf(mine.hash, sizeof mine.hash, "%s", m->plan_hash);
-    }
+    if (m) snprintf(mine.hash, sizeof mine.hash, "%s", m->plan_hash);
     Report *all = gather(&mine);
     bool ok = settle(all, e);
     int ranks = rt_ranks();
@@ -101,7 +95,9 @@ bool rt_comm_startup(const RtHello *h, bool *any_help, RtErr *e) {
     }
     free(all);
     if (!ok) return false;
-    if ((m->dp || m->staged.on) && m->ranks != ranks) {
+    /* A program of one rank may run on several, each training alone
+     * (rt_main.c warns); one of several needs exactly its ranks. */
+    if (m->ranks > 1 && m->ranks != ranks) {
         const char *prog = rt_prog_name();
         if (ranks == 1)
             return rt_error_all(e, "%s was compiled for %d ranks but runs alone; start it with mpirun -np %d %s ...",
@@ -135,10 +131,10 @@ bool rt_comm_agree(RtErr *e) { return rt_comm_agree_rows(0, 0, e); }
 /* ---- --check-replicas ---------------------------------------------------- */
 
 /* Every rank hashes each of its parameters, and the hashes, and compares
- * them within the replicas of its stage (all the ranks of a data-parallel
- * program); every rank then learns the first stage whose replicas differ.
- * A data-parallel program names the first differing rank and parameter,
- * which every rank knows; a staged one the stage. */
+ * them within the replicas of its stage (all the ranks of a program with
+ * one stage); every rank then learns the first stage whose replicas
+ * differ.  With one stage every rank knows the first differing rank and
+ * parameter, which the message names; with several, the stage. */
 bool rt_comm_check_replicas(const RtMeta *m, const char *arena, RtErr *e) {
     MPI_Comm replicas = rt_comm_replicas();
     int n = m->n_params, size = 1;
@@ -162,7 +158,7 @@ bool rt_comm_check_replicas(const RtMeta *m, const char *arena, RtErr *e) {
     int bad = differ >= 0 ? rt_group_stage() : INT_MAX, first = INT_MAX;
     MPI_Allreduce(&bad, &first, 1, MPI_INT, MPI_MIN, rt_comm_world());
     if (first == INT_MAX) return true;
-    if (m->staged.on)
+    if (m->layout.stages > 1)
         return rt_error_all(e, "replicas diverged: the replicas of stage %d hold different parameters", first);
     return rt_error_all(e, "replicas diverged: rank %d's parameters differ from rank 0's (first differing "
                         "parameter %s)", differ, n ? m->params[param].name : "?");

@@ -255,20 +255,20 @@ void rt_args_usage(FILE *out, const RtMeta *m) {
             "  -h, --help             this text\n",
             p);
     if (!m) return;
-    if (m->dp)
+    const RtLayout *l = &m->layout;
+    if (rt_layout_pipelined(l))
+        fprintf(out,
+                "\nThis program runs %d pipeline stage%s x %d data-parallel replica%s (%s, %d micro-batch%s of %"
+                PRId64 " rows): run it as mpirun -np %d %s ...\n",
+                l->stages, l->stages > 1 ? "s" : "", l->dp, l->dp > 1 ? "s" : "", l->schedule, l->microbatches,
+                l->microbatches > 1 ? "es" : "", l->micro_batch, m->ranks, p);
+    else if (l->dp > 1)
         fprintf(out,
                 "\nThis program is data-parallel over %d ranks: run it as mpirun -np %d %s ...\n"
                 "Every rank reads the files and computes %" PRId64 " of the %" PRId64 " rows of each batch.\n",
                 m->ranks, m->ranks, p, m->local_batch, m->batch);
-    if (m->staged.on)
-        fprintf(out,
-                "\nThis program runs %d pipeline stage%s x %d data-parallel replica%s (%s, %d micro-batch%s of %"
-                PRId64 " rows): run it as mpirun -np %d %s ...\n",
-                m->staged.stages, m->staged.stages > 1 ? "s" : "", m->staged.dp, m->staged.dp > 1 ? "s" : "",
-                m->staged.schedule, m->staged.microbatches, m->staged.microbatches > 1 ? "es" : "",
-                m->staged.micro_batch, m->ranks, p);
     fprintf(out, "\nInputs of this program (batch %" PRId64 ", learning rate %g%s):\n", m->batch, (double)m->lr,
-            m->dp || m->staged.dp > 1 ? "; shapes per replica" : "");
+            l->dp > 1 ? "; shapes per replica" : "");
     for (int k = 0; k < m->n_inputs; k++) {
         char shape[256];
         fprintf(out, "  %-20s %s %s\n", m->inputs[k].name, rt_dtype_name(m->inputs[k].dtype),

@@ -15,16 +15,16 @@
  * Every plan is D replicas x P stages; a data-parallel program is D x 1,
  * whose gradient buckets are summed over the replicas of its one stage as
  * a hybrid program's are over those of each stage.  Only the requests a
- * program uses are set up: buckets when its metadata has them (or it is
- * data-parallel), sends when it is staged. */
+ * program uses are set up: buckets when it has replicas (only then has
+ * its metadata buckets), sends when it has stages. */
 #include "rt.h"
 #include "rt_comm.h"
 
 bool rt_comm_setup(char *arena, const RtMeta *m, RtErr *e) {
     rt_comm_free();
     rt_group_setup(m);
-    if ((m->dp || m->n_buckets) && !rt_coll_init(arena, m, e)) return false;
-    if (m->staged.on && !rt_p2p_init(m, e)) return false;
+    if (m->layout.dp > 1 && !rt_coll_init(arena, m, e)) return false;
+    if (m->layout.stages > 1 && !rt_p2p_init(m, e)) return false;
     return true;
 }
 

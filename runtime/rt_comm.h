@@ -10,14 +10,14 @@
 
 /* ---- groups: rt_group.c -------------------------------------------------- */
 
-/* Records the layout of a staged program (stages, placement, this rank's
- * stage and replica); local. */
+/* Records the program's layout (stages, placement, this rank's stage and
+ * replica); local. */
 void rt_group_setup(const RtMeta *m);
-/* Collective over every rank for a staged program: splits the ranks into
- * the replicas of each stage (nothing otherwise, nor a second time). */
+/* Collective over every rank for a program with stages: splits the ranks
+ * into the replicas of each stage (nothing otherwise, nor a second time). */
 void rt_group_split(void);
 void rt_group_free(void);
-/* This rank's stage (0 unless staged). */
+/* This rank's stage (0 before rt_group_setup). */
 int rt_group_stage(void);
 /* The rank that runs `stage` in this rank's replica; a stage that is not
  * another of the program's ends the job (a broken program). */
@@ -37,7 +37,7 @@ bool rt_coll_step_end(RtStepComm *c, RtErr *e);
 
 /* ---- point-to-point: rt_p2p.c -------------------------------------------- */
 
-/* The sends of a staged program: checks its tags against MPI_TAG_UB. */
+/* The sends of a program with stages: checks its tags against MPI_TAG_UB. */
 bool rt_p2p_init(const RtMeta *m, RtErr *e);
 void rt_p2p_free(void);
 /* Tests the outstanding sends. */

@@ -6,10 +6,10 @@
  * Every plan is D replicas of a P-stage pipeline on D x P ranks.  A
  * data-parallel program is D x 1: the replicas of its one stage are all
  * the ranks, so its replica group is the program's communicator itself
- * and no split is needed.  A staged program (layer, pipeline, hybrid)
- * splits the ranks by stage once every rank got past its start-up
+ * and no split is needed.  A program with stages (layer, pipeline,
+ * hybrid) splits the ranks by stage once every rank got past its start-up
  * (rt_group_split); its peers are the ranks of the other stages of its
- * replica, placed as the plan says (rt_staged_rank).  A single program
+ * replica, placed as the plan says (rt_layout_rank).  A single program
  * is 1 x 1. */
 #include <mpi.h>
 
@@ -19,9 +19,9 @@
 static struct {
     bool mpi_up;
     MPI_Comm world;    /* the program's communicator */
-    MPI_Comm replicas; /* a staged program's stage replicas after the split (else world) */
-    RtStaged layout;   /* staged: stages, dp, placement, this rank's stage and replica
-                          (all 0 otherwise: no stage to send to) */
+    MPI_Comm replicas; /* this stage's replicas after the split (else world) */
+    RtLayout layout;   /* stages, dp, placement, this rank's stage and replica
+                          (all 0 before rt_group_setup: no stage to send to) */
 } g = {.world = MPI_COMM_NULL, .replicas = MPI_COMM_NULL};
 
 void rt_comm_init(int *argc, char ***argv) {
@@ -50,18 +50,16 @@ MPI_Comm rt_comm_world(void) { return g.world; }
 
 MPI_Comm rt_comm_replicas(void) { return g.replicas != MPI_COMM_NULL ? g.replicas : g.world; }
 
-void rt_group_setup(const RtMeta *m) {
-    if (m->staged.on) g.layout = m->staged;
-}
+void rt_group_setup(const RtMeta *m) { g.layout = m->layout; }
 
 void rt_group_split(void) {
-    if (!g.layout.on || g.replicas != MPI_COMM_NULL) return;
+    if (g.layout.stages <= 1 || g.replicas != MPI_COMM_NULL) return;
     MPI_Comm_split(g.world, g.layout.stage, g.layout.replica, &g.replicas);
 }
 
 void rt_group_free(void) {
     if (g.replicas != MPI_COMM_NULL) MPI_Comm_free(&g.replicas);
-    g.layout = (RtStaged){0};
+    g.layout = (RtLayout){0};
 }
 
 int rt_group_stage(void) { return g.layout.stage; }
@@ -69,5 +67,5 @@ int rt_group_stage(void) { return g.layout.stage; }
 int rt_group_peer(int32_t stage) {
     if (stage < 0 || stage >= g.layout.stages || stage == g.layout.stage)
         rt_fatal("a transfer names stage %d, not another of the %d stages", stage, g.layout.stages);
-    return rt_staged_rank(&g.layout, g.layout.replica, stage);
+    return rt_layout_rank(&g.layout, g.layout.replica, stage);
 }

@@ -17,8 +17,8 @@
 
 /* Loads the file of every input (paths[k] feeds inputs[k]): all with the
  * same number of rows, at least one batch of them, labels in range. */
-/* A rank of a staged program loads the inputs its stage reads, and a
- * stage reading none the first one, to count the rows. */
+/* A rank loads the inputs its stage reads, and a stage reading none the
+ * first one, to count the rows. */
 static bool load_inputs(const RtMeta *m, const char **paths, const char *flag, RtArray *arrays,
                         int64_t *rows, RtErr *e) {
     bool any_held = false;
@@ -69,8 +69,8 @@ static bool prepare(const RtProgram *prog, const RtArgs *args, const RtMeta *met
     if (!rt_args_bind(meta, args->data, args->n_data, "--data", train_paths, e)) return false;
     if (args->n_eval && !rt_args_bind(meta, args->eval, args->n_eval, "--eval-data", eval_paths, e)) return false;
     if (rank0) {
-        RtMeta all = *meta;
-        if (meta->staged.on) rt_staged_save_view(meta, &all);
+        RtMeta all;
+        rt_stage_save_view(meta, &all);
         if (args->save && (!rt_args_check_writable("--save", args->save, e) || !rt_save_check(prog, &all, e)))
             return false;
         if (args->predict && !rt_args_check_writable("--predict", args->predict, e)) return false;
@@ -106,16 +106,14 @@ static bool prepare(const RtProgram *prog, const RtArgs *args, const RtMeta *met
     r->arena = aligned_alloc(64, (size_t)meta->arena_bytes);
     if (!r->arena) return rt_error(e, "out of memory for the arena of %" PRIu64 " bytes", meta->arena_bytes);
     memset(r->arena, 0, (size_t)meta->arena_bytes);
-    memcpy(r->arena, prog->init + meta->staged.init_offset, (size_t)meta->init_bytes);
+    memcpy(r->arena, prog->init + meta->layout.init_offset, (size_t)meta->init_bytes);
     if (!rt_comm_setup(r->arena, meta, e)) return false;
-    if (meta->staged.on) {
-        *prog->program = meta->staged.stage;
-        /* Ranks other than a stage's output holders still take part in
-         * gathering --predict rows: they send zeros. */
-        if (r->predict_on && !meta->staged.has_output) {
-            r->zeros = calloc((size_t)meta->local_batch * (size_t)meta->output.row_elems + 1, sizeof(float));
-            if (!r->zeros) return rt_error(e, "out of memory");
-        }
+    *prog->program = meta->layout.stage;
+    /* Ranks of stages without the output still take part in gathering
+     * --predict rows: they send zeros. */
+    if (r->predict_on && !meta->layout.has_output) {
+        r->zeros = calloc((size_t)meta->local_batch * (size_t)meta->output.row_elems + 1, sizeof(float));
+        if (!r->zeros) return rt_error(e, "out of memory");
     }
 
     return rt_log_open(&r->log, args->metrics, !rank0, isatty(STDERR_FILENO) == 1, r->total_steps, meta->batch,
@@ -125,14 +123,13 @@ static bool prepare(const RtProgram *prog, const RtArgs *args, const RtMeta *met
 static bool run(const RtProgram *prog, const RtArgs *args, const RtMeta *meta, RtErr *e) {
     bool rank0 = rt_rank() == 0, ok = false;
     int n = meta->n_inputs, ranks = rt_ranks();
-    if (!meta->dp && !meta->staged.on && ranks > 1)
+    if (meta->ranks == 1 && ranks > 1)
         rt_warn("%s was compiled for one rank but runs on %d: each rank trains on the whole of every batch, all "
                 "the same (compile with --ranks %d --strategy dp to share the batch among them)",
                 rt_prog_name(), ranks, ranks);
     const char **train_paths = calloc((size_t)n, sizeof *train_paths);
     const char **eval_paths = calloc((size_t)n, sizeof *eval_paths);
-    RtRun r = {.prog = prog, .meta = meta, .shard = meta->dp ? rt_rank() : meta->staged.replica,
-               .shards = meta->dp ? ranks : meta->staged.on ? meta->staged.dp : 1};
+    RtRun r = {.prog = prog, .meta = meta};
     if (!train_paths || !eval_paths) rt_error(e, "out of memory");
     else prepare(prog, args, meta, &r, train_paths, eval_paths, e);
     /* The workers of a program compiled with --threads, once for the run. */
@@ -142,7 +139,7 @@ static bool run(const RtProgram *prog, const RtArgs *args, const RtMeta *meta, R
     if (!rt_comm_agree_rows(r.train_rows, r.eval_rows, e)) goto out;
     rt_bind_ranks(!args->no_bind);
     rt_comm_groups();
-    if (meta->staged.on) rt_staged_report(&r.log, meta);
+    if (rt_layout_pipelined(&meta->layout)) rt_stage_report(&r.log, meta);
     rt_trace_start(args->trace != NULL);
 
     if (!rt_train_run(&r, e)) goto out;
@@ -158,14 +155,12 @@ static bool run(const RtProgram *prog, const RtArgs *args, const RtMeta *meta, R
     /* Rank 0 writes the files (the replicas hold the same parameters); the
      * others wait for the outcome so that every rank exits the same way. */
     bool logged = rt_log_close(&r.log, e);
-    if (meta->staged.on && args->save) {
+    if (args->save) {
         RtMeta all;
         char *params = NULL;
-        rt_staged_gather_params(meta, r.arena, &all, &params, e);
+        rt_stage_gather_params(meta, r.arena, &all, &params, e);
         if (logged && rank0) rt_save_write(args->save, prog, &all, params, e);
         free(params);
-    } else if (logged && rank0 && args->save) {
-        rt_save_write(args->save, prog, meta, r.arena, e);
     }
     if (!e->status && r.predict) {
         int64_t shape[RT_MAX_DIMS];

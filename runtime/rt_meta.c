@@ -67,9 +67,8 @@ static bool get_offset(json_t *obj, const char *where, uint64_t bytes, const RtM
  * first output is its loss and may well be a scalar rather than rows. */
 typedef enum { KIND_INPUT, KIND_OUTPUT, KIND_MODEL_OUTPUT, KIND_PARAM } TensorKind;
 
-/* A tensor described by o; its offset is read from off (o itself in flat
- * programs, this program's entry of a staged one), absent when off is
- * NULL. */
+/* A tensor described by o, at the offset of off (its entry in this
+ * rank's program); absent when off is NULL. */
 static bool get_tensor(json_t *o, json_t *off, const char *where, TensorKind kind, const RtMeta *m, RtTensor *t,
                        RtErr *e) {
     if (!json_is_object(o)) return rt_error(e, BAD "%s is not an object", where);
@@ -111,8 +110,8 @@ static bool get_tensor(json_t *o, json_t *off, const char *where, TensorKind kin
             return rt_error(e, BAD "%s: shape[0] is %" PRId64 ", expected the batch %" PRId64, where,
                             t->shape[0], m->batch);
         return rt_error(e, BAD "%s: shape[0] is %" PRId64 ", expected the local batch %" PRId64
-                        " (batch %" PRId64 " over %d ranks)", where, t->shape[0], m->local_batch, m->batch,
-                        m->ranks);
+                        " (batch %" PRId64 " over %d replicas)", where, t->shape[0], m->local_batch, m->batch,
+                        m->layout.dp);
     }
     if (kind == KIND_PARAM) t->row_elems = t->elems;
     else if (nd >= 1 && t->shape[0] == m->local_batch) t->row_elems = t->elems / m->local_batch;
@@ -126,11 +125,6 @@ static bool get_tensor(json_t *o, json_t *off, const char *where, TensorKind kin
     return true;
 }
 
-static bool get_scalar_slot(json_t *root, const char *key, const RtMeta *m, uint64_t *out, RtErr *e) {
-    json_t *o = member(root, key, "", JSON_OBJECT, e);
-    return o && get_offset(o, key, 4, m, out, e);
-}
-
 /* The entry of arr named `name`, or NULL. */
 static json_t *find_named(json_t *arr, const char *name) {
     size_t i;
@@ -142,11 +136,10 @@ static json_t *find_named(json_t *arr, const char *name) {
     return NULL;
 }
 
-/* Tensors root[key]; with prog (a staged program), their offsets come from
- * prog[key] by name, and names missing there are absent.  Parameters
- * absent from the program are skipped unless keep_absent. */
-static bool get_tensor_list(json_t *root, json_t *prog, const char *key, TensorKind kind, bool keep_absent,
-                            RtMeta *m, RtTensor **out, int *n_out, RtErr *e) {
+/* Tensors root[key], their offsets from this rank's program prog[key] by
+ * name; names missing there are absent, and absent parameters skipped. */
+static bool get_tensor_list(json_t *root, json_t *prog, const char *key, TensorKind kind, RtMeta *m,
+                            RtTensor **out, int *n_out, RtErr *e) {
     json_t *arr = member(root, key, "", JSON_ARRAY, e);
     if (!arr) return false;
     size_t n = json_array_size(arr);
@@ -154,15 +147,15 @@ static bool get_tensor_list(json_t *root, json_t *prog, const char *key, TensorK
     if (n > 1000000) return rt_error(e, BAD "\"%s\" has %zu entries", key, n);
     *out = calloc(n ? n : 1, sizeof **out);
     if (!*out) return rt_error(e, "out of memory reading the program metadata");
-    json_t *offsets = NULL;
-    if (prog && !(offsets = member(prog, key, "program", JSON_ARRAY, e))) return false;
+    json_t *offsets = member(prog, key, "program", JSON_ARRAY, e);
+    if (!offsets) return false;
     *n_out = 0;
     for (size_t i = 0; i < n; i++) {
         char where[64];
         snprintf(where, sizeof where, "%s[%zu]", key, i);
         json_t *o = json_array_get(arr, i), *name = json_object_get(o, "name");
-        json_t *off = !prog ? o : json_is_string(name) ? find_named(offsets, json_string_value(name)) : NULL;
-        if (prog && !off && kind == KIND_PARAM && !keep_absent) continue;
+        json_t *off = json_is_string(name) ? find_named(offsets, json_string_value(name)) : NULL;
+        if (!off && kind == KIND_PARAM) continue;
         int k = *n_out;
         if (!get_tensor(o, off, where, kind, m, &(*out)[k], e)) return false;
         *n_out = k + 1; /* counted before anything else can fail, so rt_meta_free frees its name */
@@ -179,43 +172,14 @@ static int cmp_bucket(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* "strategy", "local_batch" and "ranks": how the batch is shared
- * among the ranks.  Absent fields describe a single-rank program. */
-static bool parse_parallel(json_t *root, int64_t ranks, RtMeta *m, RtErr *e) {
-    if (ranks > 1000000) return rt_error(e, BAD "\"ranks\" is %" PRId64, ranks);
-    m->ranks = (int)ranks;
-    json_t *strategy = json_object_get(root, "strategy");
-    if (strategy) {
-        if (!json_is_string(strategy)) return rt_error(e, BAD "\"strategy\" is not a string");
-        const char *s = json_string_value(strategy);
-        if (strcmp(s, "dp") == 0) m->dp = true;
-        else if (strcmp(s, "layer") == 0 || strcmp(s, "pipeline") == 0 || strcmp(s, "hybrid") == 0) m->staged.on = true;
-        else if (strcmp(s, "single") != 0)
-            return rt_error(e, "program metadata has strategy \"%s\", which this runtime does not run (single, dp, "
-                            "layer, pipeline, hybrid): rebuild the program with the matching cleave", s);
-    }
-    if (m->staged.on) return true; /* parse_staged checks the rest */
-    m->local_batch = m->batch;
-    if (json_object_get(root, "local_batch") && !get_int(root, "local_batch", "", 1, &m->local_batch, e))
-        return false;
-    if (!m->dp && (ranks != 1 || m->local_batch != m->batch))
-        return rt_error(e, BAD "strategy single with \"ranks\" %" PRId64 " and \"local_batch\" %" PRId64
-                        " (expected 1 and the batch %" PRId64 ")", ranks, m->local_batch, m->batch);
-    if (m->dp && (m->local_batch > m->batch / ranks || m->local_batch * ranks != m->batch))
-        return rt_error(e, BAD "strategy dp: \"local_batch\" %" PRId64 " times \"ranks\" %" PRId64
-                        " is not \"batch\" %" PRId64, m->local_batch, ranks, m->batch);
-    return true;
-}
-
-/* "buckets": the gradient buckets of a dp program, inside the arena. */
-static bool parse_buckets(json_t *root, RtMeta *m, RtErr *e) {
-    json_t *buckets = json_object_get(root, "buckets");
+/* "buckets" of this rank's program: its gradient buckets, inside the
+ * arena, summed over the replicas of its stage. */
+static bool parse_buckets(json_t *prog, RtMeta *m, RtErr *e) {
+    json_t *buckets = json_object_get(prog, "buckets");
     if (!buckets) return true;
     if (!json_is_array(buckets)) return rt_error(e, BAD "\"buckets\" is not an array");
     size_t n = json_array_size(buckets);
-    if (n && !m->dp && !m->staged.on) return rt_error(e, BAD "strategy single with %zu gradient buckets", n);
-    if (n && m->staged.on && m->staged.dp == 1)
-        return rt_error(e, BAD "%zu gradient buckets but no replicas to sum them over", n);
+    if (n && m->layout.dp == 1) return rt_error(e, BAD "%zu gradient buckets but no replicas to sum them over", n);
     if (n > 1000000) return rt_error(e, BAD "\"buckets\" has %zu entries", n);
     m->buckets = calloc(n ? n : 1, sizeof *m->buckets);
     if (!m->buckets) return rt_error(e, "out of memory reading the program metadata");
@@ -249,14 +213,24 @@ static bool parse_buckets(json_t *root, RtMeta *m, RtErr *e) {
     return true;
 }
 
-int rt_staged_rank(const RtStaged *st, int replica, int stage) {
-    return st->by_stage ? stage * st->dp + replica : replica * st->stages + stage;
+int rt_layout_rank(const RtLayout *l, int replica, int stage) {
+    return l->by_stage ? stage * l->dp + replica : replica * l->stages + stage;
 }
 
-/* The layout of a staged program (rt_abi.h): D x P ranks, M
- * micro-batches; selects this rank's program. */
-static json_t *parse_staged(json_t *root, int rank, RtMeta *m, RtErr *e) {
-    RtStaged *st = &m->staged;
+bool rt_layout_pipelined(const RtLayout *l) { return l->stages > 1 || l->microbatches > 1; }
+
+/* Whether a * b is want, without overflowing. */
+static bool product_is(int64_t a, int64_t b, int64_t want) {
+    int64_t p;
+    return !__builtin_mul_overflow(a, b, &p) && p == want;
+}
+
+/* The layout (rt_abi.h): D x P ranks, M micro-batches; returns the
+ * program of this rank's stage.  A rank beyond the ranks the program is
+ * compiled for takes the place of rank % ranks: rt_comm_startup lets
+ * only a one-rank program run so, each rank training alone. */
+static json_t *parse_layout(json_t *root, int rank, RtMeta *m, RtErr *e) {
+    RtLayout *l = &m->layout;
     int64_t P, D, M, mb, tags;
     if (!get_int(root, "stages", "", 1, &P, e) || !get_int(root, "dp", "", 1, &D, e) ||
         !get_int(root, "microbatches", "", 1, &M, e) || !get_int(root, "micro_batch", "", 1, &mb, e) ||
@@ -265,41 +239,45 @@ static json_t *parse_staged(json_t *root, int rank, RtMeta *m, RtErr *e) {
     if (P > 1000000 || D > 1000000 || M > 1000000 || P * D != m->ranks)
         return rt_error(e, BAD "\"dp\" %" PRId64 " x \"stages\" %" PRId64 " is not \"ranks\" %d", D, P, m->ranks),
                NULL;
-    if (m->local_batch * D != m->batch || mb * M != m->local_batch)
-        return rt_error(e, BAD "batch %" PRId64 " is not dp %" PRId64 " x microbatches %" PRId64 " x micro_batch %"
-                        PRId64, m->batch, D, M, mb), NULL;
+    if (!product_is(m->local_batch, D, m->batch))
+        return rt_error(e, BAD "\"local_batch\" %" PRId64 " x \"dp\" %" PRId64 " is not \"batch\" %" PRId64,
+                        m->local_batch, D, m->batch), NULL;
+    if (!product_is(mb, M, m->local_batch))
+        return rt_error(e, BAD "\"micro_batch\" %" PRId64 " x \"microbatches\" %" PRId64 " is not \"local_batch\" %"
+                        PRId64, mb, M, m->local_batch), NULL;
     json_t *sched = member(root, "schedule", "", JSON_STRING, e);
     if (!sched) return NULL;
-    snprintf(st->schedule, sizeof st->schedule, "%s", json_string_value(sched));
-    st->stages = (int)P;
-    st->dp = (int)D;
-    st->microbatches = (int)M;
-    st->micro_batch = mb;
-    st->tag_bound = tags;
+    snprintf(l->schedule, sizeof l->schedule, "%s", json_string_value(sched));
+    l->stages = (int)P;
+    l->dp = (int)D;
+    l->microbatches = (int)M;
+    l->micro_batch = mb;
+    l->tag_bound = tags;
     json_t *place = json_object_get(root, "placement");
     const char *pl = place ? json_string_value(place) : "by_replica";
     if (!pl || (strcmp(pl, "by_replica") && strcmp(pl, "by_stage")))
         return rt_error(e, BAD "\"placement\" must be \"by_replica\" or \"by_stage\""), NULL;
-    st->by_stage = strcmp(pl, "by_stage") == 0;
-    st->stage = st->by_stage ? rank / st->dp : rank % st->stages;
-    st->replica = st->by_stage ? rank % st->dp : rank / st->stages;
+    l->by_stage = strcmp(pl, "by_stage") == 0;
+    rank %= m->ranks;
+    l->stage = l->by_stage ? rank / l->dp : rank % l->stages;
+    l->replica = l->by_stage ? rank % l->dp : rank / l->stages;
     json_t *programs = member(root, "programs", "", JSON_ARRAY, e);
     if (!programs) return NULL;
     if (json_array_size(programs) != (size_t)P)
         return rt_error(e, BAD "%zu programs for %" PRId64 " stages", json_array_size(programs), P), NULL;
-    json_t *prog = json_array_get(programs, (size_t)st->stage);
+    json_t *prog = json_array_get(programs, (size_t)l->stage);
     int64_t stage, init_off, peak;
-    if (!json_is_object(prog)) return rt_error(e, BAD "programs[%d] is not an object", st->stage), NULL;
+    if (!json_is_object(prog)) return rt_error(e, BAD "programs[%d] is not an object", l->stage), NULL;
     if (!get_int(prog, "stage", "program", 0, &stage, e) || !get_int(prog, "init_offset", "program", 0, &init_off, e) ||
         !get_int(prog, "peak_activation_bytes", "program", 0, &peak, e))
         return NULL;
-    if (stage != st->stage) return rt_error(e, BAD "programs[%d] is stage %" PRId64, st->stage, stage), NULL;
-    st->init_offset = (uint64_t)init_off;
-    st->peak_act_bytes = peak;
+    if (stage != l->stage) return rt_error(e, BAD "programs[%d] is stage %" PRId64, l->stage, stage), NULL;
+    l->init_offset = (uint64_t)init_off;
+    l->peak_act_bytes = peak;
     return prog;
 }
 
-/* An optional scalar slot of a staged program. */
+/* An optional scalar slot of this rank's program. */
 static bool get_opt_slot(json_t *prog, const char *key, const RtMeta *m, bool *has, uint64_t *out, RtErr *e) {
     json_t *o = json_object_get(prog, key);
     *has = o != NULL;
@@ -308,27 +286,58 @@ static bool get_opt_slot(json_t *prog, const char *key, const RtMeta *m, bool *h
     return get_offset(o, key, 4, m, out, e);
 }
 
-/* Every parameter of a staged program and the stage --save reads it
- * from; offsets are that stage's (rank 0 places them for --save). */
+/* The scalar slots of this rank's program: lr and step when it runs
+ * optimizer updates, each micro-batch's loss on the last stage. */
+static bool parse_slots(json_t *prog, RtMeta *m, RtErr *e) {
+    RtLayout *l = &m->layout;
+    bool has_loss;
+    if (!get_opt_slot(prog, "lr", m, &l->has_lr, &m->lr_offset, e) ||
+        !get_opt_slot(prog, "step", m, &l->has_step, &m->step_offset, e) ||
+        !get_opt_slot(prog, "loss", m, &has_loss, &m->loss_offset, e))
+        return false;
+    if (!has_loss) return true;
+    int64_t count;
+    if (!get_int(json_object_get(prog, "loss"), "count", "loss", 1, &count, e)) return false;
+    if (count != l->microbatches || (uint64_t)count * 4 > m->arena_bytes - m->loss_offset)
+        return rt_error(e, BAD "loss: \"count\" %" PRId64 " is not the %d micro-batches or ends past the arena", count,
+                        l->microbatches);
+    l->loss_count = (int)count;
+    return true;
+}
+
+/* Every parameter of the program and the stage --save reads it from;
+ * offsets are that stage's (rank 0 places them for --save). */
 static bool parse_all_params(json_t *root, RtMeta *m, RtErr *e) {
-    RtStaged *st = &m->staged;
+    RtLayout *l = &m->layout;
     json_t *arr = json_object_get(root, "params");
     size_t n = json_array_size(arr);
-    st->all_params = calloc(n ? n : 1, sizeof *st->all_params);
-    st->param_stage = calloc(n ? n : 1, sizeof *st->param_stage);
-    if (!st->all_params || !st->param_stage) return rt_error(e, "out of memory reading the program metadata");
+    l->all_params = calloc(n ? n : 1, sizeof *l->all_params);
+    l->param_stage = calloc(n ? n : 1, sizeof *l->param_stage);
+    if (!l->all_params || !l->param_stage) return rt_error(e, "out of memory reading the program metadata");
     for (size_t i = 0; i < n; i++) {
         char where[64];
         snprintf(where, sizeof where, "params[%zu]", i);
         json_t *o = json_array_get(arr, i);
         int64_t stage;
-        if (!get_tensor(o, NULL, where, KIND_PARAM, m, &st->all_params[i], e)) return false;
-        st->n_all_params = (int)i + 1;
+        if (!get_tensor(o, NULL, where, KIND_PARAM, m, &l->all_params[i], e)) return false;
+        l->n_all_params = (int)i + 1;
         if (!get_int(o, "stage", where, 0, &stage, e)) return false;
-        if (stage >= st->stages) return rt_error(e, BAD "%s: stage %" PRId64 " of %d", where, stage, st->stages);
-        st->param_stage[i] = (int)stage;
+        if (stage >= l->stages) return rt_error(e, BAD "%s: stage %" PRId64 " of %d", where, stage, l->stages);
+        l->param_stage[i] = (int)stage;
     }
     return true;
+}
+
+/* The inputs, the output and the parameters, with this rank's offsets. */
+static bool parse_tensors(json_t *root, json_t *prog, RtMeta *m, RtErr *e) {
+    if (!get_tensor_list(root, prog, "inputs", KIND_INPUT, m, &m->inputs, &m->n_inputs, e)) return false;
+    json_t *out = member(root, "output", "", JSON_OBJECT, e);
+    TensorKind out_kind = m->loss_kind == RT_LOSS_MODEL ? KIND_MODEL_OUTPUT : KIND_OUTPUT;
+    json_t *out_off = json_object_get(prog, "output");
+    m->layout.has_output = out_off != NULL;
+    if (!out || !get_tensor(out, out_off, "output", out_kind, m, &m->output, e)) return false;
+    return get_tensor_list(root, prog, "params", KIND_PARAM, m, &m->params, &m->n_params, e) &&
+           parse_all_params(root, m, e);
 }
 
 static bool parse_root(json_t *root, int rank, RtMeta *m, RtErr *e) {
@@ -345,12 +354,14 @@ static bool parse_root(json_t *root, int rank, RtMeta *m, RtErr *e) {
         return rt_error(e, BAD "\"plan_hash\" has %zu characters, expected 1 to %d", hash_len, RT_HASH_MAX);
     memcpy(m->plan_hash, json_string_value(hash), hash_len + 1);
     if (!get_int(root, "ranks", "", 1, &ranks, e) || !get_int(root, "rank_programs", "", 1, &programs, e) ||
-        !get_int(root, "batch", "", 1, &m->batch, e) || !parse_parallel(root, ranks, m, e))
+        !get_int(root, "batch", "", 1, &m->batch, e))
         return false;
-    /* A staged program keeps its own arena, slots and parameters in
+    if (ranks > 1000000) return rt_error(e, BAD "\"ranks\" is %" PRId64, ranks);
+    m->ranks = (int)ranks;
+    /* Each stage's program keeps its own arena, slots and parameters in
      * "programs"; the rest is shared. */
-    json_t *prog = root;
-    if (m->staged.on && !(prog = parse_staged(root, rank, m, e))) return false;
+    json_t *prog = parse_layout(root, rank, m, e);
+    if (!prog) return false;
     if (!get_int(prog, "arena_bytes", "", 1, &arena, e) || !get_int(prog, "init_bytes", "", 0, &init, e))
         return false;
     /* aligned_alloc wants a multiple of the alignment; the tail is unused. */
@@ -359,30 +370,8 @@ static bool parse_root(json_t *root, int rank, RtMeta *m, RtErr *e) {
     if (init > arena)
         return rt_error(e, BAD "\"init_bytes\" %" PRId64 " exceeds \"arena_bytes\" %" PRId64, init, arena);
     m->init_bytes = (uint64_t)init;
-    if (!parse_buckets(prog, m, e)) return false;
+    if (!parse_buckets(prog, m, e) || !parse_slots(prog, m, e)) return false;
 
-    RtStaged *st = &m->staged;
-    if (!st->on) {
-        if (!get_scalar_slot(root, "loss", m, &m->loss_offset, e) ||
-            !get_scalar_slot(root, "lr", m, &m->lr_offset, e) ||
-            !get_scalar_slot(root, "step", m, &m->step_offset, e))
-            return false;
-    } else {
-        bool has_loss;
-        if (!get_opt_slot(prog, "lr", m, &st->has_lr, &m->lr_offset, e) ||
-            !get_opt_slot(prog, "step", m, &st->has_step, &m->step_offset, e) ||
-            !get_opt_slot(prog, "loss", m, &has_loss, &m->loss_offset, e))
-            return false;
-        if (has_loss) {
-            int64_t count;
-            json_t *loss = json_object_get(prog, "loss");
-            if (!get_int(loss, "count", "loss", 1, &count, e)) return false;
-            if (count != st->microbatches || (uint64_t)count * 4 > m->arena_bytes - m->loss_offset)
-                return rt_error(e, BAD "loss: \"count\" %" PRId64 " is not the %d micro-batches or ends past the "
-                                "arena", count, st->microbatches);
-            st->loss_count = (int)count;
-        }
-    }
     json_t *lr = member(json_object_get(root, "lr"), "value", "lr", JSON_REAL, e);
     if (!lr) return false;
     double lrv = json_number_value(lr);
@@ -397,19 +386,9 @@ static bool parse_root(json_t *root, int rank, RtMeta *m, RtErr *e) {
     else if (strcmp(k, "mse") == 0) m->loss_kind = RT_LOSS_MSE;
     else if (strcmp(k, "model") == 0) m->loss_kind = RT_LOSS_MODEL;
     else return rt_error(e, BAD "\"loss_kind\" \"%s\" is not ce, mse or model", k);
-
-    json_t *sp = st->on ? prog : NULL;
-    if (!get_tensor_list(root, sp, "inputs", KIND_INPUT, true, m, &m->inputs, &m->n_inputs, e)) return false;
-    json_t *out = member(root, "output", "", JSON_OBJECT, e);
-    TensorKind out_kind = m->loss_kind == RT_LOSS_MODEL ? KIND_MODEL_OUTPUT : KIND_OUTPUT;
-    json_t *out_off = st->on ? json_object_get(prog, "output") : out;
-    st->has_output = out_off != NULL;
-    if (!out || !get_tensor(out, out_off, "output", out_kind, m, &m->output, e)) return false;
-    if (!get_tensor_list(root, sp, "params", KIND_PARAM, false, m, &m->params, &m->n_params, e)) return false;
-    if (st->on && !parse_all_params(root, m, e)) return false;
-
+    if (!parse_tensors(root, prog, m, e)) return false;
     if (!member(root, "optimizer", "", JSON_OBJECT, e)) return false;
-    /* Absent in programs compiled before --threads: one thread. */
+    /* Absent: one thread (rt_abi.h). */
     int64_t threads = 1;
     if (json_object_get(root, "threads") && !get_int(root, "threads", "", 1, &threads, e)) return false;
     if (threads > RT_MAX_THREADS)
@@ -460,9 +439,9 @@ void rt_meta_free(RtMeta *m) {
     free(m->params);
     free(m->output.name);
     free(m->buckets);
-    for (int i = 0; i < m->staged.n_all_params; i++) free(m->staged.all_params[i].name);
-    free(m->staged.all_params);
-    free(m->staged.param_stage);
+    for (int i = 0; i < m->layout.n_all_params; i++) free(m->layout.all_params[i].name);
+    free(m->layout.all_params);
+    free(m->layout.param_stage);
     memset(m, 0, sizeof *m);
     m->labels = -1;
 }

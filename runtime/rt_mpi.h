@@ -7,9 +7,9 @@
 
 /* The program's communicator: every rank, a duplicate of MPI_COMM_WORLD. */
 MPI_Comm rt_comm_world(void);
-/* The replicas of this rank's stage: every rank of a data-parallel (or
- * single) program; a staged program's stage group once rt_comm_groups
- * split the ranks. */
+/* The replicas of this rank's stage: every rank of a program with one
+ * stage; with several, the stage's group once rt_comm_groups split the
+ * ranks. */
 MPI_Comm rt_comm_replicas(void);
 
 #endif

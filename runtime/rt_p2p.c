@@ -23,23 +23,23 @@ static struct {
 } g_p2p;
 
 bool rt_p2p_init(const RtMeta *m, RtErr *e) {
-    const RtStaged *st = &m->staged;
+    const RtLayout *l = &m->layout;
     int *ub = NULL, flag = 0;
     MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
     /* MPI guarantees tags up to 32767; a plan with more channels needs an
      * implementation that allows them. */
     int64_t tag_ub = flag && ub ? *ub : 32767;
-    if (st->tag_bound - 1 > tag_ub)
+    if (l->tag_bound - 1 > tag_ub)
         return rt_error(e, "the plan uses message tags up to %" PRId64 " but this MPI allows %" PRId64
-                        " (MPI_TAG_UB): compile with fewer micro-batches", st->tag_bound - 1, tag_ub);
-    g_p2p.tag_bound = st->tag_bound;
+                        " (MPI_TAG_UB): compile with fewer micro-batches", l->tag_bound - 1, tag_ub);
+    g_p2p.tag_bound = l->tag_bound;
     g_p2p.cap_sends = 64;
     g_p2p.sends = malloc(sizeof *g_p2p.sends * (size_t)g_p2p.cap_sends);
     g_p2p.send_key = malloc(sizeof *g_p2p.send_key * (size_t)g_p2p.cap_sends);
     g_p2p.done = malloc(sizeof *g_p2p.done * (size_t)g_p2p.cap_sends);
     if (!g_p2p.sends || !g_p2p.send_key || !g_p2p.done) return rt_error(e, "out of memory");
-    if ((int64_t)st->stages * st->tag_bound > INT32_MAX)
-        return rt_error(e, "%d stages x %" PRId64 " tags are too many", st->stages, st->tag_bound);
+    if ((int64_t)l->stages * l->tag_bound > INT32_MAX)
+        return rt_error(e, "%d stages x %" PRId64 " tags are too many", l->stages, l->tag_bound);
     return true;
 }
 

@@ -1,8 +1,8 @@
-/* rt_stage.c - the ends of a staged run (strategy layer, pipeline or
- * hybrid) that differ from a single program's: gathering every stage's
- * parameters on rank 0 for --save, and the metrics line that says which
- * rank runs which stage.  The transfers of a step are in rt_p2p.c, the
- * stage group sums in rt_collective.c. */
+/* rt_stage.c - the ends of a run that depend on its stages: gathering
+ * every stage's parameters on rank 0 for --save (with one stage, rank 0
+ * holds them all), and the metrics line that says which rank runs which
+ * stage.  The transfers of a step are in rt_p2p.c, the stage group sums
+ * in rt_collective.c. */
 #include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
@@ -12,10 +12,17 @@
 #include "rt.h"
 #include "rt_mpi.h"
 
-/* Rank 0 receives every parameter from the replica-0 rank of the stage
- * that holds it; the other ranks of replica 0 send theirs. */
-bool rt_staged_gather_params(const RtMeta *m, const char *arena, RtMeta *view, char **buf, RtErr *e) {
-    const RtStaged *st = &m->staged;
+/* A parameter's bytes as the count of one MPI message. */
+static int message_bytes(const RtTensor *t) {
+    if (t->bytes > INT_MAX)
+        rt_fatal("--save: parameter %s of %" PRIu64 " bytes is too large to send", t->name, t->bytes);
+    return (int)t->bytes;
+}
+
+/* Rank 0 copies the parameters of stage 0 and receives every other from
+ * the replica-0 rank of the stage that holds it, which sends it. */
+bool rt_stage_gather_params(const RtMeta *m, const char *arena, RtMeta *view, char **buf, RtErr *e) {
+    const RtLayout *st = &m->layout;
     bool rank0 = rt_rank() == 0;
     uint64_t total = 0;
     for (int i = 0; i < st->n_all_params; i++) total += (st->all_params[i].bytes + 63) / 64 * 64;
@@ -29,33 +36,31 @@ bool rt_staged_gather_params(const RtMeta *m, const char *arena, RtMeta *view, c
         const RtTensor *held = NULL;
         for (int k = 0; k < m->n_params && !held; k++)
             if (strcmp(m->params[k].name, t->name) == 0) held = &m->params[k];
-        if (t->bytes > INT_MAX)
-            rt_fatal("--save: parameter %s of %" PRIu64 " bytes is too large to send", t->name, t->bytes);
         if (rank0) {
             t->offset = at;
             if (owner == 0 && held) memcpy(*buf + at, arena + held->offset, t->bytes);
             else
-                MPI_Recv(*buf + at, (int)t->bytes, MPI_BYTE, rt_staged_rank(st, 0, owner), i % 32768, rt_comm_world(),
-                         MPI_STATUS_IGNORE);
+                MPI_Recv(*buf + at, message_bytes(t), MPI_BYTE, rt_layout_rank(st, 0, owner), i % 32768,
+                         rt_comm_world(), MPI_STATUS_IGNORE);
             at += (t->bytes + 63) / 64 * 64;
         } else if (st->replica == 0 && st->stage == owner && owner != 0) {
             if (!held) rt_fatal("--save: stage %d does not hold parameter %s", owner, t->name);
-            MPI_Send(arena + held->offset, (int)t->bytes, MPI_BYTE, 0, i % 32768, rt_comm_world());
+            MPI_Send(arena + held->offset, message_bytes(t), MPI_BYTE, 0, i % 32768, rt_comm_world());
         }
     }
-    if (rank0) rt_staged_save_view(m, view);
+    if (rank0) rt_stage_save_view(m, view);
     (void)e;
     return true;
 }
 
-void rt_staged_save_view(const RtMeta *m, RtMeta *view) {
+void rt_stage_save_view(const RtMeta *m, RtMeta *view) {
     *view = *m;
-    view->params = m->staged.all_params;
-    view->n_params = m->staged.n_all_params;
+    view->params = m->layout.all_params;
+    view->n_params = m->layout.n_all_params;
 }
 
-void rt_staged_report(RtLog *l, const RtMeta *m) {
-    const RtStaged *st = &m->staged;
+void rt_stage_report(RtLog *l, const RtMeta *m) {
+    const RtLayout *st = &m->layout;
     int ranks = rt_ranks();
     long long mine[3] = {st->stage, st->replica, (long long)st->peak_act_bytes};
     long long *all = rt_rank() == 0 ? malloc(sizeof *all * 3 * (size_t)ranks) : NULL;

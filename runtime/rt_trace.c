@@ -109,6 +109,12 @@ void rt_trace_step_end(void) {
     T.in_step = false;
 }
 
+/* What the trace calls the layout, as `cleave report` names the plan's:
+ * the schedule of stages or micro-batches, else "dp" or "single". */
+static const char *layout_name(const RtLayout *l) {
+    return rt_layout_pipelined(l) ? l->schedule : l->dp > 1 ? "dp" : "single";
+}
+
 /* This rank's events as JSON objects, each followed by ",\n". */
 static char *format_events(int rank, const RtMeta *m, size_t *len) {
     static const char *cats[] = {"forward", "backward", "update", "compute", "wait", "wait", "allreduce", "step",
@@ -117,8 +123,8 @@ static char *format_events(int rank, const RtMeta *m, size_t *len) {
     char *s = malloc(cap);
     if (!s) return NULL;
     char thread[96];
-    if (m->staged.on)
-        snprintf(thread, sizeof thread, "rank %d (stage %d, replica %d)", rank, m->staged.stage, m->staged.replica);
+    if (rt_layout_pipelined(&m->layout))
+        snprintf(thread, sizeof thread, "rank %d (stage %d, replica %d)", rank, m->layout.stage, m->layout.replica);
     else
         snprintf(thread, sizeof thread, "rank %d", rank);
     at += (size_t)snprintf(s + at, cap - at,
@@ -211,8 +217,7 @@ bool rt_trace_write(const char *path, const RtMeta *m, int64_t steps, RtErr *e) 
                 fprintf(f, "\n],\n"
                         "\"displayTimeUnit\":\"ms\",\n\"otherData\":{\"ranks\":%d,\"stages\":%d,\"microbatches\":%d,"
                         "\"schedule\":\"%s\",\"steps_traced\":%" PRId64 ",\"truncated\":%s",
-                        ranks, m->staged.on ? m->staged.stages : 1, m->staged.on ? m->staged.microbatches : 1,
-                        m->staged.on ? m->staged.schedule : m->dp ? "dp" : "single", steps,
+                        ranks, m->layout.stages, m->layout.microbatches, layout_name(&m->layout), steps,
                         T.truncated ? "true" : "false");
                 write_memory(f, mem, ranks);
                 fputs("}}\n", f);

@@ -1,11 +1,12 @@
 /* rt_train.c - the step loop and the evaluation pass.
  *
- * Each step: copy the batch's rows into the input slots (under dp, this
- * rank's share of the global batch), set the step and learning-rate slots,
- * call the generated train step (which sums the gradients over the ranks
- * through the rt_abi.h collectives), read the loss slot and, under dp,
- * average it over the ranks.  Nothing is allocated here: the data, the row
- * order and the arena all exist before the first step. */
+ * Each step: copy the batch's rows into the input slots (with replicas,
+ * this rank's replica's share of the global batch), set the step and
+ * learning-rate slots, call the generated train step (which sums the
+ * gradients over the replicas through the rt_abi.h collectives), read the
+ * loss slots and, on several ranks, average the loss over the replicas.
+ * Nothing is allocated here: the data, the row order and the arena all
+ * exist before the first step. */
 #include <inttypes.h>
 #include <math.h>
 #include <string.h>
@@ -22,14 +23,13 @@ static float get_f32(const char *arena, uint64_t offset) {
     return v;
 }
 
-/* This rank's loss of the step just run: the loss slot, or under staged
- * the mean of the micro-batches' losses (equal sizes, so the batch's). */
+/* This rank's loss of the step just run: the mean of the micro-batches'
+ * losses (equal sizes, so the batch's). */
 static double step_loss(const RtRun *r) {
     const RtMeta *m = r->meta;
-    if (!m->staged.on) return (double)get_f32(r->arena, m->loss_offset);
     double sum = 0;
-    for (int k = 0; k < m->staged.loss_count; k++) sum += (double)get_f32(r->arena, m->loss_offset + 4 * (uint64_t)k);
-    return sum / m->staged.loss_count;
+    for (int k = 0; k < m->layout.loss_count; k++) sum += (double)get_f32(r->arena, m->loss_offset + 4 * (uint64_t)k);
+    return sum / m->layout.loss_count;
 }
 
 /* Index of the largest of n values; the first one on ties, and the first NaN
@@ -49,25 +49,26 @@ static int64_t argmax(const float *x, int64_t n) {
  * The last, partial batch is padded by wrapping around to row 0 and counts
  * in the accuracy (and --predict) for its real rows only.
  *
- * Sharded (dp), each rank runs its rows [r0, r1) of every eval batch, as in
- * training: a batch's loss is the mean of the ranks' losses, so eval_loss is
- * the sum of every rank's loss over the full batches divided by (full
- * batches) * ranks; a rank counts the hits of its positions below the batch's
- * real rows; and --predict gathers every rank's output rows of a batch on
- * rank 0, which keeps the real ones.  One reduction at the end gives every
- * rank the same result. */
+ * With replicas, each rank runs its replica's rows [r0, r1) of every eval
+ * batch, as in training: a batch's loss is the mean of the replicas'
+ * losses, so eval_loss is the sum of the loss of every rank holding one
+ * over the full batches divided by (full batches) * replicas; a rank counts
+ * the hits of its positions below the batch's real rows; and --predict
+ * gathers every rank's output rows of a batch on rank 0, which keeps the
+ * real ones of the last stage's ranks.  On several ranks one reduction at
+ * the end gives every rank the same result. */
 void rt_eval_run(RtRun *r, bool predict, RtEvalResult *out) {
     const RtMeta *m = r->meta;
     int64_t B = m->batch, L = m->local_batch, n = r->eval_rows;
-    int64_t r0 = (int64_t)r->shard * L, r1 = r0 + L;
+    const RtLayout *l = &m->layout;
+    int64_t r0 = (int64_t)l->replica * L, r1 = r0 + L;
     RtOrder in_order = {.n = n};
     int64_t batches = rt_steps_per_epoch(n, B);
     /* sums[0]: loss over full batches; [1] hits; [2] rows counted; [3] full
      * batches.  Doubles count exactly up to 2^53. */
     double sums[4] = {0, 0, 0, 0};
-    const RtStaged *st = &m->staged;
-    /* A staged rank has the outputs, loss and labels only on the last stage. */
-    bool has_out = !st->on || st->has_output, has_loss = !st->on || st->loss_count > 0;
+    /* The outputs, loss and labels are on the last stage. */
+    bool has_out = l->has_output, has_loss = l->loss_count > 0;
     const float *logits = has_out ? (const float *)(r->arena + m->output.offset) : r->zeros;
     bool ce = m->loss_kind == RT_LOSS_CE;
     bool count_hits = ce && has_out && !m->inputs[m->labels].absent;
@@ -98,22 +99,24 @@ void rt_eval_run(RtRun *r, bool predict, RtEvalResult *out) {
                 memcpy(r->predict + (size_t)(j * B) * out_row, logits, (size_t)valid * out_row * sizeof(float));
             continue;
         }
-        /* Every rank sends its L rows; rank 0 keeps those of the ranks
-         * holding outputs (under staged: the last stage of each replica),
-         * replica by replica, which are the batch's rows in order. */
+        /* Every rank sends its L rows; rank 0 keeps those of the last
+         * stage of each replica, replica by replica, which are the batch's
+         * rows in order. */
         rt_comm_gather(logits, (int)((size_t)L * out_row), r->gathered);
         if (!r->predict) continue;
-        for (int k = 0; k < r->shards; k++) {
-            int from = st->on ? rt_staged_rank(st, k, st->stages - 1) : r->shards > 1 ? k : 0;
+        for (int k = 0; k < l->dp; k++) {
+            int from = rt_layout_rank(l, k, l->stages - 1);
             int64_t rows = valid - k * L < L ? valid - k * L : L;
             if (rows <= 0) break;
             memcpy(r->predict + (size_t)(j * B + k * L) * out_row, r->gathered + (size_t)from * (size_t)L * out_row,
                    (size_t)rows * out_row * sizeof(float));
         }
     }
-    /* Summed over the ranks, sums[3] counts every full batch once per rank:
-     * the mean of the ranks' losses of every full batch is sums[0] / sums[3]. */
-    if (ranks > 1 && (r->shards > 1 || st->on)) rt_comm_sum(sums, 4);
+    /* Summed over the ranks, sums[3] counts every full batch once per rank
+     * holding a loss: the mean of their losses of every full batch is
+     * sums[0] / sums[3].  A program of one rank on several sums nothing:
+     * each rank ran every row. */
+    if (m->ranks > 1) rt_comm_sum(sums, 4);
     out->loss = sums[3] > 0 ? sums[0] / sums[3] : NAN;
     out->has_accuracy = ce;
     out->accuracy = sums[2] > 0 ? sums[1] / sums[2] : NAN;
@@ -122,11 +125,11 @@ void rt_eval_run(RtRun *r, bool predict, RtEvalResult *out) {
 bool rt_train_run(RtRun *r, RtErr *e) {
     const RtMeta *m = r->meta;
     int64_t B = m->batch, L = m->local_batch, per_epoch = rt_steps_per_epoch(r->train_rows, B), epoch = -1;
-    int64_t r0 = (int64_t)r->shard * L, r1 = r0 + L;
-    const RtStaged *st = &m->staged;
-    /* Whether the step's loss is a reduction over ranks: the replicas' means
-     * under dp; under staged, the last stages' (others add nothing). */
-    bool sharded = r->shards > 1 || st->on;
+    const RtLayout *l = &m->layout;
+    int64_t r0 = (int64_t)l->replica * L, r1 = r0 + L;
+    /* Whether the step's loss is a reduction over ranks: the means of the
+     * last stage of each replica (the other ranks add nothing). */
+    bool sharded = m->ranks > 1;
     for (int64_t s = 0; s < r->total_steps; s++) {
         int64_t ep = s / per_epoch, i = s % per_epoch;
         if (ep != epoch) {
@@ -135,8 +138,8 @@ bool rt_train_run(RtRun *r, RtErr *e) {
         }
         double t0 = rt_now();
         rt_batch_fill(&r->order, m->inputs, r->train, m->n_inputs, B, i, r0, r1, r->arena);
-        if (!st->on || st->has_step) set_f32(r->arena, m->step_offset, (float)(s + 1));
-        if (!st->on || st->has_lr) set_f32(r->arena, m->lr_offset, r->lr);
+        if (l->has_step) set_f32(r->arena, m->step_offset, (float)(s + 1));
+        if (l->has_lr) set_f32(r->arena, m->lr_offset, r->lr);
         RtStepComm comm;
         rt_comm_step_begin();
         rt_trace_step_begin(s + 1);
@@ -146,7 +149,7 @@ bool rt_train_run(RtRun *r, RtErr *e) {
          * over L rows); a NaN or infinity anywhere reaches every rank through
          * the sum, so all stop at the same step. */
         double loss[2] = {0, 1};
-        if (!st->on || st->loss_count) loss[0] = step_loss(r);
+        if (l->loss_count) loss[0] = step_loss(r);
         else loss[1] = 0;
         /* The step ends for every rank when the loss is known: a rank
          * that finished its own work early waits here, and the trace
@@ -162,7 +165,7 @@ bool rt_train_run(RtRun *r, RtErr *e) {
             if (sharded) return rt_error_all(e, "step %" PRId64 ": loss is %s", s + 1, what);
             return rt_error(e, "step %" PRId64 ": loss is %s", s + 1, what);
         }
-        rt_log_step(&r->log, s + 1, loss[0], dt, m->dp || st->on ? &comm : NULL);
+        rt_log_step(&r->log, s + 1, loss[0], dt, sharded ? &comm : NULL);
         bool last = s == r->total_steps - 1;
         if (r->eval && (i == per_epoch - 1 || last)) {
             RtEvalResult res;

@@ -129,9 +129,11 @@ static bool array_at(const Report *R, const json_t *o, const char *where, const 
     return diag_error(d, DIAG_FORMAT, "%s: %s.%s: expected an array", R->plan_path, where, key);
 }
 
-/* The layout the plan describes, which the trace's otherData must match. */
+/* The layout the plan describes, which the trace's otherData must match,
+ * named as the runtime names it: by its schedule when it has stages or
+ * micro-batches (whose units the program traces), else "dp" or "single". */
 static bool read_layout(Report *R, Diag *d) {
-    long long n;
+    long long n, st, m;
     if (!int_at(R, R->plan, "plan", "ranks", 1, 1 << 20, &n, d)) return false;
     R->n_ranks = (int)n;
     const char *strategy = json_string_value(json_object_get(R->plan, "strategy"));
@@ -139,21 +141,19 @@ static bool read_layout(Report *R, Diag *d) {
     if (!strategy_parse(strategy, &R->strategy))
         return diag_error(d, DIAG_FORMAT, "%s: plan.strategy: expected single, dp, layer, pipeline or hybrid, got '%s'",
                           R->plan_path, strategy);
-    R->stages = R->replicas = R->microbatches = 1;
-    R->schedule = strategy_name(R->strategy); /* "single" or "dp", as the runtime names them */
-    /* Every plan has stages; single and dp programs trace no units */
-    if (strategy_staged(R->strategy)) {
-        long long st, m;
-        if (!int_at(R, R->plan, "plan", "stages", 1, n, &st, d) ||
-            !int_at(R, R->plan, "plan", "microbatches", 1, 1 << 20, &m, d))
-            return false;
-        R->stages = (int)st;
-        R->microbatches = (int)m;
-        R->replicas = (int)(n / st);
-        R->schedule = json_string_value(json_object_get(R->plan, "schedule"));
-        if (!R->schedule) return diag_error(d, DIAG_FORMAT, "%s: plan.schedule: expected a string", R->plan_path);
-        R->n_units = 2 * R->microbatches + 1;
+    if (!int_at(R, R->plan, "plan", "stages", 1, n, &st, d) ||
+        !int_at(R, R->plan, "plan", "microbatches", 1, 1 << 20, &m, d))
+        return false;
+    R->stages = (int)st;
+    R->microbatches = (int)m;
+    R->replicas = (int)(n / st);
+    if (st == 1 && m == 1) {
+        R->schedule = R->replicas > 1 ? "dp" : "single";
+        return true;
     }
+    R->schedule = json_string_value(json_object_get(R->plan, "schedule"));
+    if (!R->schedule) return diag_error(d, DIAG_FORMAT, "%s: plan.schedule: expected a string", R->plan_path);
+    R->n_units = 2 * R->microbatches + 1;
     return true;
 }
 

@@ -355,8 +355,8 @@ static bool generate_kernels(Cg *c, const RankPlan *rp, CgShare *share) {
     return true;
 }
 
-/* Programs in the module: one per stage of a staged plan (replica 0's
- * ranks), else the one of rank 0. */
+/* Programs in the module: one per stage (as its replica-0 rank runs it),
+ * the one stage of a single or dp plan included. */
 static int n_programs(const Plan *p) { return p->n_stages; }
 
 /* The initial images of every program, back to back (plan_init_offset). */

@@ -60,45 +60,58 @@ enum { OFF_W = 0, OFF_LOSS = 64, OFF_LR = 128, OFF_STEP = 192, OFF_X = 256, OFF_
        OFF_GRAD = 512 };
 
 #ifdef FAKE_BAD_ABI
-#define ABI "2"
+#define ABI "1" /* the version before every plan had one form */
 #else
-#define ABI "1"
+#define ABI "2"
 #endif
+/* OUTPUT: the output's name and shape; OUTPUT_AT: its offset. */
 #ifdef FAKE_MODEL_LOSS
-#define OUTPUT "{\"name\": \"loss\", \"offset\": 64, \"shape\": []}"
+#define OUTPUT "{\"name\": \"loss\", \"shape\": []}"
+#define OUTPUT_AT "64"
 #define LOSS_KIND "model"
 #elif defined FAKE_DP
-#define OUTPUT "{\"name\": \"logits\", \"offset\": 448, \"shape\": [4, 3]}"
+#define OUTPUT "{\"name\": \"logits\", \"shape\": [4, 3]}"
+#define OUTPUT_AT "448"
 #define LOSS_KIND "ce"
 #else
-#define OUTPUT "{\"name\": \"logits\", \"offset\": 448, \"shape\": [8, 3]}"
+#define OUTPUT "{\"name\": \"logits\", \"shape\": [8, 3]}"
+#define OUTPUT_AT "448"
 #define LOSS_KIND "ce"
 #endif
 
 #ifdef FAKE_DP_OTHER
-#define HEAD "\"plan_hash\": \"fedcba9876543210\", \"ranks\": 2, \"strategy\": \"dp\", \"local_batch\": 4,"
+#define HEAD "\"plan_hash\": \"fedcba9876543210\", \"ranks\": 2, \"strategy\": \"dp\","
 #elif defined FAKE_DP
-#define HEAD "\"plan_hash\": \"00112233445566dd\", \"ranks\": 2, \"strategy\": \"dp\", \"local_batch\": 4,"
+#define HEAD "\"plan_hash\": \"00112233445566dd\", \"ranks\": 2, \"strategy\": \"dp\","
 #else
-#define HEAD "\"plan_hash\": \"0123456789abcdef\", \"ranks\": 1,"
+#define HEAD "\"plan_hash\": \"0123456789abcdef\", \"ranks\": 1, \"strategy\": \"single\","
 #endif
 #ifdef FAKE_DP
 #define ROWS_S "4"
-#define BUCKETS " \"buckets\": [{\"offset\": 512, \"count\": 6}, {\"offset\": 536, \"count\": 6}],"
+#define RANKS_S "2"
+#define BUCKETS "[{\"offset\": 512, \"count\": 6}, {\"offset\": 536, \"count\": 6}]"
 #else
 #define ROWS_S "8"
-#define BUCKETS ""
+#define RANKS_S "1"
+#define BUCKETS "[]"
 #endif
 
+/* One stage, RANKS replicas, one micro-batch of ROWS rows. */
 const char cleave_meta[] =
-    "{\"abi\": " ABI ", " HEAD " \"rank_programs\": 1,"
-    " \"batch\": 8, \"arena_bytes\": 576, \"init_bytes\": 48," BUCKETS
-    " \"loss\": {\"offset\": 64}, \"lr\": {\"offset\": 128, \"value\": 0.1}, \"step\": {\"offset\": 192},"
-    " \"inputs\": [{\"name\": \"input\", \"dtype\": \"float32\", \"shape\": [" ROWS_S ", 4], \"offset\": 256},"
-    "              {\"name\": \"labels\", \"dtype\": \"int64\", \"shape\": [" ROWS_S "], \"offset\": 384}],"
+    "{\"abi\": " ABI ", " HEAD " \"rank_programs\": 1, \"batch\": 8, \"local_batch\": " ROWS_S ","
+    " \"stages\": 1, \"dp\": " RANKS_S ", \"microbatches\": 1, \"micro_batch\": " ROWS_S ","
+    " \"schedule\": \"layer\", \"tag_bound\": 0, \"placement\": \"by_replica\", \"lr\": {\"value\": 0.1},"
+    " \"inputs\": [{\"name\": \"input\", \"dtype\": \"float32\", \"shape\": [" ROWS_S ", 4]},"
+    "              {\"name\": \"labels\", \"dtype\": \"int64\", \"shape\": [" ROWS_S "]}],"
     " \"output\": " OUTPUT ","
-    " \"params\": [{\"name\": \"W\", \"dtype\": \"float32\", \"shape\": [4, 3], \"offset\": 0, \"trainable\": true}],"
-    " \"loss_kind\": \"" LOSS_KIND "\", \"optimizer\": {\"name\": \"sgd\"}}";
+    " \"params\": [{\"name\": \"W\", \"dtype\": \"float32\", \"shape\": [4, 3], \"trainable\": true, \"stage\": 0}],"
+    " \"loss_kind\": \"" LOSS_KIND "\", \"optimizer\": {\"name\": \"sgd\"}, \"threads\": 1,"
+    " \"programs\": [{\"stage\": 0, \"arena_bytes\": 576, \"init_bytes\": 48, \"init_offset\": 0,"
+    "   \"peak_activation_bytes\": 0,"
+    "   \"inputs\": [{\"name\": \"input\", \"offset\": 256}, {\"name\": \"labels\", \"offset\": 384}],"
+    "   \"params\": [{\"name\": \"W\", \"offset\": 0}], \"buckets\": " BUCKETS ","
+    "   \"loss\": {\"offset\": 64, \"count\": 1}, \"output\": {\"offset\": " OUTPUT_AT "},"
+    "   \"lr\": {\"offset\": 128}, \"step\": {\"offset\": 192}}]}";
 const uint64_t cleave_meta_len = sizeof cleave_meta - 1;
 
 static float get_f(const char *arena, int off) {

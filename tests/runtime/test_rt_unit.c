@@ -1,6 +1,7 @@
 /* test_rt_unit.c - unit tests of the runtime's parts: metadata checks, the
  * command line, .npy and IDX decoding and conversion, the row order, half
- * floats, .npy writing, and the data-parallel metadata.  Whole programs are tested by test_runtime.py. */
+ * floats, .npy writing, and the metadata of data-parallel and pipeline
+ * programs.  Whole programs are tested by test_runtime.py. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -344,28 +345,77 @@ END_TEST
 
 /* ---- metadata ----------------------------------------------------------- */
 
+/* The metadata of a single program: one stage, one replica, one
+ * micro-batch of 8 rows. */
 static const char *good_meta =
-    "{\"abi\": 1, \"plan_hash\": \"ab\", \"ranks\": 1, \"rank_programs\": 1,"
-    " \"batch\": 8, \"arena_bytes\": 570, \"init_bytes\": 48,"
-    " \"loss\": {\"offset\": 64}, \"lr\": {\"offset\": 128, \"value\": 0.1}, \"step\": {\"offset\": 192},"
-    " \"inputs\": [{\"name\": \"input\", \"dtype\": \"float32\", \"shape\": [8, 4], \"offset\": 256},"
-    "  {\"name\": \"labels\", \"dtype\": \"int64\", \"shape\": [8], \"offset\": 384}],"
-    " \"output\": {\"name\": \"logits\", \"offset\": 448, \"shape\": [8, 3]},"
-    " \"params\": [{\"name\": \"W\", \"dtype\": \"float32\", \"shape\": [4, 3], \"offset\": 0, \"trainable\": true}],"
-    " \"loss_kind\": \"ce\", \"optimizer\": {\"name\": \"sgd\"}}";
+    "{\"abi\": 2, \"plan_hash\": \"ab\", \"ranks\": 1, \"rank_programs\": 1, \"strategy\": \"single\","
+    " \"batch\": 8, \"local_batch\": 8, \"stages\": 1, \"dp\": 1, \"microbatches\": 1, \"micro_batch\": 8,"
+    " \"schedule\": \"layer\", \"tag_bound\": 0, \"lr\": {\"value\": 0.1},"
+    " \"inputs\": [{\"name\": \"input\", \"dtype\": \"float32\", \"shape\": [8, 4]},"
+    "  {\"name\": \"labels\", \"dtype\": \"int64\", \"shape\": [8]}],"
+    " \"output\": {\"name\": \"logits\", \"shape\": [8, 3]},"
+    " \"params\": [{\"name\": \"W\", \"dtype\": \"float32\", \"shape\": [4, 3], \"trainable\": true, \"stage\": 0}],"
+    " \"loss_kind\": \"ce\", \"optimizer\": {\"name\": \"sgd\"}, \"programs\": ["
+    "  {\"stage\": 0, \"arena_bytes\": 570, \"init_bytes\": 48, \"init_offset\": 0, \"peak_activation_bytes\": 0,"
+    "   \"inputs\": [{\"name\": \"input\", \"offset\": 256}, {\"name\": \"labels\", \"offset\": 384}],"
+    "   \"params\": [{\"name\": \"W\", \"offset\": 0}], \"buckets\": [],"
+    "   \"loss\": {\"offset\": 64, \"count\": 1}, \"output\": {\"offset\": 448},"
+    "   \"lr\": {\"offset\": 128}, \"step\": {\"offset\": 192}}]}";
 
-/* good_meta with the first `from` replaced by `to`; returns the error or "". */
-static const char *meta_error(const char *from, const char *to) {
+/* The same program, data-parallel over 2 ranks (4 of 8 rows each). */
+static const char *dp_meta =
+    "{\"abi\": 2, \"plan_hash\": \"cd\", \"ranks\": 2, \"rank_programs\": 1, \"strategy\": \"dp\","
+    " \"batch\": 8, \"local_batch\": 4, \"stages\": 1, \"dp\": 2, \"microbatches\": 1, \"micro_batch\": 4,"
+    " \"schedule\": \"layer\", \"tag_bound\": 0, \"lr\": {\"value\": 0.1},"
+    " \"inputs\": [{\"name\": \"input\", \"dtype\": \"float32\", \"shape\": [4, 4]},"
+    "  {\"name\": \"labels\", \"dtype\": \"int64\", \"shape\": [4]}],"
+    " \"output\": {\"name\": \"logits\", \"shape\": [4, 3]},"
+    " \"params\": [{\"name\": \"W\", \"dtype\": \"float32\", \"shape\": [4, 3], \"trainable\": true, \"stage\": 0}],"
+    " \"loss_kind\": \"ce\", \"optimizer\": {\"name\": \"sgd\"}, \"programs\": ["
+    "  {\"stage\": 0, \"arena_bytes\": 576, \"init_bytes\": 48, \"init_offset\": 0, \"peak_activation_bytes\": 0,"
+    "   \"inputs\": [{\"name\": \"input\", \"offset\": 256}, {\"name\": \"labels\", \"offset\": 384}],"
+    "   \"params\": [{\"name\": \"W\", \"offset\": 0}],"
+    "   \"buckets\": [{\"offset\": 536, \"count\": 6}, {\"offset\": 512, \"count\": 6}],"
+    "   \"loss\": {\"offset\": 64, \"count\": 1}, \"output\": {\"offset\": 448},"
+    "   \"lr\": {\"offset\": 128}, \"step\": {\"offset\": 192}}]}";
+
+/* A 2-stage pipeline of 2 micro-batches: stage 0 reads the input and
+ * holds W, stage 1 reads the labels and holds V, the loss and the output. */
+static const char *pipeline_meta =
+    "{\"abi\": 2, \"plan_hash\": \"ef\", \"ranks\": 2, \"rank_programs\": 2, \"strategy\": \"pipeline\","
+    " \"batch\": 8, \"local_batch\": 8, \"stages\": 2, \"dp\": 1, \"microbatches\": 2, \"micro_batch\": 4,"
+    " \"schedule\": \"gpipe\", \"tag_bound\": 9, \"lr\": {\"value\": 0.1},"
+    " \"inputs\": [{\"name\": \"input\", \"dtype\": \"float32\", \"shape\": [8, 4]},"
+    "  {\"name\": \"labels\", \"dtype\": \"int64\", \"shape\": [8]}],"
+    " \"output\": {\"name\": \"logits\", \"shape\": [8, 3]},"
+    " \"params\": [{\"name\": \"W\", \"dtype\": \"float32\", \"shape\": [4, 4], \"trainable\": true, \"stage\": 0},"
+    "  {\"name\": \"V\", \"dtype\": \"float32\", \"shape\": [4, 3], \"trainable\": true, \"stage\": 1}],"
+    " \"loss_kind\": \"ce\", \"optimizer\": {\"name\": \"sgd\"}, \"programs\": ["
+    "  {\"stage\": 0, \"arena_bytes\": 512, \"init_bytes\": 256, \"init_offset\": 0, \"peak_activation_bytes\": 128,"
+    "   \"inputs\": [{\"name\": \"input\", \"offset\": 64}], \"params\": [{\"name\": \"W\", \"offset\": 0}],"
+    "   \"lr\": {\"offset\": 192}, \"step\": {\"offset\": 256}},"
+    "  {\"stage\": 1, \"arena_bytes\": 640, \"init_bytes\": 320, \"init_offset\": 256, \"peak_activation_bytes\": 96,"
+    "   \"inputs\": [{\"name\": \"labels\", \"offset\": 64}], \"params\": [{\"name\": \"V\", \"offset\": 0}],"
+    "   \"loss\": {\"offset\": 128, \"count\": 2}, \"output\": {\"offset\": 192},"
+    "   \"lr\": {\"offset\": 320}, \"step\": {\"offset\": 384}}]}";
+
+/* meta with the first `from` replaced by `to`, parsed for `rank`; returns
+ * the error or "". */
+static const char *edit_error(const char *meta, const char *from, const char *to, int rank) {
     static char json[4096];
     static RtErr e;
     memset(&e, 0, sizeof e);
-    const char *at = strstr(good_meta, from);
+    const char *at = strstr(meta, from);
     ck_assert_msg(at != NULL, "'%s' not in the metadata", from);
-    snprintf(json, sizeof json, "%.*s%s%s", (int)(at - good_meta), good_meta, to, at + strlen(from));
+    snprintf(json, sizeof json, "%.*s%s%s", (int)(at - meta), meta, to, at + strlen(from));
     RtMeta m;
-    if (rt_meta_parse(json, strlen(json), &m, &e)) rt_meta_free(&m);
+    if (rt_meta_parse_rank(json, strlen(json), rank, &m, &e)) rt_meta_free(&m);
     return e.msg;
 }
+
+static const char *meta_error(const char *from, const char *to) { return edit_error(good_meta, from, to, 0); }
+
+static const char *dp_meta_error(const char *from, const char *to) { return edit_error(dp_meta, from, to, 0); }
 
 START_TEST(meta_good) {
     RtMeta m;
@@ -377,12 +427,24 @@ START_TEST(meta_good) {
     ck_assert_int_eq(m.labels, 1);
     ck_assert_int_eq(m.classes, 3);
     ck_assert_int_eq(m.inputs[0].row_elems, 4);
+    ck_assert_uint_eq(m.inputs[1].offset, 384);
     ck_assert_int_eq(m.inputs[1].dtype, RT_I64);
     ck_assert_int_eq(m.output.row_elems, 3);
+    ck_assert_uint_eq(m.output.offset, 448);
     ck_assert_int_eq(m.params[0].elems, 12);
+    ck_assert_uint_eq(m.loss_offset, 64);
+    ck_assert_uint_eq(m.lr_offset, 128);
+    ck_assert_uint_eq(m.step_offset, 192);
     ck_assert(m.lr == 0.1f);
     ck_assert_int_eq(rt_meta_input(&m, "labels"), 1);
     ck_assert_int_eq(rt_meta_input(&m, "nope"), -1);
+    /* One stage of one replica holds everything. */
+    ck_assert(!m.inputs[0].absent && !m.inputs[1].absent);
+    ck_assert(m.layout.has_output && m.layout.has_lr && m.layout.has_step);
+    ck_assert_int_eq(m.layout.loss_count, 1);
+    ck_assert_int_eq(m.layout.n_all_params, 1);
+    ck_assert_uint_eq(m.layout.init_offset, 0);
+    ck_assert(!rt_layout_pipelined(&m.layout));
     rt_meta_free(&m);
     /* Other loss kinds need no labels; scalar parameters are fine. */
     ck_assert_str_eq(meta_error("\"ce\"", "\"model\""), "");
@@ -407,24 +469,26 @@ START_TEST(meta_good) {
 END_TEST
 
 START_TEST(meta_bad) {
-    ck_assert_str_eq(meta_error("\"abi\": 1", "\"abi\": 2"),
-                     "program metadata has abi version 2 but this runtime implements 1: rebuild the program with "
+    ck_assert_str_eq(meta_error("\"abi\": 2", "\"abi\": 1"),
+                     "program metadata has abi version 1 but this runtime implements 2: rebuild the program with "
                      "the matching cleave");
-    ASSERT_HAS(meta_error("{\"abi\": 1,", "{"), "program metadata is invalid: \"abi\" is missing");
+    ASSERT_HAS(meta_error("{\"abi\": 2,", "{"), "program metadata is invalid: \"abi\" is missing");
     ASSERT_HAS(meta_error("\"plan_hash\": \"ab\",", ""), "\"plan_hash\" is missing");
     ASSERT_HAS(meta_error("\"ranks\": 1", "\"ranks\": 0"), "\"ranks\" is 0, expected at least 1");
     ASSERT_HAS(meta_error("\"batch\": 8", "\"batch\": \"8\""), "\"batch\" is not an integer");
     ASSERT_HAS(meta_error("\"batch\": 8", "\"batch\": 8.5"), "\"batch\" is not an integer");
     ASSERT_HAS(meta_error("\"init_bytes\": 48", "\"init_bytes\": 999"), "\"init_bytes\" 999 exceeds");
-    ASSERT_HAS(meta_error("\"loss\": {\"offset\": 64}", "\"loss\": {\"offset\": 65}"),
+    ASSERT_HAS(meta_error("\"loss\": {\"offset\": 64", "\"loss\": {\"offset\": 65"),
                "loss: offset 65 is not a multiple of 64");
-    ASSERT_HAS(meta_error("\"loss\": {\"offset\": 64}", "\"loss\": {\"offset\": 576}"),
+    ASSERT_HAS(meta_error("\"loss\": {\"offset\": 64", "\"loss\": {\"offset\": 576"),
                "loss: 4 bytes at offset 576 end past the arena of 576 bytes");
-    ASSERT_HAS(meta_error("\"loss\": {\"offset\": 64}", "\"loss\": 64"), "\"loss\" is not an object");
-    ASSERT_HAS(meta_error(", \"value\": 0.1", ""), "lr: \"value\" is missing");
+    ASSERT_HAS(meta_error("\"loss\": {\"offset\": 64, \"count\": 1}", "\"loss\": 64"),
+               "program: \"loss\" is not an object");
+    ASSERT_HAS(meta_error(", \"count\": 1}", "}"), "loss: \"count\" is missing");
+    ASSERT_HAS(meta_error("\"value\": 0.1", ""), "lr: \"value\" is missing");
     ASSERT_HAS(meta_error("\"value\": 0.1", "\"value\": -1"), "is not a non-negative float32");
     ASSERT_HAS(meta_error("\"value\": 0.1", "\"value\": 1e300"), "is not a non-negative float32");
-    ASSERT_HAS(meta_error("\"step\": {\"offset\": 192},", ""), "\"step\" is missing");
+    ASSERT_HAS(meta_error("\"step\": {\"offset\": 192}", "\"step\": {}"), "step: \"offset\" is missing");
     ASSERT_HAS(meta_error("\"offset\": 256", "\"offset\": 512"),
                "inputs[0]: 128 bytes at offset 512 end past the arena");
     ASSERT_HAS(meta_error("\"shape\": [8, 4]", "\"shape\": [4, 4]"),
@@ -450,8 +514,16 @@ START_TEST(meta_bad) {
                "params[0]: dtype \"int64\" is not float32");
     ASSERT_HAS(meta_error(", \"trainable\": true", ""), "params[0]: \"trainable\" is missing");
     ASSERT_HAS(meta_error("\"trainable\": true", "\"trainable\": 1"), "\"trainable\" is not a boolean");
+    ASSERT_HAS(meta_error(", \"stage\": 0}]", "}]"), "params[0]: \"stage\" is missing");
     ASSERT_HAS(meta_error("\"loss_kind\": \"ce\"", "\"loss_kind\": \"hinge\""), "\"loss_kind\" \"hinge\" is not");
     ASSERT_HAS(meta_error(", \"optimizer\": {\"name\": \"sgd\"}", ""), "\"optimizer\" is missing");
+    ASSERT_HAS(meta_error("\"stages\": 1, ", ""), "\"stages\" is missing");
+    ASSERT_HAS(meta_error("\"schedule\": \"layer\"", "\"schedule\": 1"), "\"schedule\" is not a string");
+    ASSERT_HAS(meta_error("\"tag_bound\": 0", "\"tag_bound\": 0, \"placement\": \"by_rank\""),
+               "\"placement\" must be \"by_replica\" or \"by_stage\"");
+    ASSERT_HAS(meta_error("\"programs\": [", "\"x\": ["), "\"programs\" is missing");
+    ASSERT_HAS(meta_error("{\"stage\": 0, \"arena", "{\"arena"), "program: \"stage\" is missing");
+    ASSERT_HAS(meta_error("\"programs\": [", "\"programs\": [[], "), "2 programs for 1 stages");
     ASSERT_HAS(meta_error("\"ranks\": 1", "\"ranks\": 1, \"ranks\": 2"), "not valid JSON");
     ASSERT_HAS(meta_error("}}", "}"), "program metadata is not valid JSON");
     ASSERT_HAS(meta_error("{\"abi\"", "[{\"abi\""), "not valid JSON");
@@ -466,123 +538,77 @@ START_TEST(meta_bad) {
 }
 END_TEST
 
-/* The metadata of a data-parallel program for 2 ranks (4 of 8 rows each). */
-static const char *dp_meta =
-    "{\"abi\": 1, \"plan_hash\": \"cd\", \"ranks\": 2, \"rank_programs\": 1, \"strategy\": \"dp\","
-    " \"batch\": 8, \"local_batch\": 4, \"arena_bytes\": 576, \"init_bytes\": 48,"
-    " \"buckets\": [{\"offset\": 536, \"count\": 6}, {\"offset\": 512, \"count\": 6}],"
-    " \"loss\": {\"offset\": 64}, \"lr\": {\"offset\": 128, \"value\": 0.1}, \"step\": {\"offset\": 192},"
-    " \"inputs\": [{\"name\": \"input\", \"dtype\": \"float32\", \"shape\": [4, 4], \"offset\": 256},"
-    "  {\"name\": \"labels\", \"dtype\": \"int64\", \"shape\": [4], \"offset\": 384}],"
-    " \"output\": {\"name\": \"logits\", \"offset\": 448, \"shape\": [4, 3]},"
-    " \"params\": [{\"name\": \"W\", \"dtype\": \"float32\", \"shape\": [4, 3], \"offset\": 0, \"trainable\": true}],"
-    " \"loss_kind\": \"ce\", \"optimizer\": {\"name\": \"sgd\"}}";
-
-/* dp_meta with the first `from` replaced by `to`; returns the error or "". */
-static const char *dp_meta_error(const char *from, const char *to) {
-    static char json[4096];
-    static RtErr e;
-    memset(&e, 0, sizeof e);
-    const char *at = strstr(dp_meta, from);
-    ck_assert_msg(at != NULL, "'%s' not in the metadata", from);
-    snprintf(json, sizeof json, "%.*s%s%s", (int)(at - dp_meta), dp_meta, to, at + strlen(from));
-    RtMeta m;
-    if (rt_meta_parse(json, strlen(json), &m, &e)) rt_meta_free(&m);
-    return e.msg;
-}
-
-/* A 2-stage pipeline of 2 micro-batches: stage 0 reads the input and
- * holds W, stage 1 reads the labels and holds V, the loss and the output. */
-static const char *staged_meta =
-    "{\"abi\": 1, \"plan_hash\": \"ef\", \"ranks\": 2, \"rank_programs\": 2, \"strategy\": \"pipeline\","
-    " \"batch\": 8, \"local_batch\": 8, \"stages\": 2, \"dp\": 1, \"microbatches\": 2, \"micro_batch\": 4,"
-    " \"schedule\": \"gpipe\", \"tag_bound\": 9, \"lr\": {\"value\": 0.1},"
-    " \"inputs\": [{\"name\": \"input\", \"dtype\": \"float32\", \"shape\": [8, 4]},"
-    "  {\"name\": \"labels\", \"dtype\": \"int64\", \"shape\": [8]}],"
-    " \"output\": {\"name\": \"logits\", \"shape\": [8, 3]},"
-    " \"params\": [{\"name\": \"W\", \"dtype\": \"float32\", \"shape\": [4, 4], \"trainable\": true, \"stage\": 0},"
-    "  {\"name\": \"V\", \"dtype\": \"float32\", \"shape\": [4, 3], \"trainable\": true, \"stage\": 1}],"
-    " \"loss_kind\": \"ce\", \"optimizer\": {\"name\": \"sgd\"}, \"programs\": ["
-    "  {\"stage\": 0, \"arena_bytes\": 512, \"init_bytes\": 256, \"init_offset\": 0, \"peak_activation_bytes\": 128,"
-    "   \"inputs\": [{\"name\": \"input\", \"offset\": 64}], \"params\": [{\"name\": \"W\", \"offset\": 0}],"
-    "   \"lr\": {\"offset\": 192}, \"step\": {\"offset\": 256}},"
-    "  {\"stage\": 1, \"arena_bytes\": 640, \"init_bytes\": 320, \"init_offset\": 256, \"peak_activation_bytes\": 96,"
-    "   \"inputs\": [{\"name\": \"labels\", \"offset\": 64}], \"params\": [{\"name\": \"V\", \"offset\": 0}],"
-    "   \"loss\": {\"offset\": 128, \"count\": 2}, \"output\": {\"offset\": 192},"
-    "   \"lr\": {\"offset\": 320}, \"step\": {\"offset\": 384}}]}";
-
-/* staged_meta with the first `from` replaced by `to`, parsed for `rank`;
- * returns the error or "". */
-static const char *staged_meta_error(const char *from, const char *to, int rank) {
-    static char json[4096];
-    static RtErr e;
-    memset(&e, 0, sizeof e);
-    const char *at = strstr(staged_meta, from);
-    ck_assert_msg(at != NULL, "'%s' not in the metadata", from);
-    snprintf(json, sizeof json, "%.*s%s%s", (int)(at - staged_meta), staged_meta, to, at + strlen(from));
-    RtMeta m;
-    if (rt_meta_parse_rank(json, strlen(json), rank, &m, &e)) rt_meta_free(&m);
-    return e.msg;
-}
-
-START_TEST(meta_staged) {
+START_TEST(meta_pipeline) {
     RtMeta m;
     RtErr e = {0};
-    ck_assert_msg(rt_meta_parse_rank(staged_meta, strlen(staged_meta), 0, &m, &e), "%s", e.msg);
-    ck_assert(m.staged.on && !m.dp);
-    ck_assert_int_eq(m.staged.stage, 0);
-    ck_assert_int_eq(m.staged.stages, 2);
-    ck_assert_int_eq(m.staged.microbatches, 2);
+    ck_assert_msg(rt_meta_parse_rank(pipeline_meta, strlen(pipeline_meta), 0, &m, &e), "%s", e.msg);
+    ck_assert_int_eq(m.layout.stage, 0);
+    ck_assert_int_eq(m.layout.stages, 2);
+    ck_assert_int_eq(m.layout.microbatches, 2);
+    ck_assert(rt_layout_pipelined(&m.layout));
     ck_assert_uint_eq(m.arena_bytes, 512);
     ck_assert(!m.inputs[0].absent && m.inputs[1].absent); /* stage 0 reads the input, not the labels */
     ck_assert_uint_eq(m.inputs[0].offset, 64);
     ck_assert_int_eq(m.n_params, 1);
     ck_assert_str_eq(m.params[0].name, "W");
-    ck_assert_int_eq(m.staged.n_all_params, 2);
-    ck_assert_int_eq(m.staged.param_stage[1], 1);
-    ck_assert(m.staged.has_lr && m.staged.has_step && !m.staged.has_output);
-    ck_assert_int_eq(m.staged.loss_count, 0);
+    ck_assert_int_eq(m.layout.n_all_params, 2);
+    ck_assert_int_eq(m.layout.param_stage[1], 1);
+    ck_assert(m.layout.has_lr && m.layout.has_step && !m.layout.has_output);
+    ck_assert_int_eq(m.layout.loss_count, 0);
     rt_meta_free(&m);
 
-    ck_assert_msg(rt_meta_parse_rank(staged_meta, strlen(staged_meta), 1, &m, &e), "%s", e.msg);
-    ck_assert_int_eq(m.staged.stage, 1);
-    ck_assert_uint_eq(m.staged.init_offset, 256);
+    ck_assert_msg(rt_meta_parse_rank(pipeline_meta, strlen(pipeline_meta), 1, &m, &e), "%s", e.msg);
+    ck_assert_int_eq(m.layout.stage, 1);
+    ck_assert_uint_eq(m.layout.init_offset, 256);
     ck_assert(m.inputs[0].absent && !m.inputs[1].absent);
-    ck_assert(m.staged.has_output);
-    ck_assert_int_eq(m.staged.loss_count, 2);
+    ck_assert(m.layout.has_output);
+    ck_assert_int_eq(m.layout.loss_count, 2);
     ck_assert_uint_eq(m.loss_offset, 128);
     ck_assert_int_eq(m.classes, 3);
     rt_meta_free(&m);
+    /* A rank beyond the program's takes the place of rank % ranks (the
+     * start-up check then refuses the run). */
+    ck_assert_msg(rt_meta_parse_rank(pipeline_meta, strlen(pipeline_meta), 3, &m, &e), "%s", e.msg);
+    ck_assert_int_eq(m.layout.stage, 1);
+    rt_meta_free(&m);
 
-    ASSERT_HAS(staged_meta_error("\"dp\": 1", "\"dp\": 2", 0), "\"dp\" 2 x \"stages\" 2 is not \"ranks\" 2");
-    ASSERT_HAS(staged_meta_error("\"micro_batch\": 4", "\"micro_batch\": 3", 0),
-               "batch 8 is not dp 1 x microbatches 2 x micro_batch 3");
-    ASSERT_HAS(staged_meta_error("\"stage\": 1, \"arena", "\"stage\": 0, \"arena", 1), "programs[1] is stage 0");
-    ASSERT_HAS(staged_meta_error("\"count\": 2", "\"count\": 3", 1), "\"count\" 3 is not the 2 micro-batches");
-    ASSERT_HAS(staged_meta_error("\"output\": {\"offset\": 192}", "\"output\": {\"offset\": 640}", 1),
+    ASSERT_HAS(edit_error(pipeline_meta, "\"dp\": 1", "\"dp\": 2", 0), "\"dp\" 2 x \"stages\" 2 is not \"ranks\" 2");
+    ASSERT_HAS(edit_error(pipeline_meta, "\"micro_batch\": 4", "\"micro_batch\": 3", 0),
+               "\"micro_batch\" 3 x \"microbatches\" 2 is not \"local_batch\" 8");
+    ASSERT_HAS(edit_error(pipeline_meta, "\"stage\": 1, \"arena", "\"stage\": 0, \"arena", 1),
+               "programs[1] is stage 0");
+    ASSERT_HAS(edit_error(pipeline_meta, "\"count\": 2", "\"count\": 3", 1), "\"count\" 3 is not the 2 micro-batches");
+    ASSERT_HAS(edit_error(pipeline_meta, "\"output\": {\"offset\": 192}", "\"output\": {\"offset\": 640}", 1),
                "output: 96 bytes at offset 640 end past the arena of 640 bytes");
-    ASSERT_HAS(staged_meta_error("\"stage\": 1}]", "\"stage\": 5}]", 0), "params[1]: stage 5 of 2");
-    ASSERT_HAS(staged_meta_error("\"tag_bound\": 9", "\"tag_bound\": -1", 0), "\"tag_bound\" is -1");
-    ASSERT_HAS(staged_meta_error("\"programs\": [", "\"programs\": [{}, ", 0), "3 programs for 2 stages");
+    ASSERT_HAS(edit_error(pipeline_meta, "\"stage\": 1}]", "\"stage\": 5}]", 0), "params[1]: stage 5 of 2");
+    ASSERT_HAS(edit_error(pipeline_meta, "\"tag_bound\": 9", "\"tag_bound\": -1", 0), "\"tag_bound\" is -1");
+    ASSERT_HAS(edit_error(pipeline_meta, "\"programs\": [", "\"programs\": [{}, ", 0), "3 programs for 2 stages");
 }
 END_TEST
 
 START_TEST(meta_parallel) {
     RtMeta m;
     RtErr e = {0};
-    /* A single-rank program: the fields may be absent. */
-    ck_assert_msg(rt_meta_parse(good_meta, strlen(good_meta), &m, &e), "%s", e.msg);
-    ck_assert(!m.dp);
-    ck_assert_int_eq(m.ranks, 1);
-    ck_assert_int_eq(m.local_batch, 8);
-    ck_assert_int_eq(m.n_buckets, 0);
-    ck_assert_str_eq(m.plan_hash, "ab");
-    rt_meta_free(&m);
-    ck_assert_str_eq(meta_error("\"ranks\": 1", "\"ranks\": 1, \"strategy\": \"single\", \"local_batch\": 8, "
-                                "\"buckets\": []"), "");
+    /* A single program: 1 x 1, its rank running the whole batch, also on
+     * a rank beyond its one (each rank of a run on several trains alone). */
+    for (int rank = 0; rank < 3; rank += 2) {
+        ck_assert_msg(rt_meta_parse_rank(good_meta, strlen(good_meta), rank, &m, &e), "%s", e.msg);
+        ck_assert_int_eq(m.ranks, 1);
+        ck_assert(m.layout.stages == 1 && m.layout.dp == 1 && m.layout.microbatches == 1);
+        ck_assert(m.layout.stage == 0 && m.layout.replica == 0 && !m.layout.by_stage);
+        ck_assert_int_eq(m.local_batch, 8);
+        ck_assert_int_eq(m.n_buckets, 0);
+        ck_assert_str_eq(m.plan_hash, "ab");
+        rt_meta_free(&m);
+    }
+    ck_assert_str_eq(meta_error("\"buckets\": [], ", ""), ""); /* absent: none */
+    ASSERT_HAS(meta_error("\"buckets\": []", "\"buckets\": [{\"offset\": 512, \"count\": 1}]"),
+               "1 gradient buckets but no replicas to sum them over");
 
-    ck_assert_msg(rt_meta_parse(dp_meta, strlen(dp_meta), &m, &e), "%s", e.msg);
-    ck_assert(m.dp);
+    ck_assert_msg(rt_meta_parse_rank(dp_meta, strlen(dp_meta), 1, &m, &e), "%s", e.msg);
+    ck_assert(m.layout.stages == 1 && m.layout.dp == 2 && m.layout.microbatches == 1);
+    ck_assert(m.layout.stage == 0 && m.layout.replica == 1);
+    ck_assert(!rt_layout_pipelined(&m.layout));
     ck_assert_int_eq(m.ranks, 2);
     ck_assert_int_eq(m.batch, 8);
     ck_assert_int_eq(m.local_batch, 4);
@@ -597,18 +623,15 @@ START_TEST(meta_parallel) {
 
     ck_assert_str_eq(dp_meta_error("\"buckets\": [{", "\"x\": [{"), ""); /* no buckets: nothing to sum */
     ck_assert_str_eq(dp_meta_error("\"count\": 6}, {", "\"count\": 0}, {"), "");
+    /* The runtime goes by the layout, whatever the plan's strategy is called. */
+    ck_assert_str_eq(dp_meta_error("\"strategy\": \"dp\"", "\"strategy\": \"tp\""), "");
     ASSERT_HAS(dp_meta_error("\"shape\": [4, 4]", "\"shape\": [8, 4]"),
-               "inputs[0]: shape[0] is 8, expected the local batch 4 (batch 8 over 2 ranks)");
+               "inputs[0]: shape[0] is 8, expected the local batch 4 (batch 8 over 2 replicas)");
     ASSERT_HAS(dp_meta_error("\"shape\": [4, 3]}", "\"shape\": [8, 3]}"), "output: shape[0] is 8, expected the local batch 4");
     ASSERT_HAS(dp_meta_error("\"local_batch\": 4", "\"local_batch\": 3"),
-               "strategy dp: \"local_batch\" 3 times \"ranks\" 2 is not \"batch\" 8");
+               "\"local_batch\" 3 x \"dp\" 2 is not \"batch\" 8");
     ASSERT_HAS(dp_meta_error("\"local_batch\": 4", "\"local_batch\": 0"), "\"local_batch\" is 0, expected at least 1");
-    ASSERT_HAS(dp_meta_error("\"strategy\": \"dp\"", "\"strategy\": \"tp\""),
-               "program metadata has strategy \"tp\", which this runtime does not run (single, dp, layer, pipeline, "
-               "hybrid)");
-    ASSERT_HAS(dp_meta_error("\"strategy\": \"dp\"", "\"strategy\": 1"), "\"strategy\" is not a string");
-    ASSERT_HAS(dp_meta_error("\"strategy\": \"dp\"", "\"strategy\": \"single\""),
-               "strategy single with \"ranks\" 2 and \"local_batch\" 4 (expected 1 and the batch 8)");
+    ASSERT_HAS(dp_meta_error("\"dp\": 2", "\"dp\": 1"), "\"dp\" 1 x \"stages\" 1 is not \"ranks\" 2");
     ASSERT_HAS(dp_meta_error("\"offset\": 536", "\"offset\": 538"), "buckets[0]: offset 538 is not a multiple of 4");
     ASSERT_HAS(dp_meta_error("\"offset\": 536, \"count\": 6", "\"offset\": 536, \"count\": 11"),
                "buckets[0]: 11 values at offset 536 end past the arena of 576 bytes");
@@ -617,8 +640,6 @@ START_TEST(meta_parallel) {
     ASSERT_HAS(dp_meta_error("{\"offset\": 536, \"count\": 6}", "[]"), "buckets[0] is not an object");
     ASSERT_HAS(dp_meta_error("\"buckets\": [", "\"buckets\": 3, \"x\": ["), "\"buckets\" is not an array");
     ASSERT_HAS(dp_meta_error(", \"count\": 6}, {", "}, {"), "buckets[0]: \"count\" is missing");
-    ASSERT_HAS(meta_error("\"ranks\": 1", "\"ranks\": 1, \"buckets\": [{\"offset\": 512, \"count\": 1}]"),
-               "strategy single with 1 gradient buckets");
     ASSERT_HAS(meta_error("\"plan_hash\": \"ab\"", "\"plan_hash\": \"\""), "\"plan_hash\" has 0 characters");
     ASSERT_HAS(meta_error("\"plan_hash\": \"ab\"",
                           "\"plan_hash\": \"0123456789012345678901234567890123456789012345678901234567890123456789\""),
@@ -924,7 +945,7 @@ int main(void) {
         {"npy", {npy_good_headers, npy_bad_headers, npy_write_reads_back}},
         {"idx", {idx_headers}},
         {"data", {decode_conversions, decode_idx, load_files}},
-        {"meta", {meta_good, meta_bad, meta_parallel, meta_staged}},
+        {"meta", {meta_good, meta_bad, meta_parallel, meta_pipeline}},
         {"args", {args_good, args_bad, args_bind, args_fingerprint}},
         {"comm", {fnv1a}},
         {"order", {splitmix_reference, order_is_a_permutation, batch_rows_wrap}},

@@ -563,7 +563,7 @@ def check_errors(rep, progs, files, work):
                  d(f) + d(f, "xe.npy", "ye.npy", "--eval-data") + ["--steps", "1", "--predict", "/nonexistent-dir/p.npy"],
                  r"--predict /nonexistent-dir/p\.npy: folder /nonexistent-dir does not exist")
     expect_error(rep, progs, "metadata with a foreign abi version", d(f) + ["--steps", "1"],
-                 r"program metadata has abi version 2 but this runtime implements 1", variant="bad_abi")
+                 r"program metadata has abi version 1 but this runtime implements 2", variant="bad_abi")
 
 
 def still_running(token):
