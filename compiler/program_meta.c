@@ -81,6 +81,7 @@ static json_t *stage_program(const Plan *p, int s) {
     set_slot(prog, "output", p, rp, t->output);
     set_slot(prog, "lr", p, rp, t->lr);
     set_slot(prog, "step", p, rp, t->step);
+    set_slot(prog, "seed", p, rp, t->seed);
     return prog;
 }
 
@@ -96,8 +97,10 @@ char *program_meta(const Plan *p, const CompileOptions *o) {
     json_t *inputs = json_array(), *params = json_array(), *programs = json_array();
     for (int i = 0; i < g->n_inputs; i++) {
         const Value *v = g->inputs[i];
-        json_array_append_new(inputs, json_pack("{s:s, s:s, s:o}", "name", v->name, "dtype", dtype_json(v), "shape",
-                                                shape_json(v, p->local_batch)));
+        json_t *in = json_pack("{s:s, s:s, s:o}", "name", v->name, "dtype", dtype_json(v), "shape",
+                               shape_json(v, p->local_batch));
+        if (v == t->positions) json_object_set_new(in, "fill", json_string("positions"));
+        json_array_append_new(inputs, in);
     }
     for (int i = 0; i < t->n_params; i++) {
         const Value *v = t->params[i];

@@ -76,6 +76,9 @@ typedef struct RtTensor {
     uint64_t bytes;
     bool absent;        /* an input or parameter only another stage's
                            ranks hold (no offset here) */
+    bool positions;     /* an int64 input [batch] the runtime fills with
+                           each row's position in the global batch (the
+                           key of dropout masks), not from a file */
 } RtTensor;
 
 typedef enum { RT_LOSS_CE, RT_LOSS_MSE, RT_LOSS_MODEL } RtLossKind;
@@ -105,7 +108,7 @@ typedef struct RtLayout {
     int64_t peak_act_bytes;  /* planned peak of this rank's activations */
     int loss_count;          /* micro-batch losses at loss_offset (M on the
                                 last stage, 0 elsewhere) */
-    bool has_output, has_lr, has_step;
+    bool has_output, has_lr, has_step, has_seed;
     RtTensor *all_params;    /* every parameter; offsets into the program of */
     int *param_stage;        /* ... the stage whose replica-0 rank --save reads */
     int n_all_params;
@@ -122,6 +125,7 @@ typedef struct RtMeta {
     uint64_t arena_bytes; /* rounded up to a multiple of 64 */
     uint64_t init_bytes;
     uint64_t loss_offset, lr_offset, step_offset;
+    uint64_t seed_offset; /* int64: --seed, for dropout masks (layout.has_seed) */
     float lr;
     RtTensor *inputs;
     int n_inputs;
@@ -324,7 +328,9 @@ typedef struct RtArgs {
     bool has_lr;
     float lr;
     bool shuffle;
-    uint64_t seed;
+    uint64_t seed;      /* --shuffle's */
+    bool has_mask_seed;
+    uint64_t mask_seed; /* --seed: the dropout masks' key */
     const char *metrics, *save, *predict, *trace;
     int64_t log_every; /* 0: only the final line */
     bool check_replicas;
@@ -429,7 +435,8 @@ void rt_order_free(RtOrder *o);
 int64_t rt_batch_row(const RtOrder *o, int64_t batch, int64_t step, int64_t r);
 /* Copies rows [r0, r1) of the global batch of `step` (0-based within the
  * epoch) of every data[k] into slot slots[k]; global row r lands at position
- * r - r0, so a rank that owns a share of the batch passes its own range. */
+ * r - r0, so a rank that owns a share of the batch passes its own range;
+ * a positions slot (RtTensor.positions) gets r itself. */
 void rt_batch_fill(const RtOrder *o, const RtTensor *slots, const RtArray *data, int n,
                    int64_t batch, int64_t step, int64_t r0, int64_t r1, char *arena);
 

@@ -44,11 +44,15 @@
  *                                   (by_replica, the default when absent)
  *                                   or stage x D + replica
  *  "lr": {"value": x},              the learning rate compiled in (--lr)
- *  "inputs": [{"name": s, "dtype": "float32"|"int64", "shape": [L, ...]}],
+ *  "inputs": [{"name": s, "dtype": "float32"|"int64", "shape": [L, ...],
+ *              "fill": "positions"}],
  *                                   one per graph input incl. "labels";
  *                                   the runtime writes each step's rows of
  *                                   this rank's replica to the stages
- *                                   reading them
+ *                                   reading them.  With "fill" (int64 [L],
+ *                                   no file): each row's position in the
+ *                                   global batch, replica x L + r, which
+ *                                   keys dropout masks
  *  "output": {"name": s, "shape": [L, ...]},
  *                                   the model's first graph output (logits
  *                                   for --loss ce), valid after any step on
@@ -83,10 +87,13 @@
  *    "output": {"offset"},          the stages holding the output: the M
  *                                   micro-batches' output rows, back to back
  *    "lr": {"offset"},              float32 scalars the runtime sets before
- *    "step": {"offset"}}]}          each train step when the stage runs
- *                                   optimizer updates: the learning rate
- *                                   and the 1-based optimizer step count
- *                                   (Adam's bias correction)
+ *    "step": {"offset"},            each train step when the stage reads
+ *                                   them: the learning rate and the 1-based
+ *                                   optimizer step count (Adam's bias
+ *                                   correction, dropout masks)
+ *    "seed": {"offset"}}]}          int64 the runtime sets once to --seed
+ *                                   (0 without) when the stage draws
+ *                                   dropout masks
  *
  * Offsets are byte offsets into the stage's arena, aligned to 64. */
 /* How the runtime reads the metadata (runtime/README.md): every field above

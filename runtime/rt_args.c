@@ -24,12 +24,12 @@ static bool parse_count(const char *flag, const char *s, int64_t min, int64_t *o
     return true;
 }
 
-static bool parse_seed(const char *s, uint64_t *out, RtErr *e) {
+static bool parse_seed(const char *flag, const char *s, uint64_t *out, RtErr *e) {
     char *end = NULL;
     errno = 0;
     unsigned long long x = strtoull(s, &end, 10);
     if (!*s || *end || errno || s[0] == '-' || s[0] == '+' || s[0] == ' ')
-        return rt_usage_error(e, "--shuffle needs a seed from 0 to %llu, got '%s'", ULLONG_MAX, s);
+        return rt_usage_error(e, "%s needs a seed from 0 to %llu, got '%s'", flag, ULLONG_MAX, s);
     *out = (uint64_t)x;
     return true;
 }
@@ -98,7 +98,7 @@ bool rt_args_parse(int argc, char **argv, RtArgs *a, RtErr *e) {
         memcpy(flag, arg, flen);
         flag[flen] = 0;
         static const char *const known[] = {"--data", "--eval-data", "--steps", "--epochs", "--lr",
-                                            "--shuffle", "--metrics", "--save", "--predict",
+                                            "--shuffle", "--seed", "--metrics", "--save", "--predict",
                                             "--log-every", "--trace", "--calibrate-comm"};
         bool is_known = false;
         for (size_t k = 0; k < sizeof known / sizeof *known; k++) is_known |= strcmp(flag, known[k]) == 0;
@@ -126,8 +126,12 @@ bool rt_args_parse(int argc, char **argv, RtArgs *a, RtErr *e) {
             have_lr = a->has_lr = true;
         } else if (strcmp(flag, "--shuffle") == 0) {
             if (a->shuffle) return rt_usage_error(e, "--shuffle given twice");
-            ok = parse_seed(value, &a->seed, e);
+            ok = parse_seed(flag, value, &a->seed, e);
             a->shuffle = true;
+        } else if (strcmp(flag, "--seed") == 0) {
+            if (a->has_mask_seed) return rt_usage_error(e, "--seed given twice");
+            ok = parse_seed(flag, value, &a->mask_seed, e);
+            a->has_mask_seed = true;
         } else if (strcmp(flag, "--log-every") == 0) {
             if (have_log_every) return rt_usage_error(e, "--log-every given twice");
             ok = parse_count(flag, value, 0, &a->log_every, e);
@@ -148,7 +152,8 @@ bool rt_args_parse(int argc, char **argv, RtArgs *a, RtErr *e) {
     if (a->help) return true;
     /* A calibration trains nothing: a training flag with it is a mistake. */
     if (a->calibrate_comm) {
-        if (a->n_data || a->n_eval || a->steps || a->epochs || a->has_lr || a->shuffle || have_log_every ||
+        if (a->n_data || a->n_eval || a->steps || a->epochs || a->has_lr || a->shuffle || a->has_mask_seed ||
+            have_log_every ||
             a->metrics || a->save || a->predict || a->trace || a->check_replicas)
             return rt_usage_error(e, "--calibrate-comm takes no other option");
         return true;
@@ -167,6 +172,7 @@ uint64_t rt_args_fingerprint(const RtArgs *a) {
                       a->check_replicas, a->trace != NULL};
     h = rt_fnv1a64(h, ints, sizeof ints);
     h = rt_fnv1a64(h, &a->seed, sizeof a->seed);
+    h = rt_fnv1a64(h, &a->mask_seed, sizeof a->mask_seed);
     uint32_t lr_bits = 0;
     if (a->has_lr) memcpy(&lr_bits, &a->lr, sizeof lr_bits);
     return rt_fnv1a64(h, &lr_bits, sizeof lr_bits);
@@ -185,13 +191,17 @@ bool rt_args_bind(const RtMeta *m, const RtNamedFile *files, int n, const char *
     for (int k = 0; k < m->n_inputs; k++) paths[k] = NULL;
     for (int i = 0; i < n; i++) {
         int k = rt_meta_input(m, files[i].name);
+        if (k >= 0 && m->inputs[k].positions)
+            return rt_usage_error(e, "%s %s=%s: input '%s' holds row positions the program fills itself", flag,
+                                  files[i].name, files[i].path, files[i].name);
         if (k < 0) {
             char names[512];
             size_t len = 0;
             names[0] = 0;
             for (int j = 0; j < m->n_inputs && len < sizeof names; j++)
-                len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", j ? ", " : "",
-                                        m->inputs[j].name);
+                if (!m->inputs[j].positions)
+                    len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", len ? ", " : "",
+                                            m->inputs[j].name);
             return rt_usage_error(e, "%s %s=%s: the program has no input '%s' (its inputs: %s)", flag,
                                   files[i].name, files[i].path, files[i].name, names);
         }
@@ -199,7 +209,7 @@ bool rt_args_bind(const RtMeta *m, const RtNamedFile *files, int n, const char *
         paths[k] = files[i].path;
     }
     for (int k = 0; k < m->n_inputs; k++)
-        if (!paths[k])
+        if (!paths[k] && !m->inputs[k].positions)
             return rt_usage_error(e, "no %s for input '%s' (give %s %s=FILE)", flag, m->inputs[k].name,
                                   flag, m->inputs[k].name);
     return true;
@@ -239,6 +249,7 @@ void rt_args_usage(FILE *out, const RtMeta *m) {
             "  --epochs E             run E passes over the rows (E * ceil(rows / batch) steps)\n"
             "  --lr LR                learning rate (default: the one compiled in)\n"
             "  --shuffle SEED         new row order every epoch (splitmix64 Fisher-Yates)\n"
+            "  --seed SEED            key of the dropout masks (default 0); the same masks under every strategy\n"
             "  --metrics FILE         JSON Lines: one object per step and per evaluation\n"
             "  --eval-data NAME=FILE  evaluation rows, one per input; evaluated after every epoch\n"
             "                         and at the end\n"
@@ -270,6 +281,7 @@ void rt_args_usage(FILE *out, const RtMeta *m) {
     fprintf(out, "\nInputs of this program (batch %" PRId64 ", learning rate %g%s):\n", m->batch, (double)m->lr,
             l->dp > 1 ? "; shapes per replica" : "");
     for (int k = 0; k < m->n_inputs; k++) {
+        if (m->inputs[k].positions) continue; /* filled by the program */
         char shape[256];
         fprintf(out, "  %-20s %s %s\n", m->inputs[k].name, rt_dtype_name(m->inputs[k].dtype),
                 rt_shape_str(shape, sizeof shape, m->inputs[k].ndim, m->inputs[k].shape));

@@ -69,6 +69,10 @@ void rt_batch_fill(const RtOrder *o, const RtTensor *slots, const RtArray *data,
         const RtArray *a = &data[k];
         if (slots[k].absent) continue; /* another stage reads this input */
         char *dst = arena + slots[k].offset;
+        if (slots[k].positions) { /* the rows' positions in the global batch */
+            for (int64_t r = r0; r < r1; r++) memcpy(dst + (size_t)(r - r0) * sizeof r, &r, sizeof r);
+            continue;
+        }
         for (int64_t r = r0; r < r1; r++) {
             int64_t row = rt_batch_row(o, batch, step, r);
             memcpy(dst + (size_t)(r - r0) * a->row_bytes, (const char *)a->data + (size_t)row * a->row_bytes,

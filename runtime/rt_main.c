@@ -18,14 +18,18 @@
 /* Loads the file of every input (paths[k] feeds inputs[k]): all with the
  * same number of rows, at least one batch of them, labels in range. */
 /* A rank loads the inputs its stage reads, and a stage reading none the
- * first one, to count the rows. */
+ * first one, to count the rows; the row positions come from no file. */
 static bool load_inputs(const RtMeta *m, const char **paths, const char *flag, RtArray *arrays,
                         int64_t *rows, RtErr *e) {
     bool any_held = false;
-    for (int k = 0; k < m->n_inputs; k++) any_held |= !m->inputs[k].absent;
-    int first = -1;
+    int first_file = -1, first = -1;
     for (int k = 0; k < m->n_inputs; k++) {
-        if (m->inputs[k].absent && (any_held || k > 0)) continue;
+        if (m->inputs[k].positions) continue;
+        any_held |= !m->inputs[k].absent;
+        if (first_file < 0) first_file = k;
+    }
+    for (int k = 0; k < m->n_inputs; k++) {
+        if (m->inputs[k].positions || (m->inputs[k].absent && (any_held || k != first_file))) continue;
         if (!rt_data_load(paths[k], &m->inputs[k], &arrays[k], e)) return false;
         if (first < 0) first = k;
         if (arrays[k].rows != arrays[first].rows)
@@ -35,8 +39,8 @@ static bool load_inputs(const RtMeta *m, const char **paths, const char *flag, R
     }
     *rows = arrays[first].rows;
     if (*rows < m->batch)
-        return rt_error(e, "%s: %" PRId64 " rows, fewer than the batch size %" PRId64 " (%s %s)", paths[0], *rows,
-                        m->batch, flag, m->inputs[0].name);
+        return rt_error(e, "%s: %" PRId64 " rows, fewer than the batch size %" PRId64 " (%s %s)", paths[first], *rows,
+                        m->batch, flag, m->inputs[first].name);
     if (m->loss_kind == RT_LOSS_CE && !m->inputs[m->labels].absent &&
         !rt_labels_check(&arrays[m->labels], m->classes, e))
         return false;
@@ -107,6 +111,7 @@ static bool prepare(const RtProgram *prog, const RtArgs *args, const RtMeta *met
     if (!r->arena) return rt_error(e, "out of memory for the arena of %" PRIu64 " bytes", meta->arena_bytes);
     memset(r->arena, 0, (size_t)meta->arena_bytes);
     memcpy(r->arena, prog->init + meta->layout.init_offset, (size_t)meta->init_bytes);
+    if (meta->layout.has_seed) memcpy(r->arena + meta->seed_offset, &args->mask_seed, sizeof args->mask_seed);
     if (!rt_comm_setup(r->arena, meta, e)) return false;
     *prog->program = meta->layout.stage;
     /* Ranks of stages without the output still take part in gathering

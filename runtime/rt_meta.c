@@ -118,6 +118,15 @@ static bool get_tensor(json_t *o, json_t *off, const char *where, TensorKind kin
     else t->row_elems = 0; /* no rows: nothing to predict */
     if (__builtin_mul_overflow((uint64_t)t->elems, (uint64_t)rt_dtype_size(t->dtype), &t->bytes))
         return rt_error(e, BAD "%s: size overflows", where);
+    json_t *fill = kind == KIND_INPUT ? json_object_get(o, "fill") : NULL;
+    if (fill) {
+        if (!json_is_string(fill) || strcmp(json_string_value(fill), "positions") != 0)
+            return rt_error(e, BAD "%s: \"fill\" is not \"positions\"", where);
+        if (t->dtype != RT_I64 || nd != 1)
+            return rt_error(e, BAD "%s: positions are filled into int64 [batch], not %s with %zu dimensions", where,
+                            rt_dtype_name(t->dtype), nd);
+        t->positions = true;
+    }
     t->absent = off == NULL;
     if (off && !get_offset(off, where, t->bytes, m, &t->offset, e)) return false;
     t->name = strdup(json_string_value(name));
@@ -277,23 +286,26 @@ static json_t *parse_layout(json_t *root, int rank, RtMeta *m, RtErr *e) {
     return prog;
 }
 
-/* An optional scalar slot of this rank's program. */
-static bool get_opt_slot(json_t *prog, const char *key, const RtMeta *m, bool *has, uint64_t *out, RtErr *e) {
+/* An optional scalar slot of `bytes` bytes in this rank's program. */
+static bool get_opt_slot(json_t *prog, const char *key, uint64_t bytes, const RtMeta *m, bool *has, uint64_t *out,
+                         RtErr *e) {
     json_t *o = json_object_get(prog, key);
     *has = o != NULL;
     if (!o) return true;
     if (!json_is_object(o)) return rt_error(e, BAD "program: \"%s\" is not an object", key);
-    return get_offset(o, key, 4, m, out, e);
+    return get_offset(o, key, bytes, m, out, e);
 }
 
 /* The scalar slots of this rank's program: lr and step when it runs
- * optimizer updates, each micro-batch's loss on the last stage. */
+ * optimizer updates, the seed when it draws dropout masks, each
+ * micro-batch's loss on the last stage. */
 static bool parse_slots(json_t *prog, RtMeta *m, RtErr *e) {
     RtLayout *l = &m->layout;
     bool has_loss;
-    if (!get_opt_slot(prog, "lr", m, &l->has_lr, &m->lr_offset, e) ||
-        !get_opt_slot(prog, "step", m, &l->has_step, &m->step_offset, e) ||
-        !get_opt_slot(prog, "loss", m, &has_loss, &m->loss_offset, e))
+    if (!get_opt_slot(prog, "lr", 4, m, &l->has_lr, &m->lr_offset, e) ||
+        !get_opt_slot(prog, "step", 4, m, &l->has_step, &m->step_offset, e) ||
+        !get_opt_slot(prog, "seed", 8, m, &l->has_seed, &m->seed_offset, e) ||
+        !get_opt_slot(prog, "loss", 4, m, &has_loss, &m->loss_offset, e))
         return false;
     if (!has_loss) return true;
     int64_t count;

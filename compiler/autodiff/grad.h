@@ -11,6 +11,7 @@
 #include "../ir/ir.h"
 
 typedef struct GradCtx GradCtx;
+struct TrainGraph;
 struct GradCtx {
     Graph *g;
     Diag *d;
@@ -19,6 +20,7 @@ struct GradCtx {
     int stat_replicas; /* replicas whose rows batch statistics cover */
     int microbatches;  /* micro-batches of a step (1: the rank's rows at once) */
     Node *origin;    /* given to built nodes (see Node.origin) */
+    struct TrainGraph *train; /* the training graph being built (train.h) */
 };
 
 /* A node of op (domain "" or "cleave") with the given inputs; attributes

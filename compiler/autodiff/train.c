@@ -34,16 +34,30 @@ static Value *add_input(Graph *g, const char *name, DType t, int rank, const Dim
     return v;
 }
 
-static Value *add_state_scalar(Graph *g, const char *name, Diag *d) {
+static Value *add_state_scalar(Graph *g, const char *name, DType t, Diag *d) {
     Value *v = graph_add_value(g, name);
-    if (!v || !(v->konst = const_new(g, DT_FLOAT, 1))) {
+    if (!v || !(v->konst = const_new(g, t, 1))) {
         diag_error(d, DIAG_NOMEM, "%s: out of memory", g->path);
         return NULL;
     }
     v->kind = VAL_STATE;
-    v->dtype = DT_FLOAT;
+    v->dtype = t;
     v->rank = 0;
     return v;
+}
+
+Value *train_positions(GradCtx *c) {
+    TrainGraph *t = c->train;
+    if (t->positions || diag_failed(c->d)) return t->positions;
+    /* as many rows as the graph's inputs have: the rows a step computes at once */
+    Dim rows = c->g->n_inputs > 0 && c->g->inputs[0]->rank > 0 ? c->g->inputs[0]->dims[0] : dim_const(1);
+    return t->positions = add_input(c->g, "cleave.positions", DT_INT64, 1, &rows, c->d);
+}
+
+Value *train_seed(GradCtx *c) {
+    TrainGraph *t = c->train;
+    if (!t->seed && !diag_failed(c->d)) t->seed = add_state_scalar(c->g, "cleave.seed", DT_INT64, c->d);
+    return t->seed;
 }
 
 static bool build_loss(GradCtx *c, const TrainOptions *o, TrainGraph *t) {
@@ -310,12 +324,12 @@ bool train_build(Graph *g, const TrainOptions *o, TrainGraph *t, Diag *d) {
     memset(t, 0, sizeof *t);
     GradCtx c = {.g = g, .d = d, .phase = PHASE_LOSS, .replicas = o->replicas,
                  .stat_replicas = o->stat_replicas > 1 ? o->stat_replicas : 1,
-                 .microbatches = o->microbatches > 1 ? o->microbatches : 1};
-    if (!training_forms(&c) || !build_loss(&c, o, t)) return false;
-    t->lr = add_state_scalar(g, "cleave.lr", d);
-    t->step = add_state_scalar(g, "cleave.step", d);
+                 .microbatches = o->microbatches > 1 ? o->microbatches : 1, .train = t};
+    t->lr = add_state_scalar(g, "cleave.lr", DT_FLOAT, d);
+    t->step = add_state_scalar(g, "cleave.step", DT_FLOAT, d);
     if (!t->lr || !t->step) return false;
     const_set_f(t->lr->konst, 0, o->lr);
+    if (!training_forms(&c) || !build_loss(&c, o, t)) return false;
     bool *requires = calloc((size_t)g->n_values * 8 + 64, sizeof *requires);
     if (!requires) return diag_error(d, DIAG_NOMEM, "%s: out of memory", g->path);
     int count;

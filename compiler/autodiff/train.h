@@ -36,6 +36,11 @@ typedef struct TrainGraph {
     Value *output; /* the model's first output */
     Value *labels; /* added input, NULL for LOSS_MODEL */
     Value *lr, *step;
+    /* For dropout masks, made by the first rule that asks
+     * (train_positions, train_seed): int64 [rows] input holding each row's
+     * position in the global batch, filled by the runtime, and the int64
+     * scalar --seed.  NULL when nothing draws a mask. */
+    Value *positions, *seed;
     int n_params;
     Value **params; /* float initializers read as weights, and those updated
                        in place as state (running statistics) */
@@ -43,6 +48,10 @@ typedef struct TrainGraph {
 } TrainGraph;
 
 bool train_build(Graph *g, const TrainOptions *o, TrainGraph *t, Diag *d);
+/* The positions input and the seed of c->train, made on first use. */
+struct GradCtx;
+Value *train_positions(struct GradCtx *c);
+Value *train_seed(struct GradCtx *c);
 const char *loss_kind_name(LossKind k);
 
 #endif

@@ -1,6 +1,6 @@
 /* ops_elementwise.c - element-wise operators: arithmetic with numpy
  * broadcasting, Max/Min, activations, comparisons and logic, Where,
- * Cast/CastLike, Identity, Dropout, and the shape-preserving Softmax
+ * Cast/CastLike, Identity, and the shape-preserving Softmax
  * family. */
 #include <math.h>
 
@@ -133,12 +133,6 @@ static bool infer_castlike(OpCtx *c, Node *n) {
 }
 
 /* The mask is bool since opset 10, of the input's type before. */
-static bool infer_dropout(OpCtx *c, Node *n) {
-    same_as_input(n, 0, 0);
-    set_out(n, 1, c->opset >= 10 ? DT_BOOL : n->in[0]->dtype, n->in[0]->rank, n->in[0]->dims);
-    return true;
-}
-
 static bool infer_softmax(OpCtx *c, Node *n) {
     /* The default axis changed from 1 to -1 in opset 13. */
     const Attr *a = node_attr(n, "axis");
@@ -483,19 +477,6 @@ static bool cg_binary_checked(Cg *c, const Node *n, bool (*cg)(Cg *, const Node 
     return cg(c, n);
 }
 
-/* Dropout runs as the identity (inference semantics); its mask is all
- * true. */
-static bool cg_dropout(Cg *c, const Node *n) {
-    if (n->n_in > 2 && n->in[2])
-        return diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (Dropout): training_mode input is not supported",
-                          c->g->path, n->name);
-    if (!cg_kernel_begin_io(c, n)) return false;
-    cg_copy(c, n->out[0], n->in[0]);
-    if (n->n_out > 1 && n->out[1]) cg_fill(c, n->out[1], value_numel(n->out[1]), cg_f32(c, 1));
-    cg_kernel_end(c);
-    return true;
-}
-
 /* Softmax and LogSoftmax: before opset 13 the input is coerced to 2-D at
  * `axis` (the softmax spans every later dim); from 13 it spans one axis. */
 static int64_t softmax_axis(const Graph *g, const Node *n) {
@@ -688,7 +669,6 @@ static const AttrSpec attrs_softmax[] = {{"axis", ATTR_INT, .i = -1}, {0}};
 static const AttrSpec attrs_cast[] = {{"to", ATTR_INT, .required = true}, {"saturate", ATTR_INT, .i = 1}, {0}};
 static const AttrSpec attrs_mod[] = {{"fmod", ATTR_INT, .i = 0}, {0}};
 static const AttrSpec attrs_castlike[] = {{"saturate", ATTR_INT, .i = 1}, {0}};
-static const AttrSpec attrs_dropout[] = {{"ratio", ATTR_FLOAT, .f = 0.5f}, {"seed", ATTR_INT}, {0}};
 
 #define BINARY(NAME, fold, since, G, K, S) \
     {NAME, "", since, 0, 2, 2, 1, 1, attrs_none, 0, infer_broadcast, fold, flops_1, .grad = G, .cg = K, \
@@ -728,8 +708,5 @@ const OpDef op_Reciprocal = UNARY("Reciprocal", infer_float_unary, fold_recip, f
 const OpDef op_Identity = UNARY("Identity", infer_unary, fold_copy, flops_zero, g_identity, k_copy, s_copy);
 const OpDef op_Cast = {"Cast", "", 1, 0, 1, 1, 1, 1, attrs_cast, 0, infer_cast, fold_cast, flops_zero, .grad = g_cast, .cg = k_copy};
 const OpDef op_CastLike = {"CastLike", "", 15, 0, 2, 2, 1, 1, attrs_castlike, 0, infer_castlike, fold_castlike, flops_zero};
-/* Dropout is the identity at inference and in cleave's deterministic
- * training (ratio applies only with training_mode, which is refused later). */
-const OpDef op_Dropout = {"Dropout", "", 1, 0, 1, 3, 1, 2, attrs_dropout, 0, infer_dropout, NULL, flops_zero, .grad = g_identity, .cg = cg_dropout};
 const OpDef op_Softmax = {"Softmax", "", 1, 0, 1, 1, 1, 1, attrs_softmax, 0, infer_softmax, NULL, flops_softmax, .grad = g_softmax, .cg = cg_softmax};
 const OpDef op_LogSoftmax = {"LogSoftmax", "", 1, 0, 1, 1, 1, 1, attrs_softmax, 0, infer_softmax, NULL, flops_softmax, .grad = g_logsoftmax, .cg = cg_logsoftmax};

@@ -19,3 +19,5 @@ X(TanhGrad) X(SoftmaxGrad) X(LogSoftmaxGrad) X(ReduceGrad) X(SGD) X(Adam) X(MatM
 X(ConvGradInput) X(ConvGradWeight) X(ConvGradBias) X(MaxPoolGrad) X(AveragePoolGrad) X(BatchNormGrad) X(LayerNormGrad)
 /* batch normalisation's training form (ops_batchnorm.c) */
 X(BatchNormStats) X(BatchNormTrain) X(BatchNormRunning) X(BatchNormGradStats) X(BatchNormGradInput)
+/* dropout's training form (ops_dropout.c) */
+X(DropoutTrain)
