@@ -372,7 +372,10 @@ static bool slice_params(OpCtx *c, const Node *n, SliceSpec *sp, Dim *out, bool 
     int64_t starts[MAX_RANK * 2], ends[MAX_RANK * 2], axes[MAX_RANK * 2], steps[MAX_RANK * 2];
     int ks, ke, ka, kt;
     *err = false;
-    if (c->opset < 10) {
+    /* Slice-1 takes starts, ends and axes as attributes, Slice-10 on as
+     * inputs.  The node's inputs say which: a gradient rule builds the
+     * input form whatever the model's opset. */
+    if (n->n_in < 2 || !n->in[1]) {
         const int64_t *p;
         ks = node_attr_ints(n, "starts", &p);
         if (ks > 0 && ks <= MAX_RANK) memcpy(starts, p, sizeof *p * (size_t)ks);
@@ -589,7 +592,6 @@ static bool pad_length(OpCtx *c, const Node *n, const PadSpec *p, int j, Dim d, 
 
 static bool infer_pad(OpCtx *c, Node *n) {
     const Value *x = n->in[0], *v = n->n_in > 2 ? n->in[2] : NULL;
-    if (c->opset >= 11 && (n->n_in < 2 || !n->in[1])) return op_error(c, n, "the pads input is required from opset 11");
     if (v && v->dtype != DT_UNDEFINED && v->dtype != x->dtype)
         return op_error(c, n, "constant_value '%s' is %s but '%s' is %s", v->name, dtype_name(v->dtype), x->name,
                         dtype_name(x->dtype));
