@@ -213,8 +213,8 @@ static double f_mod(const double *x, const Node *n) {
 static double f_leaky(const double *x, const Node *n) {
     return x[0] >= 0 ? x[0] : x[0] * node_attr_f(n, "alpha", 0.01f);
 }
-/* lo < x < hi clamps keep NaN, as np.clip does; with lo > hi every
- * element becomes hi, as ONNX's min(max(x, lo), hi). */
+/* min(max(x, lo), hi) as ONNX defines Clip: NaN stays NaN (both
+ * comparisons are false for it), as in np.clip, and lo > hi gives hi. */
 static double clamp_d(double x, double lo, double hi) {
     double y = x < lo ? lo : x;
     return y > hi ? hi : y;
@@ -558,7 +558,8 @@ static LLVMValueRef s_clip_grad(Cg *c, const Node *n, LLVMValueRef *x) {
  * as torch's hardsigmoid_backward (0 at x = -3 and 3 for torch's 1/6, 1/2). */
 static LLVMValueRef s_hardsigmoid_grad(Cg *c, const Node *n, LLVMValueRef *x) {
     LLVMValueRef alpha = cg_f32(c, node_attr_f(n, "alpha", 0.2f));
-    LLVMValueRef t = LLVMBuildFAdd(c->b, LLVMBuildFMul(c->b, x[1], alpha, ""), cg_f32(c, node_attr_f(n, "beta", 0.5f)), "");
+    LLVMValueRef beta = cg_f32(c, node_attr_f(n, "beta", 0.5f));
+    LLVMValueRef t = LLVMBuildFAdd(c->b, LLVMBuildFMul(c->b, x[1], alpha, ""), beta, "");
     LLVMValueRef in = LLVMBuildAnd(c->b, LLVMBuildFCmp(c->b, LLVMRealOGT, t, cg_f32(c, 0), ""),
                                    LLVMBuildFCmp(c->b, LLVMRealOLT, t, cg_f32(c, 1), ""), "");
     return LLVMBuildSelect(c->b, in, LLVMBuildFMul(c->b, x[0], alpha, ""), cg_f32(c, 0), "");

@@ -678,7 +678,8 @@ static bool infer_split(OpCtx *c, Node *n) {
     } else if (c->opset >= 18) {
         const Attr *a = node_attr(n, "num_outputs");
         if (!a) return op_error(c, n, "either the split input or attribute 'num_outputs' is required from opset 18");
-        if (a->i != n->n_out) return op_error(c, n, "num_outputs is %lld but the node has %d outputs", (long long)a->i, n->n_out);
+        if (a->i != n->n_out)
+            return op_error(c, n, "num_outputs is %lld but the node has %d outputs", (long long)a->i, n->n_out);
     } else if (len >= 0 && len % n->n_out) {
         return op_error(c, n, "axis %lld of length %lld does not split into %d equal parts", (long long)axis,
                         (long long)len, n->n_out);
