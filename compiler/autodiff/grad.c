@@ -71,6 +71,11 @@ void gb_attr_ints(GradCtx *c, Node *n, const char *name, const int64_t *v, int c
     a->n = count;
 }
 
+void gb_attr_s(GradCtx *c, Node *n, const char *name, const char *v) {
+    Attr *a = new_attr(c, n, name, ATTR_STRING);
+    if (a) a->s = arena_strdup(&c->g->arena, v);
+}
+
 Value *gb_finish(GradCtx *c, Node *n) {
     if (!n || diag_failed(c->d)) return NULL;
     OpCtx oc = {c->g, c->d, graph_opset(c->g, n->domain)};
@@ -141,6 +146,13 @@ static Value *const_ints(GradCtx *c, const char *hint, const int64_t *v, int cou
 }
 
 Value *gb_const_ints(GradCtx *c, const int64_t *v, int count) { return const_ints(c, "ints", v, count); }
+
+Value *gb_zeros_like(GradCtx *c, const Value *like) {
+    if (diag_failed(c->d)) return NULL;
+    int64_t shape[MAX_RANK];
+    for (int j = 0; j < like->rank; j++) shape[j] = like->dims[j].k;
+    return gb_op2(c, "Expand", gb_const_f(c, 0), const_ints(c, "shape", shape, like->rank));
+}
 
 Value *gb_reshape_like(GradCtx *c, Value *x, const Value *like) {
     if (!x || diag_failed(c->d)) return NULL;

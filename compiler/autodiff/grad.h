@@ -29,6 +29,7 @@ Node *gb_start(GradCtx *c, const char *domain, const char *op, int n_in, Value *
 void gb_attr_i(GradCtx *c, Node *n, const char *name, int64_t v);
 void gb_attr_f(GradCtx *c, Node *n, const char *name, float v);
 void gb_attr_ints(GradCtx *c, Node *n, const char *name, const int64_t *v, int count);
+void gb_attr_s(GradCtx *c, Node *n, const char *name, const char *v);
 Value *gb_finish(GradCtx *c, Node *n);
 
 Value *gb_op1(GradCtx *c, const char *op, Value *a);
@@ -39,6 +40,9 @@ Value *gb_internal2(GradCtx *c, const char *op, Value *a, Value *b);
 Value *gb_const_f(GradCtx *c, float x);
 /* 1-D int64 constant holding v[0..count). */
 Value *gb_const_ints(GradCtx *c, const int64_t *v, int count);
+/* float32 zeros of like's shape (an Expand of a scalar 0): the gradient of
+ * an output nothing reads, where a rule needs one. */
+Value *gb_zeros_like(GradCtx *c, const Value *like);
 /* x scaled by s (x itself when s == 1). */
 Value *gb_scale(GradCtx *c, Value *x, float s);
 /* Sums x over the dimensions broadcast to reach its shape from `like`'s:

@@ -1,7 +1,9 @@
 /* ops_elementwise.c - element-wise operators: arithmetic with numpy
- * broadcasting, Max/Min, activations, comparisons and logic, Where,
- * Cast/CastLike, Identity, and the shape-preserving Softmax
- * family. */
+ * broadcasting, Max/Min, activations, Clip, comparisons and logic, Where,
+ * Cast/CastLike, Identity, and the shape-preserving Softmax family; and
+ * the gradient ops of Clip, HardSigmoid and HardSwish, whose scalar
+ * functions share the clamping of their forward ops. */
+#include <float.h>
 #include <math.h>
 
 #include "op_util.h"
@@ -84,6 +86,23 @@ static bool infer_float_unary(OpCtx *c, Node *n) {
     if (n->in[0]->dtype != DT_UNDEFINED && !dtype_is_float(n->in[0]->dtype))
         return op_error(c, n, "input '%s' is %s; a floating-point type is required", n->in[0]->name,
                         dtype_name(n->in[0]->dtype));
+    same_as_input(n, 0, 0);
+    return true;
+}
+
+/* Clip's min and max are float attributes before opset 11, and optional
+ * inputs of x's type, one element each, from opset 11 (integer types
+ * too). */
+static bool infer_clip(OpCtx *c, Node *n) {
+    if (c->opset < 11) {
+        if (n->n_in > 1) return op_error(c, n, "min and max are attributes before opset 11, not inputs");
+        return infer_float_unary(c, n);
+    }
+    DType t;
+    if (!same_dtype(c, n, 0, n->n_in, &t)) return false;
+    for (int i = 1; i < n->n_in; i++)
+        if (n->in[i] && value_numel(n->in[i]) != 1)
+            return op_error(c, n, "%s '%s' must be a scalar (one element)", i == 1 ? "min" : "max", n->in[i]->name);
     same_as_input(n, 0, 0);
     return true;
 }
@@ -188,6 +207,25 @@ static double f_mod(const double *x, const Node *n) {
 static double f_leaky(const double *x, const Node *n) {
     return x[0] >= 0 ? x[0] : x[0] * node_attr_f(n, "alpha", 0.01f);
 }
+/* min(max(x, lo), hi) as ONNX defines Clip: NaN stays NaN (both
+ * comparisons are false for it), as in np.clip, and lo > hi gives hi. */
+static double clamp_d(double x, double lo, double hi) {
+    double y = x < lo ? lo : x;
+    return y > hi ? hi : y;
+}
+/* Clip from opset 11: x[1] and x[2] are the bounds when present. */
+static double f_clip(const double *x, const Node *n) {
+    bool lo = n->n_in > 1 && n->in[1], hi = n->n_in > 2 && n->in[2];
+    return clamp_d(x[0], lo ? x[1] : -INFINITY, hi ? x[2] : INFINITY);
+}
+/* Clip before opset 11: the attributes, whose absence means -+FLT_MAX. */
+static double f_clip_attrs(const double *x, const Node *n) {
+    return clamp_d(x[0], node_attr_f(n, "min", -FLT_MAX), node_attr_f(n, "max", FLT_MAX));
+}
+static double f_hardsigmoid(const double *x, const Node *n) {
+    return clamp_d(node_attr_f(n, "alpha", 0.2f) * x[0] + node_attr_f(n, "beta", 0.5f), 0, 1);
+}
+static double f_hardswish(const double *x, const Node *n) { (void)n; return x[0] * clamp_d(x[0] + 3, 0, 6) / 6; }
 
 /* Integer forms: exact in int64 (shape arithmetic must not round). */
 static int64_t i_add(const int64_t *x, const Node *n, bool *ok) { (void)n; (void)ok; return (int64_t)((uint64_t)x[0] + (uint64_t)x[1]); }
@@ -230,6 +268,13 @@ static int64_t i_mod(const int64_t *x, const Node *n, bool *ok) {
     return r;
 }
 static int64_t i_not(const int64_t *x, const Node *n, bool *ok) { (void)n; (void)ok; return x[0] == 0; }
+static int64_t i_clip(const int64_t *x, const Node *n, bool *ok) {
+    (void)ok;
+    int64_t y = x[0];
+    if (n->n_in > 1 && n->in[1] && y < x[1]) y = x[1];
+    if (n->n_in > 2 && n->in[2] && y > x[2]) y = x[2];
+    return y;
+}
 
 #define FOLDER(name, ff, fi) \
     static FoldResult name(OpCtx *c, Node *n) { return fold_elementwise(c, n, ff, fi); }
@@ -263,6 +308,13 @@ FOLDER(fold_min, f_min, i_min)
 FOLDER(fold_mod, f_mod, i_mod)
 FOLDER(fold_not, f_not, i_not)
 FOLDER(fold_copy, f_copy, i_copy)
+FOLDER(fold_hardsigmoid, f_hardsigmoid, NULL)
+FOLDER(fold_hardswish, f_hardswish, NULL)
+
+/* Integer Clip (shape arithmetic) folds exactly in int64. */
+static FoldResult fold_clip(OpCtx *c, Node *n) {
+    return c->opset < 11 ? fold_elementwise(c, n, f_clip_attrs, NULL) : fold_elementwise(c, n, f_clip, i_clip);
+}
 
 static double f_nonzero(const double *x, const Node *n) { (void)n; return x[0] != 0; }
 static int64_t i_nonzero(const int64_t *x, const Node *n, bool *ok) { (void)n; (void)ok; return x[0] != 0; }
@@ -442,6 +494,80 @@ static LLVMValueRef s_extreme(Cg *c, const Node *n, LLVMValueRef *x, bool max) {
 static LLVMValueRef s_max(Cg *c, const Node *n, LLVMValueRef *x) { return s_extreme(c, n, x, true); }
 static LLVMValueRef s_min(Cg *c, const Node *n, LLVMValueRef *x) { return s_extreme(c, n, x, false); }
 
+/* a < b as an i1, for either kind of operand cg_elementwise hands over. */
+static LLVMValueRef less(Cg *c, const Node *n, LLVMValueRef a, LLVMValueRef b) {
+    if (is_i(c, a)) return LLVMBuildICmp(c->b, u64_in(n) ? LLVMIntULT : LLVMIntSLT, a, b, "");
+    return LLVMBuildFCmp(c->b, LLVMRealOLT, a, b, "");
+}
+/* min(max(y, lo), hi) as clamp_d computes it (NaN kept, hi when lo > hi);
+ * a NULL bound leaves that side open. */
+static LLVMValueRef clamp_v(Cg *c, const Node *n, LLVMValueRef y, LLVMValueRef lo, LLVMValueRef hi) {
+    if (lo) y = LLVMBuildSelect(c->b, less(c, n, y, lo), lo, y, "");
+    if (hi) y = LLVMBuildSelect(c->b, less(c, n, hi, y), hi, y, "");
+    return y;
+}
+/* Clip's bounds are attributes before opset 11; ClipGrad, which the
+ * gradient rule builds, always takes them as inputs. */
+static bool clip_attr_form(const Graph *g, const Node *n) {
+    return !(n->domain && *n->domain) && graph_opset(g, "") < 11;
+}
+/* The bounds of Clip (first = 1) or ClipGrad (first = 2) inside a scalar
+ * function, whose operands x[] skip omitted inputs; NULL for an open side. */
+static void clip_bounds(Cg *c, const Node *n, int first, LLVMValueRef *x, LLVMValueRef *lo, LLVMValueRef *hi) {
+    if (clip_attr_form(c->g, n)) {
+        *lo = cg_f32(c, node_attr_f(n, "min", -FLT_MAX));
+        *hi = cg_f32(c, node_attr_f(n, "max", FLT_MAX));
+        return;
+    }
+    int k = first;
+    *lo = first < n->n_in && n->in[first] ? x[k++] : NULL;
+    *hi = first + 1 < n->n_in && n->in[first + 1] ? x[k] : NULL;
+}
+static LLVMValueRef s_clip(Cg *c, const Node *n, LLVMValueRef *x) {
+    LLVMValueRef lo, hi;
+    clip_bounds(c, n, 1, x, &lo, &hi);
+    return clamp_v(c, n, x[0], lo, hi);
+}
+static LLVMValueRef s_hardsigmoid(Cg *c, const Node *n, LLVMValueRef *x) {
+    LLVMValueRef t = LLVMBuildFMul(c->b, x[0], cg_f32(c, node_attr_f(n, "alpha", 0.2f)), "");
+    t = LLVMBuildFAdd(c->b, t, cg_f32(c, node_attr_f(n, "beta", 0.5f)), "");
+    return clamp_v(c, n, t, cg_f32(c, 0), cg_f32(c, 1));
+}
+/* x * min(max(x + 3, 0), 6) / 6: ONNX's x * HardSigmoid(x, 1/6, 1/2) in
+ * the order torch's hardswish computes it, so the two round alike. */
+static LLVMValueRef s_hardswish(Cg *c, const Node *n, LLVMValueRef *x) {
+    LLVMValueRef r = clamp_v(c, n, LLVMBuildFAdd(c->b, x[0], cg_f32(c, 3), ""), cg_f32(c, 0), cg_f32(c, 6));
+    return LLVMBuildFDiv(c->b, LLVMBuildFMul(c->b, x[0], r, ""), cg_f32(c, 6), "");
+}
+/* ClipGrad(dy, x, min, max): dy where min < x < max, else 0 (g_clip says
+ * why the bounds themselves get 0). */
+static LLVMValueRef s_clip_grad(Cg *c, const Node *n, LLVMValueRef *x) {
+    LLVMValueRef lo, hi, out = LLVMConstInt(c->t_i1, 0, 0);
+    clip_bounds(c, n, 2, x, &lo, &hi);
+    if (lo) out = LLVMBuildOr(c->b, out, LLVMBuildFCmp(c->b, LLVMRealOLE, x[1], lo, ""), "");
+    if (hi) out = LLVMBuildOr(c->b, out, LLVMBuildFCmp(c->b, LLVMRealOGE, x[1], hi, ""), "");
+    return LLVMBuildSelect(c->b, out, cg_f32(c, 0), x[0], "");
+}
+/* HardSigmoidGrad(dy, x): dy * alpha where 0 < alpha*x + beta < 1 strictly,
+ * as torch's hardsigmoid_backward (0 at x = -3 and 3 for torch's 1/6, 1/2). */
+static LLVMValueRef s_hardsigmoid_grad(Cg *c, const Node *n, LLVMValueRef *x) {
+    LLVMValueRef alpha = cg_f32(c, node_attr_f(n, "alpha", 0.2f));
+    LLVMValueRef beta = cg_f32(c, node_attr_f(n, "beta", 0.5f));
+    LLVMValueRef t = LLVMBuildFAdd(c->b, LLVMBuildFMul(c->b, x[1], alpha, ""), beta, "");
+    LLVMValueRef in = LLVMBuildAnd(c->b, LLVMBuildFCmp(c->b, LLVMRealOGT, t, cg_f32(c, 0), ""),
+                                   LLVMBuildFCmp(c->b, LLVMRealOLT, t, cg_f32(c, 1), ""), "");
+    return LLVMBuildSelect(c->b, in, LLVMBuildFMul(c->b, x[0], alpha, ""), cg_f32(c, 0), "");
+}
+/* HardSwishGrad(dy, x), torch's hardswish_backward: 0 below -3,
+ * dy * (x/3 + 1/2) from -3 to 3 inclusive, dy above. */
+static LLVMValueRef s_hardswish_grad(Cg *c, const Node *n, LLVMValueRef *x) {
+    (void)n;
+    LLVMValueRef slope = LLVMBuildFAdd(c->b, LLVMBuildFDiv(c->b, x[1], cg_f32(c, 3), ""), cg_f32(c, 0.5), "");
+    LLVMValueRef g = LLVMBuildSelect(c->b, LLVMBuildFCmp(c->b, LLVMRealOLE, x[1], cg_f32(c, 3), ""),
+                                     LLVMBuildFMul(c->b, x[0], slope, ""), x[0], "");
+    return LLVMBuildSelect(c->b, LLVMBuildFCmp(c->b, LLVMRealOLT, x[1], cg_f32(c, -3), ""), cg_f32(c, 0), g, "");
+}
+
 #define CG_EW(name, fn) \
     static bool name(Cg *c, const Node *n) { return cg_elementwise(c, n, fn); }
 CG_EW(k_add, s_add)
@@ -467,6 +593,12 @@ CG_EW(k_less, s_less)
 CG_EW(k_greater, s_greater)
 CG_EW(k_max, s_max)
 CG_EW(k_min, s_min)
+CG_EW(k_clip, s_clip)
+CG_EW(k_hardsigmoid, s_hardsigmoid)
+CG_EW(k_hardswish, s_hardswish)
+CG_EW(k_clip_grad, s_clip_grad)
+CG_EW(k_hardsigmoid_grad, s_hardsigmoid_grad)
+CG_EW(k_hardswish_grad, s_hardswish_grad)
 
 /* Binary ops before opset 7 broadcast differently; codegen covers the
  * numpy form only. */
@@ -646,6 +778,40 @@ static bool g_where(GradCtx *c, Node *n, Value *const *dy, Value **dx, const boo
     }
     return true;
 }
+/* Clip's bound `slot` (1: min, 2: max) as ClipGrad's input: Clip's own
+ * input from opset 11 (NULL when omitted), its attribute before. */
+static Value *clip_bound(GradCtx *c, const Node *n, int slot) {
+    if (!clip_attr_form(c->g, n)) return slot < n->n_in ? n->in[slot] : NULL;
+    return gb_const_f(c, slot == 1 ? node_attr_f(n, "min", -FLT_MAX) : node_attr_f(n, "max", FLT_MAX));
+}
+/* PyTorch exports nn.ReLU6 and F.hardtanh as Clip, and torch.clamp too;
+ * hardtanh's backward passes dy only strictly inside (min, max), clamp's
+ * at the bounds as well.  The node cannot tell which it came from, and the
+ * two differ only where x equals a bound exactly; cleave follows hardtanh,
+ * since the Clip torchvision's models export is ReLU6 (mobilenet_v2). */
+static bool g_clip(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    for (int i = 1; i < n->n_in; i++)
+        if (need[i])
+            return diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (Clip): no gradient for the bound '%s'",
+                              c->g->path, n->name, n->in[i]->name);
+    if (!need[0]) return true;
+    Value *in[4] = {dy[0], n->in[0], clip_bound(c, n, 1), clip_bound(c, n, 2)};
+    dx[0] = gb_finish(c, gb_start(c, "cleave", "ClipGrad", 4, in, 1));
+    return true;
+}
+static bool g_hardsigmoid(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    if (!need[0]) return true;
+    Value *in[2] = {dy[0], n->in[0]};
+    Node *g = gb_start(c, "cleave", "HardSigmoidGrad", 2, in, 1);
+    gb_attr_f(c, g, "alpha", node_attr_f(n, "alpha", 0.2f));
+    gb_attr_f(c, g, "beta", node_attr_f(n, "beta", 0.5f));
+    dx[0] = gb_finish(c, g);
+    return true;
+}
+static bool g_hardswish(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    if (need[0]) dx[0] = gb_internal2(c, "HardSwishGrad", dy[0], n->in[0]);
+    return true;
+}
 static bool g_cast(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
     if (!need[0]) return true;
     if (!dtype_is_float(n->in[0]->dtype) || !dtype_is_float(n->out[0]->dtype))
@@ -669,6 +835,8 @@ static const AttrSpec attrs_softmax[] = {{"axis", ATTR_INT, .i = -1}, {0}};
 static const AttrSpec attrs_cast[] = {{"to", ATTR_INT, .required = true}, {"saturate", ATTR_INT, .i = 1}, {0}};
 static const AttrSpec attrs_mod[] = {{"fmod", ATTR_INT, .i = 0}, {0}};
 static const AttrSpec attrs_castlike[] = {{"saturate", ATTR_INT, .i = 1}, {0}};
+static const AttrSpec attrs_clip[] = {{"min", ATTR_FLOAT, .f = -FLT_MAX}, {"max", ATTR_FLOAT, .f = FLT_MAX}, {0}};
+static const AttrSpec attrs_hardsigmoid[] = {{"alpha", ATTR_FLOAT, .f = 0.2f}, {"beta", ATTR_FLOAT, .f = 0.5f}, {0}};
 
 #define BINARY(NAME, fold, since, G, K, S) \
     {NAME, "", since, 0, 2, 2, 1, 1, attrs_none, 0, infer_broadcast, fold, flops_1, .grad = G, .cg = K, \
@@ -696,6 +864,9 @@ const OpDef op_Mod = {"Mod", "", 10, 0, 2, 2, 1, 1, attrs_mod, 0, infer_broadcas
 const OpDef op_Where = {"Where", "", 9, 0, 3, 3, 1, 1, attrs_none, 0, infer_where, fold_where, flops_1, .grad = g_where, .cg = k_where};
 const OpDef op_Relu = UNARY("Relu", infer_unary, fold_relu, flops_1, g_relu, k_relu, s_relu);
 const OpDef op_LeakyRelu = {"LeakyRelu", "", 1, 0, 1, 1, 1, 1, attrs_leaky, 0, infer_float_unary, fold_leaky, flops_1, .grad = g_leaky, .cg = k_leaky, .inplace = true, .scalar = s_leaky};
+const OpDef op_Clip = {"Clip", "", 1, 0, 1, 3, 1, 1, attrs_clip, 0, infer_clip, fold_clip, flops_1, .grad = g_clip, .cg = k_clip, .inplace = true, .scalar = s_clip};
+const OpDef op_HardSigmoid = {"HardSigmoid", "", 1, 0, 1, 1, 1, 1, attrs_hardsigmoid, 0, infer_float_unary, fold_hardsigmoid, flops_1, .grad = g_hardsigmoid, .cg = k_hardsigmoid, .inplace = true, .scalar = s_hardsigmoid};
+const OpDef op_HardSwish = {"HardSwish", "", 14, 0, 1, 1, 1, 1, attrs_none, 0, infer_float_unary, fold_hardswish, flops_1, .grad = g_hardswish, .cg = k_hardswish, .inplace = true, .scalar = s_hardswish};
 const OpDef op_Sigmoid = UNARY("Sigmoid", infer_float_unary, fold_sigmoid, flops_transcend, g_sigmoid, k_sigmoid, s_sigmoid);
 const OpDef op_Tanh = UNARY("Tanh", infer_float_unary, fold_tanh, flops_transcend, g_tanh, k_tanh, s_tanh);
 const OpDef op_Erf = UNARY("Erf", infer_unary, fold_erf, flops_transcend, g_erf, k_erf, s_erf);
@@ -710,3 +881,8 @@ const OpDef op_Cast = {"Cast", "", 1, 0, 1, 1, 1, 1, attrs_cast, 0, infer_cast, 
 const OpDef op_CastLike = {"CastLike", "", 15, 0, 2, 2, 1, 1, attrs_castlike, 0, infer_castlike, fold_castlike, flops_zero};
 const OpDef op_Softmax = {"Softmax", "", 1, 0, 1, 1, 1, 1, attrs_softmax, 0, infer_softmax, NULL, flops_softmax, .grad = g_softmax, .cg = cg_softmax};
 const OpDef op_LogSoftmax = {"LogSoftmax", "", 1, 0, 1, 1, 1, 1, attrs_softmax, 0, infer_softmax, NULL, flops_softmax, .grad = g_logsoftmax, .cg = cg_logsoftmax};
+
+/* Gradient ops (domain "cleave"): f(dy, x, ...) element-wise. */
+const OpDef op_ClipGrad = {"ClipGrad", "cleave", 1, 0, 2, 4, 1, 1, attrs_none, 0, infer_unary, NULL, flops_1, .cg = k_clip_grad, .inplace = true, .scalar = s_clip_grad};
+const OpDef op_HardSigmoidGrad = {"HardSigmoidGrad", "cleave", 1, 0, 2, 2, 1, 1, attrs_hardsigmoid, 0, infer_unary, NULL, flops_1, .cg = k_hardsigmoid_grad, .inplace = true, .scalar = s_hardsigmoid_grad};
+const OpDef op_HardSwishGrad = {"HardSwishGrad", "cleave", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_unary, NULL, flops_1, .cg = k_hardswish_grad, .inplace = true, .scalar = s_hardswish_grad};

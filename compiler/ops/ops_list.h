@@ -2,21 +2,25 @@
  * op_<name> defined in one of the ops_*.c files; ops.c builds the lookup
  * table from this list and ops_families.h declares the entries from it. */
 X(Abs) X(Add) X(And) X(AveragePool) X(BatchNormalization) X(Cast) X(CastLike)
-X(Concat) X(Constant) X(ConstantOfShape) X(Conv) X(Div) X(Dropout) X(Equal)
-X(Erf) X(Exp) X(Expand) X(Flatten) X(Gather) X(Gemm) X(GlobalAveragePool)
-X(Greater) X(GreaterOrEqual) X(Identity) X(LayerNormalization) X(LeakyRelu)
-X(Less) X(LessOrEqual) X(Log) X(LogSoftmax) X(MatMul) X(Max) X(MaxPool) X(Min)
-X(Mod) X(Mul) X(Neg) X(Not) X(Or) X(Pow) X(Range) X(Reciprocal) X(ReduceL1)
-X(ReduceL2) X(ReduceLogSum) X(ReduceLogSumExp) X(ReduceMax) X(ReduceMean)
-X(ReduceMin) X(ReduceProd) X(ReduceSum) X(ReduceSumSquare) X(Relu) X(Reshape)
-X(Shape) X(Sigmoid) X(Size) X(Slice) X(Softmax) X(Sqrt) X(Squeeze) X(Sub)
-X(Tanh) X(Transpose) X(Unsqueeze) X(Where) X(Xor)
+X(Clip) X(Concat) X(Constant) X(ConstantOfShape) X(Conv) X(Div) X(Dropout)
+X(Equal) X(Erf) X(Exp) X(Expand) X(Flatten) X(Gather) X(Gemm)
+X(GlobalAveragePool) X(Greater) X(GreaterOrEqual) X(HardSigmoid) X(HardSwish)
+X(Identity) X(LayerNormalization) X(LeakyRelu) X(Less) X(LessOrEqual) X(Log)
+X(LogSoftmax) X(MatMul) X(Max) X(MaxPool) X(Min) X(Mod) X(Mul) X(Neg) X(Not)
+X(Or) X(Pad) X(Pow) X(Range) X(Reciprocal) X(ReduceL1) X(ReduceL2) X(ReduceLogSum)
+X(ReduceLogSumExp) X(ReduceMax) X(ReduceMean) X(ReduceMin) X(ReduceProd)
+X(ReduceSum) X(ReduceSumSquare) X(Relu) X(Reshape) X(Shape) X(Sigmoid) X(Size)
+X(Slice) X(Softmax) X(Split) X(Sqrt) X(Squeeze) X(Sub) X(Tanh) X(Transpose)
+X(Unsqueeze) X(Where) X(Xor)
 X(SoftmaxCrossEntropyLoss)
 /* cleave's own ops (domain "cleave"): gradients and optimizer updates */
 X(SoftmaxCrossEntropyLossGrad) X(SumTo) X(ReluGrad) X(LeakyReluGrad) X(SigmoidGrad)
 X(TanhGrad) X(SoftmaxGrad) X(LogSoftmaxGrad) X(ReduceGrad) X(SGD) X(Adam) X(MatMulT)
 /* gradients of convolution, pooling and normalisation (ops_nn.c) */
 X(ConvGradInput) X(ConvGradWeight) X(ConvGradBias) X(MaxPoolGrad) X(AveragePoolGrad) X(BatchNormGrad) X(LayerNormGrad)
+/* gradients of Clip, HardSigmoid and HardSwish (ops_elementwise.c), Slice
+ * and Pad (ops_shape.c) */
+X(ClipGrad) X(HardSigmoidGrad) X(HardSwishGrad) X(SliceGrad) X(PadGrad)
 /* batch normalisation's training form (ops_batchnorm.c) */
 X(BatchNormStats) X(BatchNormTrain) X(BatchNormRunning) X(BatchNormGradStats) X(BatchNormGradInput)
 /* dropout's training form (ops_dropout.c) */

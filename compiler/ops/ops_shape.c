@@ -1,8 +1,9 @@
 /* ops_shape.c - operators that move or describe data without arithmetic:
  * Shape, Size, Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Concat,
- * Slice, Gather, Expand, Constant, ConstantOfShape, Range.  Their fold
- * rules let the shape subgraphs PyTorch exports (Shape -> Gather ->
- * Unsqueeze -> Concat -> Reshape) collapse to constants. */
+ * Slice, Pad, Split, Gather, Expand, Constant, ConstantOfShape, Range, and
+ * the gradient ops of Slice and Pad.  Their fold rules let the shape
+ * subgraphs PyTorch exports (Shape -> Gather -> Unsqueeze -> Concat ->
+ * Reshape) collapse to constants. */
 #include <math.h>
 #include <string.h>
 
@@ -371,7 +372,10 @@ static bool slice_params(OpCtx *c, const Node *n, SliceSpec *sp, Dim *out, bool 
     int64_t starts[MAX_RANK * 2], ends[MAX_RANK * 2], axes[MAX_RANK * 2], steps[MAX_RANK * 2];
     int ks, ke, ka, kt;
     *err = false;
-    if (c->opset < 10) {
+    /* Slice-1 takes starts, ends and axes as attributes, Slice-10 on as
+     * inputs.  The node's inputs say which: a gradient rule builds the
+     * input form whatever the model's opset. */
+    if (n->n_in < 2 || !n->in[1]) {
         const int64_t *p;
         ks = node_attr_ints(n, "starts", &p);
         if (ks > 0 && ks <= MAX_RANK) memcpy(starts, p, sizeof *p * (size_t)ks);
@@ -471,6 +475,282 @@ static FoldResult fold_slice(OpCtx *c, Node *n) {
     bool err;
     if (!slice_params(c, n, &sp, out, &err)) return err ? FOLD_ERROR : FOLD_NO;
     return fold_map(c, n, map_slice, &sp);
+}
+
+/* ---- Pad ---- */
+
+typedef enum { PAD_CONSTANT, PAD_REFLECT, PAD_EDGE, PAD_WRAP } PadMode;
+static const char *const pad_modes[] = {"constant", "reflect", "edge", "wrap"};
+
+/* Pads of every axis, before and after it; negative ones crop. */
+typedef struct PadSpec {
+    PadMode mode;
+    int64_t begin[MAX_RANK], end[MAX_RANK];
+} PadSpec;
+
+/* Reads the mode and the pads of each of r axes: from the pads input
+ * (opset 11 on, with opset 18's optional axes input) or, when the node has
+ * none, the attribute (Pad before opset 11, and cleave.PadGrad, which the
+ * gradient rule builds in that form).  false with *err on invalid ones,
+ * without it when they are not constant. */
+static bool pad_params(OpCtx *c, const Node *n, int r, PadSpec *p, bool *err) {
+    int64_t pads[MAX_RANK * 2], axes[MAX_RANK];
+    int k, ka = -3;
+    *err = true;
+    if (n->n_in > 1 && n->in[1]) {
+        k = in_ints(n, 1, pads, MAX_RANK * 2);
+        if (n->n_in > 3 && n->in[3]) ka = in_ints(n, 3, axes, MAX_RANK);
+        if (k == -1 || ka == -1) {
+            *err = false;
+            return false;
+        }
+    } else {
+        const int64_t *a;
+        k = node_attr_ints(n, "pads", &a);
+        if (k < 0) return op_error(c, n, "pads are missing");
+        if (k <= MAX_RANK * 2) memcpy(pads, a, sizeof *a * (size_t)k);
+    }
+    if (k == -2 || ka == -2) return op_error(c, n, "pads and axes cover more than %d axes", MAX_RANK);
+    int na = ka >= 0 ? ka : r;
+    if (k != 2 * na)
+        return op_error(c, n, "pads has %d entries; a begin and an end for each of %d axes (%d) expected", k, na,
+                        2 * na);
+    const char *mode = node_attr_s(n, "mode", "constant");
+    int m = 0;
+    while (m <= PAD_WRAP && strcmp(mode, pad_modes[m])) m++;
+    if (m > PAD_WRAP) return op_error(c, n, "unknown mode '%s' (constant, reflect, edge or wrap)", mode);
+    p->mode = (PadMode)m;
+    for (int j = 0; j < r; j++) p->begin[j] = p->end[j] = 0;
+    bool seen[MAX_RANK] = {0};
+    for (int i = 0; i < na; i++) {
+        int64_t a = ka >= 0 ? axes[i] : i;
+        if (!norm_axis(c, n, &a, r)) return false;
+        if (seen[a]) return op_error(c, n, "axis %lld repeated", (long long)a);
+        seen[a] = true;
+        p->begin[a] = pads[i];
+        p->end[a] = pads[na + i];
+    }
+    return true;
+}
+
+/* Axis j of length len: the window [*crop, *crop + *kept) of x that
+ * negative pads leave, and the padding *lead before it. */
+static void pad_window(const PadSpec *p, int j, int64_t len, int64_t *crop, int64_t *kept, int64_t *lead) {
+    int64_t b = p->begin[j], e = p->end[j];
+    *crop = b < 0 ? -b : 0;
+    *kept = len - *crop - (e < 0 ? -e : 0);
+    *lead = b > 0 ? b : 0;
+}
+
+/* Position in x (length len along axis j) that padded position o reads;
+ * -1 where the constant mode fills.  Reflection stays within one period:
+ * pad_length allows no more. */
+static int64_t pad_source(const PadSpec *p, int j, int64_t len, int64_t o) {
+    int64_t crop, kept, lead;
+    pad_window(p, j, len, &crop, &kept, &lead);
+    int64_t i = o - lead;
+    if (i < 0 || i >= kept) {
+        switch (p->mode) {
+        case PAD_CONSTANT: return -1;
+        case PAD_EDGE: i = i < 0 ? 0 : kept - 1; break;
+        case PAD_REFLECT: i = i < 0 ? -i : 2 * (kept - 1) - i; break;
+        case PAD_WRAP: i = (i % kept + kept) % kept; break;
+        }
+    }
+    return crop + i;
+}
+
+/* Length of the padded axis j of x.  The pads must leave something of
+ * the axis to copy when the mode copies, and reflect within one period of
+ * it, as PyTorch requires (ONNX's reference reflects again beyond). */
+static bool pad_length(OpCtx *c, const Node *n, const PadSpec *p, int j, Dim d, Dim *out) {
+    int64_t b = p->begin[j], e = p->end[j], crop, kept, lead, len;
+    if (b == 0 && e == 0) {
+        *out = d;
+        return true;
+    }
+    if (!dim_is_const(d)) {
+        *out = dim_unknown();
+        return true;
+    }
+    pad_window(p, j, d.k, &crop, &kept, &lead);
+    if (kept < 0)
+        return op_error(c, n, "pads %lld and %lld crop more than the %lld elements of axis %d", (long long)b,
+                        (long long)e, (long long)d.k, j);
+    if (__builtin_add_overflow(d.k, b, &len) || __builtin_add_overflow(len, e, &len))
+        return op_error(c, n, "the padded length of axis %d overflows", j);
+    int64_t most = b > e ? b : e;
+    if (p->mode != PAD_CONSTANT && most > 0 && kept == 0)
+        return op_error(c, n, "%s padding of axis %d, which has no elements left to copy", pad_modes[p->mode], j);
+    if (p->mode == PAD_REFLECT && most >= kept)
+        return op_error_kind(c, n, DIAG_UNSUPPORTED,
+                             "reflect padding by %lld on axis %d needs more than %lld elements there (PyTorch's limit; "
+                             "cleave reflects once)", (long long)most, j, (long long)kept);
+    *out = dim_const(len);
+    return true;
+}
+
+static bool infer_pad(OpCtx *c, Node *n) {
+    const Value *x = n->in[0], *v = n->n_in > 2 ? n->in[2] : NULL;
+    if (v && v->dtype != DT_UNDEFINED && v->dtype != x->dtype)
+        return op_error(c, n, "constant_value '%s' is %s but '%s' is %s", v->name, dtype_name(v->dtype), x->name,
+                        dtype_name(x->dtype));
+    if (v && value_numel(v) != 1) return op_error(c, n, "constant_value '%s' must be a scalar (one element)", v->name);
+    PadSpec p;
+    bool err;
+    if (!pad_params(c, n, x->rank, &p, &err)) {
+        if (err) return false;
+        set_out_unknown(n, 0, x->dtype, x->rank);
+        return true;
+    }
+    Dim out[MAX_RANK];
+    for (int j = 0; j < x->rank; j++)
+        if (!pad_length(c, n, &p, j, x->dims[j], &out[j])) return false;
+    set_out(n, 0, x->dtype, x->rank, out);
+    return true;
+}
+
+/* Flat index in x that element e of the padded y reads, -1 for the fill. */
+static int64_t pad_source_flat(const PadSpec *p, const Value *x, const Value *y, int64_t e) {
+    int64_t xs[MAX_RANK], src = 0;
+    shape_strides(x, xs);
+    for (int j = y->rank - 1; j >= 0; j--) {
+        int64_t i = pad_source(p, j, x->dims[j].k, e % y->dims[j].k);
+        if (i < 0) return -1;
+        src += i * xs[j];
+        e /= y->dims[j].k;
+    }
+    return src;
+}
+
+static FoldResult fold_pad(OpCtx *c, Node *n) {
+    const Value *x = n->in[0], *y = n->out[0], *v = n->n_in > 2 ? n->in[2] : NULL;
+    if (!in_const(n, 0) || !value_shape_known(x) || !value_shape_known(y) || (v && !in_const(n, 2))) return FOLD_NO;
+    PadSpec p;
+    bool err;
+    if (!pad_params(c, n, x->rank, &p, &err)) return err ? FOLD_ERROR : FOLD_NO;
+    Const *r = fold_out(c, n, 0);
+    if (!r) return FOLD_NO;
+    for (int64_t e = 0; e < r->n; e++) {
+        int64_t src = pad_source_flat(&p, x, y, e);
+        if (src >= 0 || v) {
+            if (!const_copy_elem(c->g, r, e, src >= 0 ? x->konst : v->konst, src >= 0 ? src : 0)) return FOLD_NO;
+        } else {
+            const_set_f(r, e, node_attr_f(n, "value", 0));
+        }
+    }
+    return FOLD_DONE;
+}
+
+/* ---- Split ---- */
+
+/* Length of output k's part of an axis of length len (-1: unknown):
+ * `split` when given (the input, or the attribute before opset 13), else
+ * equal parts, the last one smaller from opset 18 (num_outputs). */
+static int64_t split_part(const Node *n, const Const *split, const int64_t *split_attr, int k, int64_t len) {
+    if (split) return const_get_i(split, k);
+    if (split_attr) return split_attr[k];
+    if (len < 0) return -1;
+    int64_t chunk = (len + n->n_out - 1) / n->n_out;
+    return k < n->n_out - 1 ? chunk : len - chunk * (n->n_out - 1);
+}
+
+static bool infer_split(OpCtx *c, Node *n) {
+    const Value *x = n->in[0];
+    int64_t axis = node_attr_i(n, "axis", 0);
+    if (!norm_axis(c, n, &axis, x->rank)) return false;
+    Dim d = x->dims[axis];
+    int64_t len = dim_is_const(d) ? d.k : -1;
+    const Const *split = NULL;
+    const int64_t *split_attr = NULL;
+    int count = -1;
+    for (int k = 0; k < n->n_out; k++)
+        if (!n->out[k]) return op_error_kind(c, n, DIAG_UNSUPPORTED, "output %d is omitted", k);
+    if (n->n_in > 1 && n->in[1]) {
+        if (!in_const(n, 1) || n->in[1]->konst->sym) {
+            for (int k = 0; k < n->n_out; k++) set_out_unknown(n, k, x->dtype, x->rank);
+            return true;
+        }
+        split = n->in[1]->konst;
+        count = (int)split->n;
+    } else if (node_attr(n, "split")) {
+        count = node_attr_ints(n, "split", &split_attr);
+    } else if (c->opset >= 18) {
+        const Attr *a = node_attr(n, "num_outputs");
+        if (!a) return op_error(c, n, "either the split input or attribute 'num_outputs' is required from opset 18");
+        if (a->i != n->n_out)
+            return op_error(c, n, "num_outputs is %lld but the node has %d outputs", (long long)a->i, n->n_out);
+    } else if (len >= 0 && len % n->n_out) {
+        return op_error(c, n, "axis %lld of length %lld does not split into %d equal parts", (long long)axis,
+                        (long long)len, n->n_out);
+    }
+    if (count >= 0 && count != n->n_out)
+        return op_error(c, n, "split has %d parts for %d outputs", count, n->n_out);
+    int64_t sum = 0;
+    for (int k = 0; k < n->n_out; k++) {
+        int64_t part = split_part(n, split, split_attr, k, len);
+        if (part < 0 && (split || split_attr || len >= 0))
+            return op_error(c, n, "part %d of axis %lld has length %lld", k, (long long)axis, (long long)part);
+        if (part >= 0 && __builtin_add_overflow(sum, part, &sum)) return op_error(c, n, "the parts' lengths overflow");
+        Dim out[MAX_RANK];
+        memcpy(out, x->dims, sizeof out);
+        out[axis] = part >= 0 ? dim_const(part) : dim_unknown();
+        set_out(n, k, x->dtype, x->rank, out);
+    }
+    if (len >= 0 && sum != len)
+        return op_error(c, n, "the parts sum to %lld but axis %lld has length %lld", (long long)sum, (long long)axis,
+                        (long long)len);
+    return true;
+}
+
+/* Each output is its stretch of x along the axis, the part lengths being
+ * the outputs' own. */
+static FoldResult fold_split(OpCtx *c, Node *n) {
+    const Value *x = n->in[0];
+    if (!in_const(n, 0) || !value_shape_known(x)) return FOLD_NO;
+    for (int k = 0; k < n->n_out; k++)
+        if (!value_shape_known(n->out[k])) return FOLD_NO;
+    int64_t axis = node_attr_i(n, "axis", 0), outer, len, inner, at = 0;
+    if (axis < 0) axis += x->rank;
+    cg_axis_split(x, (int)axis, &outer, &len, &inner);
+    for (int k = 0; k < n->n_out; k++) {
+        int64_t part = n->out[k]->dims[axis].k;
+        Const *r = fold_out(c, n, k);
+        if (!r) return FOLD_NO;
+        for (int64_t e = 0; e < r->n; e++) {
+            int64_t o = e / (part * inner), rest = e % (part * inner);
+            if (!const_copy_elem(c->g, r, e, x->konst, (o * len + at) * inner + rest)) return FOLD_NO;
+        }
+        at += part;
+    }
+    return FOLD_DONE;
+}
+
+/* ---- gradient ops: SliceGrad(dy), PadGrad(dy) ---- */
+
+/* dx has the shape the slice was taken from (attribute 'shape'). */
+static bool infer_slice_grad(OpCtx *c, Node *n) {
+    const int64_t *shape;
+    int r = node_attr_ints(n, "shape", &shape);
+    if (r != n->in[0]->rank) return op_error(c, n, "shape has %d entries for rank %d", r, n->in[0]->rank);
+    Dim out[MAX_RANK];
+    for (int j = 0; j < r; j++) out[j] = dim_const(shape[j]);
+    set_out(n, 0, n->in[0]->dtype, r, out);
+    return true;
+}
+
+/* dx has dy's shape without the pads; only the modes that copy x need
+ * this op (constant padding's gradient is a Pad). */
+static bool infer_pad_grad(OpCtx *c, Node *n) {
+    const Value *dy = n->in[0];
+    PadSpec p;
+    bool err;
+    if (!pad_params(c, n, dy->rank, &p, &err)) return false;
+    CLEAVE_CHECK(p.mode != PAD_CONSTANT, "PadGrad of constant padding");
+    Dim out[MAX_RANK];
+    for (int j = 0; j < dy->rank; j++) out[j] = dim_const(dy->dims[j].k - p.begin[j] - p.end[j]);
+    set_out(n, 0, dy->dtype, dy->rank, out);
+    return true;
 }
 
 /* ---- Gather ---- */
@@ -694,6 +974,18 @@ static bool k_transpose(Cg *c, const Node *n) {
     return true;
 }
 
+/* Offset and strides in x of the elements a slice with these starts and
+ * steps visits, in the order of the slice's own elements. */
+static int64_t slice_walk(const Value *x, const int64_t *start, const int64_t *step, int64_t *strides) {
+    int64_t xs[MAX_RANK], off = 0;
+    shape_strides(x, xs);
+    for (int j = 0; j < x->rank; j++) {
+        off += start[j] * xs[j];
+        strides[j] = step[j] * xs[j];
+    }
+    return off;
+}
+
 static bool k_slice(Cg *c, const Node *n) {
     OpCtx oc = {c->g, c->d, graph_opset(c->g, "")};
     SliceSpec sp;
@@ -703,17 +995,160 @@ static bool k_slice(Cg *c, const Node *n) {
         return diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (Slice): parameters must be constant", c->g->path,
                           n->name);
     const Value *x = n->in[0], *y = n->out[0];
-    int64_t xs[MAX_RANK], ys[MAX_RANK], src[MAX_RANK], d[MAX_RANK], off = 0;
-    shape_strides(x, xs);
+    int64_t ys[MAX_RANK], src[MAX_RANK], d[MAX_RANK];
+    int64_t off = slice_walk(x, sp.start, sp.step, src);
     shape_strides(y, ys);
-    for (int j = 0; j < x->rank; j++) {
-        off += sp.start[j] * xs[j];
-        src[j] = sp.step[j] * xs[j];
-    }
     dims_of(y, d);
     const Value *bufs[2] = {x, y};
     if (!cg_kernel_begin(c, n, 2, bufs)) return false;
     if (value_numel(y) > 0) cg_strided_copy(c, y, 0, ys, x, off, src, y->rank, d);
+    cg_kernel_end(c);
+    return true;
+}
+
+/* SliceGrad(dy) -> dx: zeros, and dy written where the slice read. */
+static bool k_slice_grad(Cg *c, const Node *n) {
+    const Value *dy = n->in[0], *dx = n->out[0];
+    const int64_t *starts, *steps;
+    node_attr_ints(n, "starts", &starts);
+    node_attr_ints(n, "steps", &steps);
+    int64_t ys[MAX_RANK], dst[MAX_RANK], d[MAX_RANK];
+    int64_t off = slice_walk(dx, starts, steps, dst);
+    shape_strides(dy, ys);
+    dims_of(dy, d);
+    if (!cg_kernel_begin_io(c, n)) return false;
+    cg_fill(c, dx, value_numel(dx), cg_f32(c, 0));
+    if (value_numel(dy) > 0) cg_strided_copy(c, dx, off, dst, dy, 0, ys, dy->rank, d);
+    cg_kernel_end(c);
+    return true;
+}
+
+/* Pad's parameters at code generation, where they must be constant. */
+static bool pad_spec_cg(Cg *c, const Node *n, int r, PadSpec *p) {
+    OpCtx oc = {c->g, c->d, graph_opset(c->g, "")};
+    bool err;
+    if (pad_params(&oc, n, r, p, &err)) return true;
+    if (!err)
+        diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (%s): pads and axes must be constant", c->g->path, n->name,
+                   n->op_type);
+    return false;
+}
+
+/* pad_source in the kernel, for the edge, reflect and wrap modes. */
+static LLVMValueRef pad_source_v(Cg *c, const PadSpec *p, int j, int64_t len, LLVMValueRef o) {
+    if (p->begin[j] == 0 && p->end[j] == 0) return o;
+    int64_t crop, kept, lead;
+    pad_window(p, j, len, &crop, &kept, &lead);
+    LLVMValueRef i = LLVMBuildSub(c->b, o, cg_i64(c, lead), "");
+    LLVMValueRef below = LLVMBuildICmp(c->b, LLVMIntSLT, i, cg_i64(c, 0), "");
+    LLVMValueRef above = LLVMBuildICmp(c->b, LLVMIntSGE, i, cg_i64(c, kept), "");
+    LLVMValueRef k = cg_i64(c, kept);
+    switch (p->mode) {
+    case PAD_EDGE:
+        i = LLVMBuildSelect(c->b, below, cg_i64(c, 0), i, "");
+        i = LLVMBuildSelect(c->b, above, cg_i64(c, kept - 1), i, "");
+        break;
+    case PAD_REFLECT:
+        i = LLVMBuildSelect(c->b, below, LLVMBuildNeg(c->b, i, ""), i, "");
+        i = LLVMBuildSelect(c->b, above, LLVMBuildSub(c->b, cg_i64(c, 2 * (kept - 1)), i, ""), i, "");
+        break;
+    default: /* wrap: (i mod kept), non-negative */
+        i = LLVMBuildSRem(c->b, LLVMBuildAdd(c->b, LLVMBuildSRem(c->b, i, k, ""), k, ""), k, "");
+        break;
+    }
+    return cg_add(c, i, cg_i64(c, crop));
+}
+
+/* Opens a loop over each axis of the padded value and sets *pi to its
+ * element and *si to the element of `plain` (the unpadded shape) that it
+ * reads; the caller closes the loops, innermost first. */
+static void pad_nest(Cg *c, const PadSpec *p, const Value *padded, const Value *plain, CgLoop *loops,
+                     LLVMValueRef *pi, LLVMValueRef *si) {
+    int64_t xs[MAX_RANK];
+    shape_strides(plain, xs);
+    *pi = *si = cg_i64(c, 0);
+    for (int j = 0; j < padded->rank; j++) {
+        LLVMValueRef o = cg_for(c, &loops[j], cg_i64(c, padded->dims[j].k));
+        *pi = cg_mad(c, *pi, padded->dims[j].k, o);
+        *si = cg_add(c, *si, cg_mul(c, pad_source_v(c, p, j, plain->dims[j].k, o), xs[j]));
+    }
+}
+
+/* Constant mode: y filled with the value, then x's window copied in. */
+static void pad_fill_copy(Cg *c, const Node *n, const PadSpec *p) {
+    const Value *x = n->in[0], *y = n->out[0], *v = n->n_in > 2 ? n->in[2] : NULL;
+    bool fl = dtype_is_float(y->dtype);
+    LLVMValueRef val = v ? (fl ? cg_load(c, v, cg_i64(c, 0)) : cg_load_i(c, v, cg_i64(c, 0)))
+                         : fl ? cg_f32(c, node_attr_f(n, "value", 0)) : cg_i64(c, 0);
+    int64_t xs[MAX_RANK], ys[MAX_RANK], d[MAX_RANK], xoff = 0, yoff = 0;
+    shape_strides(x, xs);
+    shape_strides(y, ys);
+    bool grows = false, empty = false;
+    for (int j = 0; j < x->rank; j++) {
+        int64_t crop, lead;
+        pad_window(p, j, x->dims[j].k, &crop, &d[j], &lead);
+        xoff += crop * xs[j];
+        yoff += lead * ys[j];
+        grows |= p->begin[j] > 0 || p->end[j] > 0;
+        empty |= d[j] == 0;
+    }
+    if (grows) cg_fill(c, y, value_numel(y), val);
+    if (!empty) cg_strided_copy(c, y, yoff, ys, x, xoff, xs, x->rank, d);
+}
+
+static bool k_pad(Cg *c, const Node *n) {
+    const Value *x = n->in[0], *y = n->out[0], *v = n->n_in > 2 ? n->in[2] : NULL;
+    PadSpec p;
+    if (!pad_spec_cg(c, n, x->rank, &p)) return false;
+    const Value *bufs[3] = {x, y, v};
+    if (!cg_kernel_begin(c, n, v ? 3 : 2, bufs)) return false;
+    if (p.mode == PAD_CONSTANT) {
+        pad_fill_copy(c, n, &p);
+    } else if (value_numel(y) > 0) {
+        CgLoop loops[MAX_RANK];
+        LLVMValueRef yi, xi;
+        pad_nest(c, &p, y, x, loops, &yi, &xi);
+        cg_store(c, y, yi, dtype_is_float(x->dtype) ? cg_load(c, x, xi) : cg_load_i(c, x, xi));
+        for (int j = y->rank - 1; j >= 0; j--) cg_for_end(c, &loops[j]);
+    }
+    cg_kernel_end(c);
+    return true;
+}
+
+/* PadGrad(dy) -> dx: each element of dy added to the element of x it was
+ * read from. */
+static bool k_pad_grad(Cg *c, const Node *n) {
+    const Value *dy = n->in[0], *dx = n->out[0];
+    PadSpec p;
+    if (!pad_spec_cg(c, n, dx->rank, &p)) return false;
+    if (!cg_kernel_begin_io(c, n)) return false;
+    cg_fill(c, dx, value_numel(dx), cg_f32(c, 0));
+    if (value_numel(dy) > 0) {
+        CgLoop loops[MAX_RANK];
+        LLVMValueRef yi, xi;
+        pad_nest(c, &p, dy, dx, loops, &yi, &xi);
+        cg_store(c, dx, xi, LLVMBuildFAdd(c->b, cg_load(c, dx, xi), cg_load(c, dy, yi), ""));
+        for (int j = dy->rank - 1; j >= 0; j--) cg_for_end(c, &loops[j]);
+    }
+    cg_kernel_end(c);
+    return true;
+}
+
+/* Each output is its stretch of x along the axis. */
+static bool k_split(Cg *c, const Node *n) {
+    const Value *x = n->in[0];
+    int64_t axis = node_attr_i(n, "axis", 0), xs[MAX_RANK], at = 0;
+    if (axis < 0) axis += x->rank;
+    shape_strides(x, xs);
+    if (!cg_kernel_begin_io(c, n)) return false;
+    for (int k = 0; k < n->n_out; k++) {
+        const Value *y = n->out[k];
+        int64_t ys[MAX_RANK], d[MAX_RANK];
+        shape_strides(y, ys);
+        dims_of(y, d);
+        if (value_numel(y) > 0) cg_strided_copy(c, y, 0, ys, x, at * xs[axis], xs, x->rank, d);
+        at += y->dims[axis].k;
+    }
     cg_kernel_end(c);
     return true;
 }
@@ -814,6 +1249,81 @@ static bool g_concat(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bo
     return true;
 }
 
+/* Slice's gradient scatters dy into zeros of x's shape where the slice
+ * read, for any starts and steps (cleave.SliceGrad). */
+static bool g_slice(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    if (!need[0]) return true;
+    const Value *x = n->in[0];
+    OpCtx oc = {c->g, c->d, graph_opset(c->g, "")};
+    SliceSpec sp;
+    Dim out[MAX_RANK];
+    int64_t shape[MAX_RANK];
+    bool err, known = slice_params(&oc, n, &sp, out, &err);
+    if (err) return false;
+    for (int j = 0; known && j < x->rank; j++) {
+        known = dim_is_const(x->dims[j]);
+        shape[j] = x->dims[j].k;
+    }
+    if (!known)
+        return diag_error(c->d, DIAG_UNSUPPORTED,
+                          "%s: node '%s' (Slice): the gradient needs constant starts, ends, axes and steps and a "
+                          "known input shape", c->g->path, n->name);
+    Node *g = gb_start(c, "cleave", "SliceGrad", 1, dy, 1);
+    gb_attr_ints(c, g, "starts", sp.start, x->rank);
+    gb_attr_ints(c, g, "steps", sp.step, x->rank);
+    gb_attr_ints(c, g, "shape", shape, x->rank);
+    dx[0] = gb_finish(c, g);
+    return true;
+}
+
+/* Constant padding's gradient is dy with the padding cut off again: Pad by
+ * the negated pads (what was cropped comes back as zeros).  The other
+ * modes add the border's gradient to the elements it copied
+ * (cleave.PadGrad). */
+static bool g_pad(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    if (n->n_in > 2 && need[2])
+        return diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (Pad): no gradient for the constant value '%s'",
+                          c->g->path, n->name, n->in[2]->name);
+    if (!need[0]) return true;
+    OpCtx oc = {c->g, c->d, graph_opset(c->g, "")};
+    int r = n->in[0]->rank;
+    PadSpec p;
+    bool err;
+    if (!pad_params(&oc, n, r, &p, &err))
+        return err ? false
+                   : diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (Pad): the gradient needs constant pads",
+                                c->g->path, n->name);
+    bool constant = p.mode == PAD_CONSTANT;
+    int64_t pads[2 * MAX_RANK];
+    for (int j = 0; j < r; j++) {
+        pads[j] = constant ? -p.begin[j] : p.begin[j];
+        pads[r + j] = constant ? -p.end[j] : p.end[j];
+    }
+    if (constant) {
+        Value *in[2] = {dy[0], gb_const_ints(c, pads, 2 * r)};
+        dx[0] = gb_finish(c, gb_start(c, "", "Pad", 2, in, 1));
+    } else {
+        Node *g = gb_start(c, "cleave", "PadGrad", 1, dy, 1);
+        gb_attr_ints(c, g, "pads", pads, 2 * r);
+        gb_attr_s(c, g, "mode", pad_modes[p.mode]);
+        dx[0] = gb_finish(c, g);
+    }
+    return true;
+}
+
+/* Split's gradient is the outputs' gradients concatenated back along the
+ * axis, zeros standing for outputs nothing read. */
+static bool g_split(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    if (!need[0]) return true;
+    Value **parts = ARENA_ARRAY(&c->g->arena, Value *, n->n_out);
+    if (!parts) return diag_error(c->d, DIAG_NOMEM, "%s: out of memory building the training graph", c->g->path);
+    for (int k = 0; k < n->n_out; k++) parts[k] = dy[k] ? dy[k] : gb_zeros_like(c, n->out[k]);
+    Node *g = gb_start(c, "", "Concat", n->n_out, parts, 1);
+    gb_attr_i(c, g, "axis", node_attr_i(n, "axis", 0));
+    dx[0] = gb_finish(c, g);
+    return true;
+}
+
 static bool g_transpose(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
     if (!need[0]) return true;
     int64_t perm[MAX_RANK], inv[MAX_RANK];
@@ -833,6 +1343,10 @@ static const AttrSpec attrs_axes[] = {{"axes", ATTR_INTS}, {0}};
 static const AttrSpec attrs_perm[] = {{"perm", ATTR_INTS}, {0}};
 static const AttrSpec attrs_slice[] = {{"starts", ATTR_INTS}, {"ends", ATTR_INTS}, {"axes", ATTR_INTS}, {0}};
 static const AttrSpec attrs_value[] = {{"value", ATTR_TENSOR}, {0}};
+static const AttrSpec attrs_pad[] = {{"mode", ATTR_STRING, .s = "constant"}, {"pads", ATTR_INTS}, {"value", ATTR_FLOAT, .f = 0}, {0}};
+static const AttrSpec attrs_split[] = {{"axis", ATTR_INT, .i = 0}, {"split", ATTR_INTS}, {"num_outputs", ATTR_INT}, {0}};
+static const AttrSpec attrs_slice_grad[] = {{"starts", ATTR_INTS, .required = true}, {"steps", ATTR_INTS, .required = true}, {"shape", ATTR_INTS, .required = true}, {0}};
+static const AttrSpec attrs_pad_grad[] = {{"pads", ATTR_INTS, .required = true}, {"mode", ATTR_STRING, .required = true}, {0}};
 
 const OpDef op_Shape = {"Shape", "", 1, 0, 1, 1, 1, 1, attrs_shape, 0, infer_shape, fold_shape, flops_zero};
 const OpDef op_Size = {"Size", "", 1, 0, 1, 1, 1, 1, attrs_none, 0, infer_size, fold_size, flops_zero};
@@ -842,9 +1356,15 @@ const OpDef op_Squeeze = {"Squeeze", "", 1, 0, 1, 2, 1, 1, attrs_axes, 0, infer_
 const OpDef op_Unsqueeze = {"Unsqueeze", "", 1, 0, 1, 2, 1, 1, attrs_axes, 0, infer_unsqueeze, fold_same_order, flops_zero, .grad = g_same_order, .cg = k_same_order};
 const OpDef op_Transpose = {"Transpose", "", 1, 0, 1, 1, 1, 1, attrs_perm, 0, infer_transpose, fold_transpose, flops_zero, .grad = g_transpose, .cg = k_transpose};
 const OpDef op_Concat = {"Concat", "", 1, 0, 1, 1 << 16, 1, 1, attrs_axis0, 0, infer_concat, fold_concat, flops_zero, .grad = g_concat, .cg = k_concat};
-const OpDef op_Slice = {"Slice", "", 1, 0, 1, 5, 1, 1, attrs_slice, 0, infer_slice, fold_slice, flops_zero, .cg = k_slice};
+const OpDef op_Slice = {"Slice", "", 1, 0, 1, 5, 1, 1, attrs_slice, 0, infer_slice, fold_slice, flops_zero, .grad = g_slice, .cg = k_slice};
+const OpDef op_Pad = {"Pad", "", 2, 0, 1, 4, 1, 1, attrs_pad, 0, infer_pad, fold_pad, flops_zero, .grad = g_pad, .cg = k_pad};
+const OpDef op_Split = {"Split", "", 1, 0, 1, 2, 1, 1 << 16, attrs_split, 0, infer_split, fold_split, flops_zero, .grad = g_split, .cg = k_split};
 const OpDef op_Gather = {"Gather", "", 1, 0, 2, 2, 1, 1, attrs_axis0, 0, infer_gather, fold_gather, flops_zero, .cg = k_gather};
 const OpDef op_Expand = {"Expand", "", 8, 0, 2, 2, 1, 1, attrs_none, 0, infer_expand, fold_expand, flops_zero, .cg = k_expand};
 const OpDef op_Constant = {"Constant", "", 1, 0, 0, 0, 1, 1, attrs_none, 0, infer_constant, fold_constant, flops_zero};
 const OpDef op_ConstantOfShape = {"ConstantOfShape", "", 9, 0, 1, 1, 1, 1, attrs_value, 0, infer_constant_of_shape, fold_constant_of_shape, flops_zero};
 const OpDef op_Range = {"Range", "", 11, 0, 3, 3, 1, 1, attrs_none, 0, infer_range, fold_range, flops_zero};
+
+/* Gradient ops (domain "cleave"). */
+const OpDef op_SliceGrad = {"SliceGrad", "cleave", 1, 0, 1, 1, 1, 1, attrs_slice_grad, 0, infer_slice_grad, NULL, flops_zero, .cg = k_slice_grad};
+const OpDef op_PadGrad = {"PadGrad", "cleave", 1, 0, 1, 1, 1, 1, attrs_pad_grad, 0, infer_pad_grad, NULL, NULL, .cg = k_pad_grad};

@@ -253,6 +253,62 @@ def model_cases(outdir):
         helper.make_node("Softmax", ["x"], ["y"], name="softmax_axis9", axis=9),
     ], [vi("x", F, [2, 3])], [vi("y", F, None)]))
 
+    # Clip, HardSigmoid, Pad and Split: bad attributes, operands and parts.
+    save("clip_nonscalar_min.onnx", model("clip_min", [
+        helper.make_node("Clip", ["x", "lo", "hi"], ["y"], name="clip_vector_min"),
+    ], [vi("x", F, [2, 3])], [vi("y", F, None)],
+        inits=[const_init("lo", np.zeros(2, np.float32)), const_init("hi", np.ones((), np.float32))]))
+
+    save("clip_int_bound.onnx", model("clip_int", [
+        helper.make_node("Clip", ["x", "lo"], ["y"], name="clip_int64_min"),
+    ], [vi("x", F, [2, 3])], [vi("y", F, None)], inits=[const_init("lo", np.array(0, np.int64))]))
+
+    save("clip_inputs_opset10.onnx", model("clip_v10", [
+        helper.make_node("Clip", ["x", "lo"], ["y"], name="clip_v10_inputs"),
+    ], [vi("x", F, [2, 3])], [vi("y", F, None)], inits=[const_init("lo", np.zeros((), np.float32))], opset=10))
+
+    save("hardsigmoid_int.onnx", model("hsig", [
+        helper.make_node("HardSigmoid", ["x"], ["y"], name="hardsigmoid_int64"),
+    ], [vi("x", I64, [2, 3])], [vi("y", I64, None)]))
+
+    save("pad_pads_length.onnx", model("pad_len", [
+        helper.make_node("Pad", ["x", "pads"], ["y"], name="pad_three_pads"),
+    ], [vi("x", F, [2, 3])], [vi("y", F, None)], inits=[const_init("pads", np.array([0, 1, 0], np.int64))]))
+
+    save("pad_unknown_mode.onnx", model("pad_mode", [
+        helper.make_node("Pad", ["x", "pads"], ["y"], name="pad_mirror", mode="mirror"),
+    ], [vi("x", F, [2, 3])], [vi("y", F, None)], inits=[const_init("pads", np.array([0, 1, 0, 1], np.int64))]))
+
+    save("pad_crop_too_much.onnx", model("pad_crop", [
+        helper.make_node("Pad", ["x", "pads"], ["y"], name="pad_crop_4_of_3"),
+    ], [vi("x", F, [2, 3])], [vi("y", F, None)], inits=[const_init("pads", np.array([0, -2, 0, -2], np.int64))]))
+
+    save("pad_reflect_too_far.onnx", model("pad_reflect", [
+        helper.make_node("Pad", ["x", "pads"], ["y"], name="pad_reflect_3", mode="reflect"),
+    ], [vi("x", F, [2, 3])], [vi("y", F, None)], inits=[const_init("pads", np.array([0, 3, 0, 0], np.int64))]))
+
+    save("pad_attr_missing.onnx", model("pad_v2", [
+        helper.make_node("Pad", ["x"], ["y"], name="pad_no_pads"),
+    ], [vi("x", F, [2, 3])], [vi("y", F, None)], opset=10))
+
+    save("split_parts_sum.onnx", model("split_sum", [
+        helper.make_node("Split", ["x", "parts"], ["a", "b"], name="split_2_2_of_5", axis=1),
+    ], [vi("x", F, [2, 5])], [vi("a", F, None), vi("b", F, None)],
+        inits=[const_init("parts", np.array([2, 2], np.int64))]))
+
+    save("split_parts_count.onnx", model("split_count", [
+        helper.make_node("Split", ["x", "parts"], ["a", "b", "c"], name="split_2_parts_3_outputs", axis=1),
+    ], [vi("x", F, [2, 5])], [vi("a", F, None), vi("b", F, None), vi("c", F, None)],
+        inits=[const_init("parts", np.array([2, 3], np.int64))]))
+
+    save("split_unequal.onnx", model("split_eq", [
+        helper.make_node("Split", ["x"], ["a", "b"], name="split_5_in_halves", axis=1),
+    ], [vi("x", F, [2, 5])], [vi("a", F, None), vi("b", F, None)]))
+
+    save("split_no_num_outputs.onnx", model("split18", [
+        helper.make_node("Split", ["x"], ["a", "b"], name="split18_bare", axis=1),
+    ], [vi("x", F, [2, 4])], [vi("a", F, None), vi("b", F, None)], opset=18))
+
     # --- dtypes and tensor contents -----------------------------------------
     save("add_float_int64.onnx", model("mixed", [
         helper.make_node("Add", ["a", "b"], ["y"], name="add_mixed"),

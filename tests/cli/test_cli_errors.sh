@@ -243,6 +243,21 @@ if [ "$gen" -eq 0 ]; then
   bad empty_list_attribute.onnx "node 'empty_perm' \(Transpose\): perm has 0 entries for rank 2"
   bad bad_axis.onnx "node 'softmax_axis9' \(Softmax\): axis 9 is out of range"
 
+  # Clip, HardSigmoid, Pad and Split
+  bad clip_nonscalar_min.onnx "node 'clip_vector_min' \(Clip\): min 'lo' must be a scalar"
+  bad clip_int_bound.onnx "node 'clip_int64_min' \(Clip\): input 'lo' is int64 but 'x' is float32"
+  bad clip_inputs_opset10.onnx "node 'clip_v10_inputs' \(Clip\): min and max are attributes before opset 11"
+  bad hardsigmoid_int.onnx "node 'hardsigmoid_int64' \(HardSigmoid\): input 'x' is int64; a floating-point type is required"
+  bad pad_pads_length.onnx "node 'pad_three_pads' \(Pad\): pads has 3 entries; a begin and an end for each of 2 axes \(4\) expected"
+  bad pad_unknown_mode.onnx "node 'pad_mirror' \(Pad\): unknown mode 'mirror' \(constant, reflect, edge or wrap\)"
+  bad pad_crop_too_much.onnx "node 'pad_crop_4_of_3' \(Pad\): pads -2 and -2 crop more than the 3 elements of axis 1"
+  bad pad_reflect_too_far.onnx "node 'pad_reflect_3' \(Pad\): reflect padding by 3 on axis 1 needs more than 3 elements"
+  bad pad_attr_missing.onnx "node 'pad_no_pads' \(Pad\): pads are missing"
+  bad split_parts_sum.onnx "node 'split_2_2_of_5' \(Split\): the parts sum to 4 but axis 1 has length 5"
+  bad split_parts_count.onnx "node 'split_2_parts_3_outputs' \(Split\): split has 2 parts for 3 outputs"
+  bad split_unequal.onnx "node 'split_5_in_halves' \(Split\): axis 1 of length 5 does not split into 2 equal parts"
+  bad split_no_num_outputs.onnx "node 'split18_bare' \(Split\): either the split input or attribute 'num_outputs' is required"
+
   # Dtypes and tensor contents
   bad add_float_int64.onnx "node 'add_mixed' \(Add\): input 'b' is int64 but 'a' is float32"
   bad gather_float_indices.onnx "node 'gather_float_idx' \(Gather\): indices 'idx' are float32"

@@ -134,6 +134,8 @@ def make_cases():
         Case("residual", "mse", O("momentum", lr=0.05, momentum=0.9)),
         Case("act_mlp", "ce", O("momentum", lr=0.05, momentum=0.9, nesterov=True)),
         Case("act_mlp", "mse", O("sgd", lr=0.1, weight_decay=0.005)),
+        Case("hard_ops13", "ce", O("sgd", lr=0.1)),
+        Case("hard_ops17", "mse", O("sgd", lr=0.05)),
         Case("ce_loss_model", "model", O("sgd", lr=0.1)),
         Case("mse_loss_model", "model", O("adam", lr=0.01)),
     ]

@@ -3,11 +3,13 @@
 Everything the training-equivalence tests need on the torch side lives here:
 
 - small models (Gemm MLP, MatMul MLP on a 3-D input, a residual MLP, an
-  activation variant, and two models whose first output already is the loss),
-  each built deterministically from a fixed seed;
-- export_onnx(): the export settings for these tests (opset 13, fixed batch,
-  training mode, no constant folding) and a check that every initializer is
-  exactly one parameter, named by its model.state_dict() key;
+  activation variant, the hard activations with Pad, Split and Slice, and
+  two models whose first output already is the loss), each built
+  deterministically from a fixed seed;
+- export_onnx(): the export settings for these tests (opset 13 unless the
+  model says otherwise, fixed batch, training mode, no constant folding)
+  and a check that every initializer is exactly one parameter, named by
+  its model.state_dict() key;
 - make_data(): the numpy data set of a model and loss;
 - batch_rows() / shuffle_permutation(): which rows each step uses, as the
   runtime defines it (plain wrap-around, or splitmix64 + Fisher-Yates);
@@ -98,6 +100,38 @@ class ActMLP(nn.Module):
         return self.fc3(torch.sigmoid(self.fc2(h)))
 
 
+class HardOpsNet(nn.Module):
+    """[B,20] -> 24, scaled by 4 so that every part of the hard activations
+    is reached, split into 6 | 8 | 10: Hardsigmoid, Hardswish, and ReLU6
+    sliced by step 2 and by 1:-1 and flipped (Slice with step -1); the 27
+    features as [B,1,3,9] padded constant (0.5), reflect and replicate,
+    flattened and concatenated (36 + 48 + 44) -> 5.
+
+    nn.ReLU6 exports as Clip with constant bounds, Hardsigmoid as
+    HardSigmoid, Hardswish as HardSigmoid and Mul at opset 13 and as
+    HardSwish from 14, F.pad as Pad (edge for replicate), torch.split as
+    Split and the slices as Slice.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(20, 24)
+        self.hsig = nn.Hardsigmoid()
+        self.hswish = nn.Hardswish()
+        self.relu6 = nn.ReLU6()
+        self.fc2 = nn.Linear(128, 5)
+
+    def forward(self, x):
+        a, b, c = torch.split(self.fc1(x) * 4.0, [6, 8, 10], dim=1)
+        c = self.relu6(c)
+        h = torch.cat([self.hsig(a), self.hswish(b), c[:, ::2], torch.flip(c[:, 1:-1], [1])], 1)
+        h = h.view(-1, 1, 3, 9)
+        p = [F.pad(h, (1, 2), mode="constant", value=0.5),
+             F.pad(h, (2, 1, 1, 0), mode="reflect"),
+             F.pad(h, (1, 1, 0, 1), mode="replicate")]
+        return self.fc2(torch.cat([t.flatten(1) for t in p], 1))
+
+
 class CELossModel(nn.Module):
     """MLPGemm followed by nn.CrossEntropyLoss: outputs the scalar mean loss.
 
@@ -140,6 +174,7 @@ class TrainSpec:
     description: str
     # For --loss model: the kind of labels the model takes itself.
     model_labels: Optional[str] = None  # "class" (int64 [B]) or "float" (like out_shape)
+    opset: int = OPSET              # ONNX opset the model is exported at
 
     def build(self, seed=SEED):
         torch.manual_seed(seed)
@@ -169,6 +204,12 @@ MODELS: Dict[str, TrainSpec] = {
     "act_mlp": TrainSpec(
         "act_mlp", ActMLP, (20,), (5,), ("ce", "mse"),
         "Gemm MLP with LeakyReLU(0.1) and Sigmoid"),
+    "hard_ops13": TrainSpec(
+        "hard_ops13", HardOpsNet, (20,), (5,), ("ce", "mse"),
+        "ReLU6, Hardsigmoid, Hardswish, Pad (3 modes), Split, Slice; opset 13"),
+    "hard_ops17": TrainSpec(
+        "hard_ops17", HardOpsNet, (20,), (5,), ("ce", "mse"),
+        "the same at opset 17 (HardSwish as one op)", opset=17),
     "ce_loss_model": TrainSpec(
         "ce_loss_model", CELossModel, (20,), (5,), ("model",),
         "Gemm MLP + CrossEntropyLoss (SoftmaxCrossEntropyLoss node) as output",
@@ -200,7 +241,7 @@ def input_names(spec):
 def export_onnx(spec, model, path, batch, dynamic_batch=False):
     """Export `model` at a fixed batch (or a dynamic one named "batch").
 
-    Opset 13, training mode, no constant folding: every parameter stays one
+    The spec's opset (13 by default), training mode, no constant folding: every parameter stays one
     initializer with its state_dict() name (Linear weights keep their [out,in]
     layout; the MatMul path transposes them with a Transpose node).  Raises
     if the initializers and the parameters do not correspond one to one.
@@ -220,7 +261,7 @@ def export_onnx(spec, model, path, batch, dynamic_batch=False):
         torch.onnx.export(
             model, _example_inputs(spec, batch), path,
             export_params=True,
-            opset_version=OPSET,
+            opset_version=spec.opset,
             training=torch.onnx.TrainingMode.TRAINING,
             do_constant_folding=False,
             input_names=names,

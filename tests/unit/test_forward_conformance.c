@@ -32,6 +32,7 @@
  * unsupported; CLEAVE_FORWARD_ONLY=<substring> runs the matching folders
  * only (for debugging one op).  The "kernels" cases at the end cover what
  * the ONNX data does not: large and narrow integers, casts, NaN, float16. */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -841,6 +842,75 @@ START_TEST(softmax_before_opset_13_coerces_to_2d) {
 }
 END_TEST
 
+/* A 1-D int64 constant of g (an operand such as Pad's pads). */
+static Value *kg_const_ints(Graph *g, const char *name, int n, const int64_t *x) {
+    Value *v = graph_add_value(g, name);
+    ck_assert_ptr_nonnull(v);
+    v->kind = VAL_CONSTANT;
+    v->dtype = DT_INT64;
+    v->rank = 1;
+    v->dims[0] = dim_const(n);
+    v->konst = const_new(g, DT_INT64, n);
+    ck_assert_ptr_nonnull(v->konst);
+    for (int i = 0; i < n; i++) const_set_i(v->konst, i, x[i]);
+    return v;
+}
+
+/* Opset 10's attribute forms of Clip (absent bounds are -+FLT_MAX there)
+ * and Pad, which the node tests (all opset 11 and later) never reach. */
+START_TEST(clip_and_pad_attribute_forms) {
+    Graph *g = kg_new(10);
+    const int64_t d6[] = {6}, d14[] = {1, 4};
+    Value *x = test_graph_input(g, "x", DT_FLOAT, 1, d6), *r = test_graph_input(g, "r", DT_FLOAT, 2, d14);
+    Node *clip = test_graph_op(g, "Clip", 1, (Value *[]){x});
+    test_attr_f(clip, "min", -1);
+    test_attr_f(clip, "max", 2);
+    Node *open = test_graph_op(g, "Clip", 1, (Value *[]){x});
+    Node *pad = test_graph_op(g, "Pad", 1, (Value *[]){r});
+    static int64_t pads[] = {0, 2, 0, 1};
+    pad->attrs[pad->n_attr++] = (Attr){.name = "pads", .kind = ATTR_INTS, .n = 4, .ints = pads};
+    pad->attrs[pad->n_attr++] = (Attr){.name = "mode", .kind = ATTR_STRING, .s = "reflect"};
+    TestProg tp;
+    kg_build(&tp, g);
+    kg_put(&tp, x, (double[]){-3, -1, 0.5, 5, NAN, -INFINITY}, NULL);
+    kg_put(&tp, r, (double[]){1, 2, 3, 4}, NULL);
+    tp.eval(tp.arena);
+    kg_expect_floats(&tp, clip, 6, (double[]){-1, -1, 0.5, 2, NAN, -1});
+    kg_expect_floats(&tp, open, 6, (double[]){-3, -1, 0.5, 5, NAN, -FLT_MAX});
+    kg_expect_floats(&tp, pad, 7, (double[]){3, 2, 1, 2, 3, 4, 3});
+    test_prog_free(&tp);
+}
+END_TEST
+
+/* Clip with run-time bounds: int64 beyond float precision with one bound,
+ * and min > max (every element max, as ONNX's min(max(x, lo), hi));
+ * integer Pad with a run-time constant_value and a crop. */
+START_TEST(clip_and_pad_with_run_time_operands) {
+    Graph *g = kg_new(13);
+    const int64_t d3[] = {3};
+    Value *k = test_graph_input(g, "k", DT_INT64, 1, d3), *lo = test_graph_input(g, "lo", DT_INT64, 0, NULL);
+    Value *x = test_graph_input(g, "x", DT_FLOAT, 1, d3);
+    Value *a = test_graph_input(g, "a", DT_FLOAT, 0, NULL), *b = test_graph_input(g, "b", DT_FLOAT, 0, NULL);
+    Value *v = test_graph_input(g, "v", DT_INT64, 0, NULL);
+    Node *ci = test_graph_op(g, "Clip", 2, (Value *[]){k, lo});
+    Node *cf = test_graph_op(g, "Clip", 3, (Value *[]){x, a, b});
+    Node *pi = test_graph_op(g, "Pad", 3, (Value *[]){k, kg_const_ints(g, "pads", 2, (int64_t[]){2, -1}), v});
+    TestProg tp;
+    kg_build(&tp, g);
+    kg_put(&tp, k, NULL, (int64_t[]){P40 + 1, -5, 3});
+    kg_put(&tp, lo, NULL, (int64_t[]){P40});
+    kg_put(&tp, x, (double[]){-4, NAN, 9}, NULL);
+    kg_put(&tp, a, (double[]){2}, NULL);
+    kg_put(&tp, b, (double[]){1}, NULL);
+    kg_put(&tp, v, NULL, (int64_t[]){-P40});
+    tp.eval(tp.arena);
+    kg_expect_ints(&tp, ci, 3, (int64_t[]){P40 + 1, P40, P40});
+    kg_expect_floats(&tp, cf, 3, (double[]){1, NAN, 1});
+    kg_expect_ints(&tp, pi, 4, (int64_t[]){-P40, -P40, P40 + 1, -5});
+    test_prog_free(&tp);
+}
+END_TEST
+
 START_TEST(unsupported_forms_are_refused) {
     /* integer Gemm with a scaling alpha is refused rather than rounded */
     Graph *g = kg_new(13);
@@ -889,6 +959,8 @@ int main(void) {
     tcase_add_test(k, matmul_promotes_1d_operands);
     tcase_add_test(k, pow_where_gather_with_integers);
     tcase_add_test(k, softmax_before_opset_13_coerces_to_2d);
+    tcase_add_test(k, clip_and_pad_attribute_forms);
+    tcase_add_test(k, clip_and_pad_with_run_time_operands);
     tcase_add_test(k, unsupported_forms_are_refused);
     suite_add_tcase(s, k);
     return test_run_suite(s);

@@ -242,6 +242,231 @@ START_TEST(concat_gradients_past_16_inputs) {
 }
 END_TEST
 
+/* A 1-D parameter holding vals. */
+static Value *param_of(GradCase *k, const char *name, int64_t n, const double *vals) {
+    Value *x = grad_param(k, name, 1, &n);
+    for (int64_t i = 0; i < n; i++) const_set_f(x->konst, i, vals[i]);
+    return x;
+}
+
+/* A scalar float constant. */
+static Value *scalar_const(GradCase *k, const char *name, double v) {
+    Value *c = grad_tensor(k, name, VAL_CONSTANT, 0, NULL, FILL_UNIFORM);
+    const_set_f(c->konst, 0, v);
+    return c;
+}
+
+/* Inputs on both sides of the bounds -0.5 and 0.5 and at least 0.05 from
+ * them, so that the finite differences (step 0.01) see one slope. */
+static const double clip_x[] = {-0.9, -0.62, -0.45, -0.3, -0.05, 0.1, 0.28, 0.44, 0.57, 0.8, 1.3, -1.5};
+enum { CLIP_N = sizeof clip_x / sizeof *clip_x };
+
+static void clip_case(int64_t opset, bool with_min, bool with_max) {
+    GradCase k;
+    grad_case_init(&k, &rules);
+    k.g->opsets[0].version = opset;
+    Value *in[3] = {param_of(&k, "X", CLIP_N, clip_x), NULL, NULL};
+    if (opset >= 11) {
+        if (with_min) in[1] = scalar_const(&k, "min", -0.5);
+        if (with_max) in[2] = scalar_const(&k, "max", 0.5);
+    }
+    Node *n = grad_node(&k, "Clip", opset >= 11 ? 3 : 1, in);
+    if (opset < 11 && with_min) gb_attr_f(&k.gc, n, "min", -0.5f);
+    if (opset < 11 && with_max) gb_attr_f(&k.gc, n, "max", 0.5f);
+    grad_check(&k, grad_finish(&k, n), 1e-2);
+}
+
+/* Clip away from its bounds: both bounds, either alone, none, as inputs
+ * (opset 17) and as attributes (opset 10). */
+START_TEST(clip_away_from_bounds) {
+    for (int opset = 10; opset <= 17; opset += 7) {
+        clip_case(opset, true, true);
+        clip_case(opset, true, false);
+        clip_case(opset, false, true);
+        clip_case(opset, false, false);
+    }
+}
+END_TEST
+
+/* HardSigmoid (ONNX's default alpha and beta, and torch's 1/6 and 1/2) and
+ * HardSwish over their flat and sloped parts, away from the kinks at
+ * +-2.5 and +-3. */
+START_TEST(hard_activations) {
+    static const double x[] = {-4.6, -3.4, -2.8, -2.2, -1.1, -0.3, 0.4, 1.7, 2.2, 2.8, 3.5, 4.9};
+    for (int c = 0; c < 3; c++) {
+        GradCase k;
+        grad_case_init(&k, &rules);
+        Value *in[1] = {param_of(&k, "X", 12, x)};
+        Node *n = grad_node(&k, c < 2 ? "HardSigmoid" : "HardSwish", 1, in);
+        if (c == 1) {
+            gb_attr_f(&k.gc, n, "alpha", 1.0f / 6);
+            gb_attr_f(&k.gc, n, "beta", 0.5f);
+        }
+        grad_check(&k, grad_finish(&k, n), 1e-2);
+    }
+}
+END_TEST
+
+/* The program's gradient of ReduceSum(y) with respect to the parameter x
+ * (dy = 1 everywhere) against want, at the kinks, where finite differences
+ * straddle two slopes and PyTorch's backward rule decides. */
+static void unit_gradient(GradCase *k, const Value *x, Value *y, const double *want) {
+    Node *sum = grad_node(k, "ReduceSum", 1, &y);
+    gb_attr_i(&k->gc, sum, "keepdims", 0);
+    Value *loss = grad_finish(k, sum);
+    loss->is_output = true;
+    k->g->outputs[k->g->n_outputs++] = loss;
+    TrainOptions o = {.loss = LOSS_MODEL, .optimizer = OPT_SGD, .lr = 0};
+    TestProg tp;
+    char msg[1024];
+    ck_assert_msg(test_prog_train(&tp, k->g, &o, msg, sizeof msg), "compile: %s", msg);
+    tp.train(tp.arena);
+    ck_assert_int_eq(tp.t.n_params, 1);
+    const float *g = test_buf(&tp, tp.t.grads[0]);
+    for (int64_t i = 0; i < value_numel(x); i++)
+        ck_assert_msg(fabs(g[i] - want[i]) < 1e-6, "%s at x = %g: gradient %g, PyTorch's %g", y->producer->op_type,
+                      const_get_f(x->konst, i), (double)g[i], want[i]);
+    test_prog_free(&tp);
+}
+
+/* At the kinks the gradients are PyTorch's: Clip(x, 0, 6) as nn.ReLU6
+ * (hardtanh_backward: 0 at both bounds), HardSigmoid(1/6, 1/2) as
+ * nn.Hardsigmoid (0 at -3 and 3), HardSwish as nn.Hardswish (x/3 + 1/2 at
+ * -3 and 3 inclusive: -0.5 and 1.5). */
+START_TEST(kinks_follow_pytorch) {
+    static const double x[] = {-4, -3, -1, 0, 3, 6, 7};
+    static const double relu6[] = {0, 0, 0, 0, 1, 0, 0};
+    static const double hardsigmoid[] = {0, 0, 1.0 / 6, 1.0 / 6, 0, 0, 0};
+    static const double hardswish[] = {0, -0.5, 1.0 / 6, 0.5, 1.5, 1, 1};
+    for (int c = 0; c < 3; c++) {
+        GradCase k;
+        grad_case_init(&k, &rules);
+        Value *in[3] = {param_of(&k, "X", 7, x), scalar_const(&k, "min", 0), scalar_const(&k, "max", 6)};
+        Node *n = grad_node(&k, c == 0 ? "Clip" : c == 1 ? "HardSigmoid" : "HardSwish", c == 0 ? 3 : 1, in);
+        if (c == 1) {
+            gb_attr_f(&k.gc, n, "alpha", 1.0f / 6);
+            gb_attr_f(&k.gc, n, "beta", 0.5f);
+        }
+        unit_gradient(&k, in[0], grad_finish(&k, n), c == 0 ? relu6 : c == 1 ? hardsigmoid : hardswish);
+    }
+}
+END_TEST
+
+typedef struct PadCase {
+    const char *mode;
+    int64_t opset;
+    int64_t pads[6]; /* X is [2, 3, 4]: begins, then ends */
+    const int64_t *axes; /* opset 18: pads covers these axes only */
+    int n_axes;
+} PadCase;
+
+static void pad_case(const PadCase *pc) {
+    GradCase k;
+    grad_case_init(&k, &rules);
+    k.g->opsets[0].version = pc->opset;
+    int n_pads = 2 * (pc->axes ? pc->n_axes : 3);
+    Value *in[4] = {grad_param(&k, "X", 3, D(2, 3, 4)), NULL, NULL, NULL};
+    if (pc->opset >= 11) {
+        in[1] = int64_const(&k, "pads", n_pads, pc->pads);
+        if (!strcmp(pc->mode, "constant")) in[2] = scalar_const(&k, "value", 0.5);
+        if (pc->axes) in[3] = int64_const(&k, "axes", pc->n_axes, pc->axes);
+    }
+    Node *n = grad_node(&k, "Pad", pc->opset < 11 ? 1 : pc->axes ? 4 : 3, in);
+    gb_attr_s(&k.gc, n, "mode", pc->mode);
+    if (pc->opset < 11) gb_attr_ints(&k.gc, n, "pads", pc->pads, n_pads);
+    grad_check(&k, grad_finish(&k, n), 1e-2);
+}
+
+/* Pad in each mode, with negative pads (crops) among positive ones, wrap
+ * by more than the axis holds, the attribute form (opset 10) and opset
+ * 18's axes input. */
+START_TEST(pad_modes) {
+    static const int64_t axes[] = {-2, 2};
+    static const PadCase cases[] = {
+        {"constant", 17, {0, 1, 2, 1, 0, -1}},
+        {"reflect", 17, {0, 2, 1, 0, 1, 3}},
+        {"edge", 17, {1, 2, 2, 0, 3, -1}},
+        {"wrap", 19, {0, 4, 1, 0, 2, -2}},
+        {"constant", 10, {1, 0, -1, 0, 2, 1}},
+        {"reflect", 10, {0, 1, 2, 1, 1, 0}},
+        {"edge", 18, {-1, 2, 1, 3}, axes, 2},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) pad_case(&cases[c]);
+}
+END_TEST
+
+typedef struct SliceCase {
+    int64_t opset;
+    int n;
+    int64_t starts[2], ends[2], axes[2], steps[2];
+    bool with_axes, with_steps;
+} SliceCase;
+
+/* Slice of X [4, 6]: its gradient scatters dy back where it was read. */
+static void slice_case(const SliceCase *sc) {
+    GradCase k;
+    grad_case_init(&k, &rules);
+    k.g->opsets[0].version = sc->opset;
+    Value *in[5] = {grad_param(&k, "X", 2, D(4, 6))};
+    int n_in = 1;
+    if (sc->opset >= 10) {
+        in[1] = int64_const(&k, "starts", sc->n, sc->starts);
+        in[2] = int64_const(&k, "ends", sc->n, sc->ends);
+        in[3] = sc->with_axes ? int64_const(&k, "axes", sc->n, sc->axes) : NULL;
+        in[4] = sc->with_steps ? int64_const(&k, "steps", sc->n, sc->steps) : NULL;
+        n_in = sc->with_steps ? 5 : sc->with_axes ? 4 : 3;
+    }
+    Node *n = grad_node(&k, "Slice", n_in, in);
+    if (sc->opset < 10) {
+        gb_attr_ints(&k.gc, n, "starts", sc->starts, sc->n);
+        gb_attr_ints(&k.gc, n, "ends", sc->ends, sc->n);
+        if (sc->with_axes) gb_attr_ints(&k.gc, n, "axes", sc->axes, sc->n);
+    }
+    grad_check(&k, grad_finish(&k, n), 1e-2);
+}
+
+/* Starts and ends from either end and past them, default axes and steps,
+ * steps of 2 and 3, negative steps (reversal), and opset 9's attributes. */
+START_TEST(slice) {
+    static const SliceCase cases[] = {
+        {13, 2, {1, 0}, {3, 5}},
+        {13, 1, {0}, {6}, {1}, {2}, true, true},
+        {13, 1, {-1}, {-100}, {1}, {-1}, true, true},
+        {13, 1, {4}, {0}, {-1}, {-2}, true, true},
+        {13, 2, {3, -2}, {-100, 100}, {0, 1}, {-2, -3}, true, true},
+        {13, 2, {-3, 1}, {-1, 100}, {1, 0}, {2, 1}, true, true},
+        {9, 1, {1}, {-1}, {1}, {0}, true, false},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) slice_case(&cases[c]);
+}
+END_TEST
+
+/* Split of X [3, 7] along axis 1; y concatenates some outputs, so the
+ * others get zeros as gradients. */
+static void split_case(int64_t opset, const int64_t *parts, int n_out, const int *used, int n_used) {
+    GradCase k;
+    grad_case_init(&k, &rules);
+    k.g->opsets[0].version = opset;
+    Value *in[2] = {grad_param(&k, "X", 2, D(3, 7)), parts ? int64_const(&k, "split", n_out, parts) : NULL};
+    Node *n = gb_start(&k.gc, "", "Split", parts ? 2 : 1, in, n_out);
+    gb_attr_i(&k.gc, n, "axis", -1);
+    if (!parts) gb_attr_i(&k.gc, n, "num_outputs", n_out);
+    grad_finish(&k, n);
+    Value *ys[4];
+    for (int i = 0; i < n_used; i++) ys[i] = n->out[used[i]];
+    Node *cat = grad_node(&k, "Concat", n_used, ys);
+    gb_attr_i(&k.gc, cat, "axis", 1);
+    grad_check(&k, grad_finish(&k, cat), 1e-2);
+}
+
+/* Uneven parts: by the split input (1, 4, 2) with the middle one unread,
+ * and opset 18's num_outputs (3, 3, 1), all read, out of order. */
+START_TEST(split) {
+    split_case(13, D(1, 4, 2), 3, (int[]){2, 0}, 2);
+    split_case(18, NULL, 3, (int[]){1, 2, 0}, 3);
+}
+END_TEST
+
 START_TEST(reductions) {
     const char *ops[] = {"ReduceMean", "ReduceSum"};
     for (int i = 0; i < 2; i++) {
@@ -282,6 +507,12 @@ int main(void) {
     tcase_add_test(tc, shape_ops);
     tcase_add_test(tc, concat);
     tcase_add_test(tc, concat_gradients_past_16_inputs);
+    tcase_add_test(tc, clip_away_from_bounds);
+    tcase_add_test(tc, hard_activations);
+    tcase_add_test(tc, kinks_follow_pytorch);
+    tcase_add_test(tc, pad_modes);
+    tcase_add_test(tc, slice);
+    tcase_add_test(tc, split);
     tcase_add_test(tc, reductions);
     tcase_add_test(tc, softmax_cross_entropy);
     suite_add_tcase(s, tc);
