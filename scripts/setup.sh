@@ -13,7 +13,7 @@ PACKAGES=(
   libonnx-dev
   zlib1g-dev
   libjansson-dev
-  python3 python3-numpy python3-torch python3-onnx
+  python3 python3-numpy python3-torch python3-torchvision python3-onnx
   libopenblas-dev python3-jsonschema
   dataset-fashion-mnist
 )

@@ -171,6 +171,9 @@ typedef struct Graph {
     Value **outputs;
     int n_syms;
     const char **syms; /* syms[0] unused */
+    /* Dimension 0 of the inputs as the file fixed it, when --batch bound
+     * other rows in its place (0: symbolic or unchanged), for messages. */
+    int64_t file_batch, bound_batch;
 } Graph;
 
 Graph *graph_new(const char *path);

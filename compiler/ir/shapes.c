@@ -21,6 +21,10 @@ static bool bind_batch(Graph *g, int64_t batch, Diag *d) {
         if (v->rank < 1)
             return diag_error(d, DIAG_SHAPE, "%s: input '%s' has no dimension 0 to bind --batch to", g->path, v->name);
         int sym = v->dims[0].sym;
+        if (!sym && v->dims[0].k != batch) {
+            g->file_batch = v->dims[0].k;
+            g->bound_batch = batch;
+        }
         for (int k = 0; k < g->n_values; k++) {
             Value *w = g->values[k];
             for (int j = 0; j < w->rank; j++) w->dims[j] = bind_dim(w->dims[j], sym, batch);

@@ -362,6 +362,7 @@ typedef struct ConvAt {
 typedef struct ConvBufs {
     const Value *x, *w, *y; /* input-shaped, filter-shaped, output-shaped */
     LLVMValueRef xb, wb, yb; /* plane / filter base offsets */
+    const Value *acc;        /* filter-shaped float64 sums (NULL: into w) */
 } ConvBufs;
 
 typedef void (*ConvBody)(Cg *c, const Win *w, const ConvAt *at, const ConvBufs *b);
@@ -414,13 +415,29 @@ static void body_conv_dx(Cg *c, const Win *w, const ConvAt *at, const ConvBufs *
     cg_for_end(c, &l);
 }
 
-/* dw[k] += sum_o dy[o] * x[i] */
+/* Element i of the float64 buffer v (a float32 value of twice the elements). */
+static LLVMValueRef f64_at(Cg *c, const Value *v, LLVMValueRef i) {
+    return LLVMBuildGEP2(c->b, c->t_f64, cg_buf(c, v), &i, 1, "");
+}
+
+/* dw[k] += sum_o dy[o] * x[i]: each row's dot product in float32, their
+ * sum over rows and samples in float64 when there is an accumulator.  A
+ * filter followed by batch normalisation has a gradient orthogonal to
+ * itself, a small difference of large terms, which a float32 running sum
+ * over every sample would round away. */
 static void body_conv_dw(Cg *c, const Win *w, const ConvAt *at, const ConvBufs *b) {
     int64_t s = w->s[w->nsp - 1];
     LLVMValueRef yb = cg_add(c, cg_add(c, b->yb, at->o_off), at->lo);
     LLVMValueRef xb = cg_add(c, cg_add(c, b->xb, at->i_off), cg_mul(c, at->lo, s));
     LLVMValueRef dot = dot_rt(c, b->y, yb, b->x, xb, s, LLVMBuildNSWSub(c->b, at->hi, at->lo, ""));
-    add_to(c, b->w, cg_add(c, b->wb, at->k_off), dot);
+    LLVMValueRef k = cg_add(c, b->wb, at->k_off);
+    if (!b->acc) {
+        add_to(c, b->w, k, dot);
+        return;
+    }
+    LLVMValueRef p = f64_at(c, b->acc, k);
+    LLVMValueRef sum = f_add(c, LLVMBuildLoad2(c->b, c->t_f64, p, ""), LLVMBuildFPExt(c->b, dot, c->t_f64, ""));
+    LLVMBuildStore(c->b, sum, p);
 }
 
 static void conv_kernel_sizes(const Value *w, int64_t *kernel) {
@@ -493,8 +510,9 @@ static bool k_conv_grad_input(Cg *c, const Node *n) {
     return true;
 }
 
-/* ConvGradWeight(dY, X) -> dW: correlation of each output plane with the
- * input planes of its group, summed over the batch. */
+/* ConvGradWeight(dY, X) -> dW [, sums]: correlation of each output plane
+ * with the input planes of its group, summed over the batch (in float64
+ * through the optional scratch output `sums`). */
 static bool k_conv_grad_weight(Cg *c, const Node *n) {
     const Value *dY = n->in[0], *X = n->in[1], *dW = n->out[0];
     int64_t kernel[MAX_RANK];
@@ -503,9 +521,10 @@ static bool k_conv_grad_weight(Cg *c, const Node *n) {
     win_resolve(n, X, dY, kernel, &w);
     conv_flatten_pointwise(&w);
     int64_t N = X->dims[0].k, C = X->dims[1].k, M = dY->dims[1].k, G = node_attr_i(n, "group", 1);
-    int64_t Cpg = C / G, Mpg = M / G;
+    int64_t Cpg = C / G, Mpg = M / G, E = value_numel(dW);
+    const Value *acc = n->n_out > 1 ? n->out[1] : NULL;
     if (!cg_kernel_begin_io(c, n)) return false;
-    cg_fill(c, dW, value_numel(dW), cg_f32(c, 0));
+    cg_fill(c, acc ? acc : dW, acc ? 2 * E : E, cg_f32(c, 0)); /* float64 zeros are float32 zeros */
     /* batch outermost: one sample's planes stay in cache while every
      * filter of it accumulates */
     Nest ns = {.n = 0};
@@ -514,9 +533,15 @@ static bool k_conv_grad_weight(Cg *c, const Node *n) {
     LLVMValueRef m = cg_mad(c, g, Mpg, nest_for(c, &ns, cg_i64(c, Mpg)));
     LLVMValueRef ch = nest_for(c, &ns, cg_i64(c, Cpg));
     ConvBufs b = {X, dW, dY, cg_mul(c, cg_add(c, cg_mul(c, in, C), cg_mad(c, g, Cpg, ch)), w.in_sz),
-                  cg_mul(c, cg_mad(c, m, Cpg, ch), w.k_sz), cg_mul(c, cg_mad(c, in, M, m), w.out_sz)};
+                  cg_mul(c, cg_mad(c, m, Cpg, ch), w.k_sz), cg_mul(c, cg_mad(c, in, M, m), w.out_sz), acc};
     conv_walk(c, &w, &b, body_conv_dw);
     nest_close(c, &ns);
+    if (acc) {
+        CgLoop l;
+        LLVMValueRef i = cg_for(c, &l, cg_i64(c, E));
+        cg_store(c, dW, i, LLVMBuildFPTrunc(c->b, LLVMBuildLoad2(c->b, c->t_f64, f64_at(c, acc, i), ""), c->t_f32, ""));
+        cg_for_end(c, &l);
+    }
     cg_kernel_end(c);
     return true;
 }
@@ -952,7 +977,7 @@ static bool g_conv(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool
     }
     if (need[1]) {
         Value *in[2] = {dy[0], X};
-        Node *g = gb_start(c, "cleave", "ConvGradWeight", 2, in, 1);
+        Node *g = gb_start(c, "cleave", "ConvGradWeight", 2, in, 2); /* dW and its float64 sums */
         win_attrs(c, g, &w);
         gb_attr_i(c, g, "group", group);
         dx[1] = gb_finish(c, g);
@@ -1068,6 +1093,14 @@ static bool infer_conv_grad_weight(OpCtx *c, Node *n) {
     out[1] = dim_const(x->dims[1].k / group);
     for (int i = 0; i < nk; i++) out[2 + i] = dim_const(ks[i]);
     set_out(n, 0, dy->dtype, x->rank, out);
+    /* Optional output 1: scratch for the float64 sums, as float32 pairs. */
+    if (n->n_out > 1) {
+        Dim pairs;
+        if (!dims_product(out, x->rank, &pairs) || !dim_is_const(pairs))
+            return op_error(c, n, "the filter's shape must be known");
+        pairs.k *= 2;
+        set_out(n, 1, DT_FLOAT, 1, &pairs);
+    }
     return true;
 }
 
@@ -1153,7 +1186,7 @@ const OpDef op_GlobalAveragePool = {"GlobalAveragePool", "", 1, 0, 1, 1, 1, 1, a
 const OpDef op_LayerNormalization = {"LayerNormalization", "", 17, 0, 2, 3, 1, 3, attrs_ln, 0, infer_layernorm, NULL, flops_norm, .grad = g_layernorm, .cg = k_layernorm};
 
 const OpDef op_ConvGradInput = {"ConvGradInput", "cleave", 1, 0, 2, 2, 1, 1, attrs_conv_grad_input, 0, infer_conv_grad_input, NULL, flops_conv_grad, .cg = k_conv_grad_input, .dense = DENSE_CONV};
-const OpDef op_ConvGradWeight = {"ConvGradWeight", "cleave", 1, 0, 2, 2, 1, 1, attrs_conv_grad_weight, 0, infer_conv_grad_weight, NULL, flops_conv_grad, .cg = k_conv_grad_weight, .dense = DENSE_CONV};
+const OpDef op_ConvGradWeight = {"ConvGradWeight", "cleave", 1, 0, 2, 2, 1, 2, attrs_conv_grad_weight, 0, infer_conv_grad_weight, NULL, flops_conv_grad, .cg = k_conv_grad_weight, .dense = DENSE_CONV};
 const OpDef op_ConvGradBias = {"ConvGradBias", "cleave", 1, 0, 1, 1, 1, 1, attrs_none, 0, infer_conv_grad_bias, NULL, flops_in_elems, .cg = k_conv_grad_bias};
 const OpDef op_MaxPoolGrad = {"MaxPoolGrad", "cleave", 1, 0, 2, 2, 1, 1, attrs_maxpool_grad, 0, infer_like_second, NULL, flops_pool, .cg = k_maxpool_grad};
 const OpDef op_AveragePoolGrad = {"AveragePoolGrad", "cleave", 1, 0, 1, 1, 1, 1, attrs_avgpool_grad, 0, infer_avgpool_grad, NULL, flops_pool, .cg = k_avgpool_grad};

@@ -174,6 +174,12 @@ static bool infer_reshape(OpCtx *c, Node *n) {
             tdims[infer_at] = (Dim){total.k / known.k, known.sym ? 0 : total.sym};
         }
     } else if (known_ok && dim_is_const(known) && dim_is_const(total) && known.k != total.k) {
+        if (c->g->file_batch)
+            return op_error(c, n, "cannot reshape %lld elements into %lld: the model was exported for a batch of "
+                            "%lld and runs %lld rows at a time here (per replica and micro-batch), and the target "
+                            "shape may hold the exported batch; export with dynamic_axes={'%s': {0: 'batch'}}",
+                            (long long)total.k, (long long)known.k, (long long)c->g->file_batch,
+                            (long long)c->g->bound_batch, c->g->n_inputs ? c->g->inputs[0]->name : "input");
         return op_error(c, n, "cannot reshape %lld elements into %lld", (long long)total.k, (long long)known.k);
     }
     set_out(n, 0, x->dtype, k, tdims);

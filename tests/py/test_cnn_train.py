@@ -1,0 +1,273 @@
+#!/usr/bin/python3
+"""Check that the CNNs people train, exported from PyTorch in training mode,
+train in cleave as in PyTorch, under every strategy.
+
+For each architecture below (torchvision's, and two of the test's own) at
+a small input size:
+
+1. Build it from a fixed seed; set every nn.Dropout's p to 0 (cleave's
+   masks are keyed for partitioning and cannot be PyTorch's;
+   test_dropout.py checks them).
+2. Warm it up in PyTorch for WARMUP SGD steps on the test's data: fine-tuning
+   starts from trained weights, and from a random init batch-norm nets at
+   batch 8 drift apart in float32 itself within a step or two.
+3. Export it as a user would for training:
+       torch.onnx.export(model.train(), x, f, training=TrainingMode.TRAINING,
+                         opset_version=OPSET, do_constant_folding=False)
+   (no folding, so that initializers map one to one onto the parameters and
+   buffers).
+4. The reference: the warmed-up model continued for STEPS SGD steps in
+   float64, in PyTorch, on batches i*B mod N.  PyTorch's own float32 run is
+   printed beside it: for some of these nets (shufflenet at lr 1e-3) it
+   leaves the float64 path faster than cleave does.
+5. For each strategy (single; dp 2, whose replicas compute batch
+   statistics over the global batch; layer 2; pipeline 2 x 2 micro-batches
+   for the nets without batch norm): compile, train STEPS steps, and check
+   every step's loss (rtol 1e-4) and every saved initializer: parameters
+   and running variances rtol 1e-3, atol 1e-5; running means rtol 1e-3 of
+   |mean| + std (the channel's spread, from the running variance: a mean
+   near 0 is a difference of large terms, whose float32 rounding is
+   relative to them).  And each parameter's change over the run, which
+   small learning rates keep well inside rtol, must be the reference's
+   within 1% or within twice the error of PyTorch's own float32 run (the
+   2-norm of the difference over the 2-norm of the change): cleave's
+   float32 is held to PyTorch's accuracy.
+
+Prints PASS/FAIL lines and `N passed, M failed`; exits 1 on failure, 77
+(skip) without torch, torchvision or mpirun.  --models picks some
+architectures (the sanitizer build runs two).
+
+    /usr/bin/python3 tests/py/test_cnn_train.py --cleave build/cleave --workdir /tmp/w [--models resnet18,cnn1d]
+"""
+
+import argparse
+import copy
+import os
+import sys
+import warnings
+
+import harness
+
+BATCH, N_ROWS, STEPS, WARMUP, WARMUP_LR = 8, 64, 8, 30, 0.01
+LOSS_RTOL, LOSS_ATOL = 1e-4, 1e-6
+W_RTOL, W_ATOL = 1e-3, 1e-5
+STEP_RTOL = 1e-2  # a parameter's change over the run, or twice PyTorch float32's own error
+
+torch = None
+np = None
+
+
+def cnn1d():
+    nn = torch.nn
+    return nn.Sequential(nn.Conv1d(4, 16, 5, padding=2), nn.BatchNorm1d(16), nn.ReLU(), nn.MaxPool1d(2),
+                         nn.Conv1d(16, 32, 3, padding=1), nn.BatchNorm1d(32), nn.ReLU(), nn.AdaptiveAvgPool1d(1),
+                         nn.Flatten(), nn.Linear(32, 10))
+
+
+def densenet_small():
+    import torchvision
+    return torchvision.models.DenseNet(growth_rate=8, block_config=(2, 2), num_init_features=16, bn_size=2,
+                                       num_classes=10)
+
+
+def tv(name):
+    def make():
+        import torchvision
+        return getattr(torchvision.models, name)(num_classes=10)
+    return make
+
+
+# name: (constructor, sample shape, opset, lr, warm-up steps, has batch
+# norm, batch axis dynamic).  The learning rates keep PyTorch's float32 and
+# float64 runs within a small share of the tolerances over STEPS steps
+# (mobilenet_v2's and shufflenet's BN-scaled gradients are in the
+# hundreds).  squeezenet, without batch norm, needs no warm-up, and its
+# last ReLU dies within a few dozen steps on random labels.  shufflenet's
+# channel shuffle reshapes to x.size(0): exported at a fixed batch, that
+# size is a constant, and a replica's rows would not fit it.
+MODELS = {
+    "resnet18": (tv("resnet18"), (3, 32, 32), 13, 1e-3, WARMUP, True, False),
+    "mobilenet_v2": (tv("mobilenet_v2"), (3, 32, 32), 13, 1e-5, WARMUP, True, False),
+    "mobilenet_v3_small": (tv("mobilenet_v3_small"), (3, 32, 32), 17, 1e-3, WARMUP, True, False),
+    "shufflenet_v2_x0_5": (tv("shufflenet_v2_x0_5"), (3, 32, 32), 13, 1e-5, WARMUP, True, True),
+    "squeezenet1_1": (tv("squeezenet1_1"), (3, 32, 32), 13, 1e-3, 0, False, False),
+    "densenet_small": (densenet_small, (3, 32, 32), 13, 1e-3, WARMUP, True, False),
+    "cnn1d": (cnn1d, (4, 64), 13, 1e-2, WARMUP, True, False),
+}
+
+
+def make_data(shape, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn((N_ROWS,) + shape, generator=g)
+    y = torch.randint(0, 10, (N_ROWS,), generator=g)
+    return x, y
+
+
+def sgd_steps(model, x, y, lr, steps, dtype):
+    """Steps of SGD on batches i*B mod N; the losses before each update."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for s in range(steps):
+        i = (s * BATCH) % N_ROWS
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x[i:i + BATCH].to(dtype)), y[i:i + BATCH])
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def prepare(name, work):
+    """Exports the warmed-up model; returns (onnx path, reference losses,
+    reference state in float64, float32 losses, lr, has_bn)."""
+    make, shape, opset, lr, warmup, has_bn, dynamic = MODELS[name]
+    torch.manual_seed(0)
+    model = make()
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    x, y = make_data(shape)
+    model.train()
+    sgd_steps(model, x, y, WARMUP_LR, warmup, torch.float32)
+    path = os.path.join(work, name + ".onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, x[:BATCH], path, training=torch.onnx.TrainingMode.TRAINING, opset_version=opset,
+                          do_constant_folding=False, input_names=["input"], output_names=["logits"],
+                          dynamic_axes={"input": {0: "batch"}} if dynamic else None)
+    np.save(os.path.join(work, name + "_x.npy"), x.numpy())
+    np.save(os.path.join(work, name + "_y.npy"), y.numpy().astype(np.int64))
+    ref = copy.deepcopy(model).double()
+    ref_losses = sgd_steps(ref, x, y, lr, STEPS, torch.float64)
+    f32_losses = sgd_steps(model, x, y, lr, STEPS, torch.float32)
+    state = {k: v.numpy() for k, v in ref.state_dict().items() if v.is_floating_point()}
+    f32_state = {k: v.numpy() for k, v in model.state_dict().items() if v.is_floating_point()}
+    params = {k for k, _ in model.named_parameters()}
+    return path, ref_losses, state, f32_losses, f32_state, params, lr, has_bn
+
+
+def strategies(has_bn):
+    out = [("single", 1, []), ("dp2", 2, ["--ranks", "2", "--strategy", "dp"]),
+           ("layer2", 2, ["--ranks", "2", "--strategy", "layer"])]
+    if not has_bn:
+        out.append(("pipeline2", 2, ["--ranks", "2", "--strategy", "pipeline", "--microbatches", "2"]))
+    return out
+
+
+def tolerance(key, state):
+    want = np.abs(state[key])
+    if key.endswith("running_mean"):
+        var = state.get(key[:-len("running_mean")] + "running_var")
+        if var is not None:
+            return W_RTOL * (want + np.sqrt(np.maximum(var, 0))) + W_ATOL
+    return W_RTOL * want + W_ATOL
+
+
+def worst_error(saved, state):
+    """(largest share of the tolerance, its tensor, a shape mismatch or None)."""
+    worst, worst_key = 0.0, None
+    for k, want in state.items():
+        if k not in saved:
+            continue
+        got = saved[k].astype(np.float64)
+        if got.shape != want.shape:
+            return 0.0, k, "%s has shape %s, expected %s" % (k, got.shape, want.shape)
+        r = float(np.max(np.abs(got - want) / tolerance(k, state))) if want.size else 0.0
+        if r > worst:
+            worst, worst_key = r, k
+    return worst, worst_key, None
+
+
+def worst_step(saved, state, start):
+    """(largest relative error of a parameter's change over the run, |got -
+    want| / |want| in the 2-norm, and its name), over the parameters in
+    `start` that changed: where small learning rates keep the weights
+    within rtol of where they started, their changes still show every
+    step's gradient."""
+    worst, worst_key = 0.0, None
+    for k, want in state.items():
+        if k not in saved or k not in start:
+            continue
+        d_want = want - start[k]
+        scale = float(np.linalg.norm(d_want))
+        if scale <= 1e-6 * (float(np.linalg.norm(want)) + 1e-30):
+            continue
+        r = float(np.linalg.norm((saved[k].astype(np.float64) - start[k]) - d_want)) / scale
+        if r > worst:
+            worst, worst_key = r, k
+    return worst, worst_key
+
+
+def check_weights(rep, label, saved, state, start, torch_step_err):
+    missing = [k for k in state if k not in saved and not k.endswith("num_batches_tracked")]
+    if not rep.check("%s: every parameter and buffer saved" % label, not missing, "missing %s" % missing[:5]):
+        return
+    worst, key, mismatch = worst_error(saved, state)
+    rep.check("%s: weights and running statistics match (worst %.3g of the tolerance, %s)" % (label, worst, key),
+              worst <= 1.0 and not mismatch, mismatch)
+    worst, key = worst_step(saved, state, start)
+    bound = max(STEP_RTOL, 2 * torch_step_err)
+    rep.check("%s: every parameter's change over the run within %.3g of the reference's (worst %.3g, %s)" %
+              (label, bound, worst, key), worst <= bound)
+
+
+def run_model(rep, cleave, name, work):
+    path, ref_losses, state, f32_losses, f32_state, params, lr, has_bn = prepare(name, work)
+    drift = max(abs(a - b) / abs(b) for a, b in zip(f32_losses, ref_losses))
+    worst, key, _ = worst_error(f32_state, state)
+    print("%s: PyTorch in float32 against float64: losses up to %.2g apart (relative), weights %.3g of the "
+          "tolerance (%s)" % (name, drift, worst, key))
+    start = {k: v.astype(np.float64) for k, v in harness.read_weights(path).items() if k in params}
+    torch_step_err, key = worst_step(f32_state, state, start)
+    print("%s: PyTorch in float32 against float64: changes over the run, worst relative error %.3g (%s)" %
+          (name, torch_step_err, key))
+    for label, ranks, flags in strategies(has_bn):
+        tag = "%s %s" % (name, label)
+        prog = os.path.join(work, "%s_%s" % (name, label))
+        metrics, saved = prog + ".jsonl", prog + ".trained.onnx"
+        cmd = [cleave, "compile", path, "-o", prog, "--batch", str(BATCH), "--loss", "ce", "--lr", repr(lr)] + flags
+        p, _ = harness.run(cmd, timeout=900)
+        if not rep.check("%s: compiles" % tag, p.returncode == 0, harness.failure(cmd, p)):
+            continue
+        argv = [prog, "--data", "input=" + os.path.join(work, name + "_x.npy"),
+                "--data", "labels=" + os.path.join(work, name + "_y.npy"), "--steps", str(STEPS),
+                "--metrics", metrics, "--save", saved]
+        if ranks > 1:
+            argv = harness.mpirun(ranks, argv)
+        p, _ = harness.run(argv, env=harness.mpi_env(), timeout=900)
+        if not rep.check("%s: trains" % tag, p.returncode == 0, harness.failure(argv, p)):
+            continue
+        losses = harness.read_losses(metrics)
+        ok, detail = harness.compare(losses, ref_losses, LOSS_RTOL, LOSS_ATOL)
+        rep.check("%s: %d losses match PyTorch's (float64)" % (tag, STEPS), ok and len(losses) == STEPS, detail)
+        check_weights(rep, tag, harness.read_weights(saved), state, start, torch_step_err)
+
+
+def main():
+    global torch, np
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cleave", required=True)
+    ap.add_argument("--workdir")
+    ap.add_argument("--models", default=os.environ.get("CLEAVE_CNN_MODELS", ",".join(MODELS)))
+    args = ap.parse_args()
+    why = harness.missing(modules=("torch", "torchvision", "onnx", "numpy"), programs=("mpirun",))
+    if why:
+        return harness.skip(why)
+    import numpy
+    import torch as t
+    torch, np = t, numpy
+    torch.set_num_threads(1)
+    names = [m for m in args.models.split(",") if m]
+    unknown = [m for m in names if m not in MODELS]
+    if unknown:
+        print("unknown models %s (known: %s)" % (unknown, ", ".join(MODELS)))
+        return 2
+    rep = harness.Report()
+    with harness.workdir(args.workdir, "cleave_cnn_") as work:
+        for name in names:
+            run_model(rep, args.cleave, name, work)
+    return rep.summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
