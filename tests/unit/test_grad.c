@@ -4,7 +4,7 @@
  * initializers, appends loss = sum(y * R) for a fixed random R, compiles the
  * training program (LLVM, run in-process), and compares the gradient the
  * program computes for each parameter with central differences of the
- * loss evaluated by the same program's eval step. */
+ * loss evaluated by more train steps of the same program at learning rate 0. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>

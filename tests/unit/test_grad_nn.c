@@ -5,7 +5,7 @@
  * add loss = ReduceSum(y * R) for a fixed random R, compile the training
  * program in-process, and compare the gradient of every parameter after
  * one train step (learning rate 0) with central differences of the loss
- * computed by the program's eval step.
+ * computed by more train steps at learning rate 0.
  *
  * The forward check runs every ../shared/onnx-node-tests folder of these
  * ops through a forward-only program and compares each output with the
