@@ -22,7 +22,16 @@ The table gives the medians and the scaling efficiency of each side,
 weights and see the same batches, so the global-batch loss of the first and
 the last step must agree across all of them; the script checks that.
 
-    /usr/bin/python3 bench/bench_dp.py [--cleave PATH] [--runs 5] [--out results.json]
+With --baseline OLD every cleave program is also compiled by the compiler
+OLD, and each round runs every program of --cleave right before the same
+program of OLD (new, old, new, old, ...), so that load on the machine that
+comes and goes falls on both builds alike.  A further table gives, per
+program, each build's median samples/s with its range over the runs, the
+ratio new/old of the medians, and the range of the ratios of the two runs
+of a round.  The baseline's programs must train to the same losses.
+
+    /usr/bin/python3 bench/bench_dp.py [--cleave PATH] [--baseline OLD] [--runs 5]
+        [--out results.json]
 
 Needs Debian's /usr/bin/python3 (torch 1.13 with gloo, numpy), Open MPI's
 mpirun and a built cleave (by default build-dev/cleave next to this folder).
@@ -52,6 +61,7 @@ import bench_train as bt  # noqa: E402  (models, torch worker, machine info)
 RANKS = 2
 DEFAULT_BUCKETS_MB = [25.0, 1.0]   # cleave's default (as DDP's) and a small one
 DDP_BUCKET_MB = 25.0               # torch.nn.parallel.DistributedDataParallel's default
+BASE = "_base"                     # added to the sides and files of --baseline's programs
 LOOPBACK = "127.0.0.1"
 
 # model (a name of bench_train.MODELS), global batch, default steps.  Each of
@@ -305,11 +315,58 @@ def run_program(prog, x, y, batch, steps, warm, metrics, bucket_mb):
     return out
 
 
+# ------------------------------------------------------------------ baseline
+
+
+def baseline_compiler(ap, path):
+    """--baseline as an absolute path.  Each compiler links the runtime of
+    the build it comes from (its path is built in), unless
+    CLEAVE_RUNTIME_DIR names one runtime for both; the comparison would
+    then leave out the runtime, so that is refused."""
+    if "CLEAVE_RUNTIME_DIR" in os.environ:
+        ap.error("--baseline needs CLEAVE_RUNTIME_DIR unset, so that each compiler links "
+                 "the runtime of its own build")
+    path = os.path.abspath(path)
+    if not os.access(path, os.X_OK):
+        sys.exit("%s is not an executable; build the baseline or fix --baseline" % path)
+    return path
+
+
+def compare(new, old, key):
+    """One configuration's runs of the new build against the baseline's:
+    each build's median of `key` and its range, the ratio new/old of the
+    medians, and the range of new/old within a round.  The two runs of a
+    round follow each other, so their ratio moves least with the load."""
+    a, b = [r[key] for r in new], [r[key] for r in old]
+    rounds = [x / y for x, y in zip(a, b)]
+    return {"new": statistics.median(a), "new_min": min(a), "new_max": max(a),
+            "old": statistics.median(b), "old_min": min(b), "old_max": max(b),
+            "ratio": statistics.median(a) / statistics.median(b),
+            "round_ratio_min": min(rounds), "round_ratio_max": max(rounds)}
+
+
+def compare_cells(c, fmt):
+    """A row's cells for compare()'s result, the measure written by fmt."""
+    return [fmt(c["new"]), "%s..%s" % (fmt(c["new_min"]), fmt(c["new_max"])),
+            fmt(c["old"]), "%s..%s" % (fmt(c["old_min"]), fmt(c["old_max"])),
+            "%.3f" % c["ratio"], "%.3f..%.3f" % (c["round_ratio_min"], c["round_ratio_max"])]
+
+
+COMPARE_HEAD = ["new", "new min..max", "old", "old min..max", "new/old", "new/old in a round"]
+
+
 # ---------------------------------------------------------------------- main
 
 
-def side_names(buckets):
-    return ["cleave_1"] + ["cleave_dp2_b%g" % b for b in buckets] + ["torch_1", "torch_ddp2"]
+def cleave_programs(args):
+    """(side, --bucket-mb setting or None for one rank, compiler, file tag)
+    of every cleave program, in the order a round runs them: each program
+    of the baseline right after the same program of --cleave."""
+    settings = [("cleave_1", None, "1")] + [("cleave_dp2_b%g" % b, b, "dp2_b%g" % b)
+                                            for b in args.bucket_mb]
+    builds = [("", args.cleave)] + ([(BASE, args.baseline)] if args.baseline else [])
+    return [(side + suffix, b, cleave, tag + suffix)
+            for side, b, tag in settings for suffix, cleave in builds]
 
 
 def median_of(runs, key):
@@ -348,25 +405,24 @@ def bench_model(args, workdir, name, in_dim, hidden, batch, steps):
     with open(ddp_job_path, "w") as f:
         json.dump(ddp_job, f)
 
-    # one program per setting: None is the single-rank program
-    settings = [None] + args.bucket_mb
+    programs = cleave_programs(args)
     progs, compiled = {}, {}
-    for b in settings:
-        tag = "1" if b is None else "dp2_b%g" % b
-        progs[b] = path("prog_" + tag)
-        compiled[b] = compile_program(args.cleave, onnx_path, progs[b], batch, b,
+    for n, b, cleave, tag in programs:
+        progs[n] = path("prog_" + tag)
+        compiled[n] = compile_program(cleave, onnx_path, progs[n], batch, b,
                                       path("plan_%s.json" % tag))
     log("[%s] %d params, global batch %d (%d per rank), %d steps (%d warm-up), %d runs; "
         "dp buckets: %s" % (name, params, batch, batch // RANKS, steps, warm, args.runs,
-                            "; ".join("%g MB -> %d" % (b, len(compiled[b]["bucket_bytes"]))
+                            "; ".join("%g MB -> %d" % (b, len(compiled["cleave_dp2_b%g" % b]
+                                                              ["bucket_bytes"]))
                                       for b in args.bucket_mb)))
 
-    names = side_names(args.bucket_mb)
+    names = [p[0] for p in programs] + ["torch_1", "torch_ddp2"]
     runs = {n: [] for n in names}
     script_train = os.path.join(HERE, "bench_train.py")
     for r in range(args.runs):
-        for b, n in zip(settings, names):
-            res = run_program(progs[b], x_path, y_path, batch, steps, warm,
+        for n, b, _, _ in programs:
+            res = run_program(progs[n], x_path, y_path, batch, steps, warm,
                               path("metrics_%s.jsonl" % n), b)
             runs[n].append(res)
         runs["torch_1"].append(bt.run_torch(script_train, job))
@@ -386,8 +442,8 @@ def bench_model(args, workdir, name, in_dim, hidden, batch, steps):
             "hidden": median_of(runs[n], "hidden"),
             "allreduce_s_per_step": median_of(runs[n], "allreduce_s") / (steps - warm),
             "comm_wait_s_per_step": median_of(runs[n], "comm_wait_s") / (steps - warm),
-            "buckets": len(compiled[b]["bucket_bytes"]),
-            "bucket_bytes": compiled[b]["bucket_bytes"],
+            "buckets": len(compiled[n]["bucket_bytes"]),
+            "bucket_bytes": compiled[n]["bucket_bytes"],
         }
 
     # every side must have trained on the same numbers
@@ -400,10 +456,10 @@ def bench_model(args, workdir, name, in_dim, hidden, batch, steps):
 
     rel = lambda p: p.replace(mdir + os.sep, "")  # noqa: E731
     commands = {"compile": {}, "run": {}}
-    for b, n in zip(settings, names):
-        commands["compile"][n] = shlex.join(dp_compile_cmd(args.cleave, "model.onnx", rel(progs[b]),
+    for n, b, cleave, _ in programs:
+        commands["compile"][n] = shlex.join(dp_compile_cmd(cleave, "model.onnx", rel(progs[n]),
                                                            batch, b))
-        commands["run"][n] = shlex.join(dp_program_cmd("./" + rel(progs[b]), "x.npy", "y.npy",
+        commands["run"][n] = shlex.join(dp_program_cmd("./" + rel(progs[n]), "x.npy", "y.npy",
                                                        steps, "metrics.jsonl", b))
     thr = "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "
     commands["run"]["torch_1"] = thr + shlex.join(
@@ -428,7 +484,9 @@ def bench_model(args, workdir, name, in_dim, hidden, batch, steps):
         "cleave_dp2_over_ddp2": {k: v["samples_per_s"] / med["torch_ddp2"] for k, v in dp.items()},
         "ddp_bucket_cap_mb": DDP_BUCKET_MB,
         "ddp_bucket_bytes": runs["torch_ddp2"][0].get("bucket_bytes"),
-        "compile_s": {n: compiled[b]["compile_s"] for b, n in zip(settings, names)},
+        "compile_s": {n: compiled[n]["compile_s"] for n, _, _, _ in programs},
+        "baseline": {n: compare(runs[n], runs[n + BASE], "samples_per_s")
+                     for n, _, _, _ in programs if not n.endswith(BASE)} if args.baseline else None,
         "loss_check": {"ok": loss_ok, "rtol": bt.LOSS_RTOL,
                        "first": {n: runs[n][0]["loss_first"] for n in names},
                        "last": {n: runs[n][0]["loss_last"] for n in names}},
@@ -454,6 +512,9 @@ def print_report(report):
           % (m["cpu"], m["cores"], m["cores_usable"], m["kernel"]))
     print("         2 ranks (or 2 DDP processes) take both cores; mpirun binds rank r to core r")
     print("cleave:  %s (%s); %s" % (report["cleave"], report["cleave_version"], report["mpirun"]))
+    if report["baseline"]:
+        print("base:    %s (%s), its programs run right after the same programs of cleave"
+              % (report["baseline"], report["baseline_version"]))
     print("torch:   %s, 1 thread per process, DDP over gloo on %s (bucket_cap_mb %g), BLAS %s"
           % (report["torch_version"], LOOPBACK, DDP_BUCKET_MB,
              ", ".join(report["torch_blas"]) or "?"))
@@ -482,6 +543,15 @@ def print_report(report):
     for line in fmt_table(head, rows):
         print(line)
     print()
+
+    if report["baseline"]:
+        print("cleave against the baseline: samples/s, median and range over the %d runs of each "
+              "build; new/old above 1: cleave is faster" % report["runs"])
+        rows = [[r["model"], n] + compare_cells(c, lambda v: "%.1f" % v)
+                for r in report["results"] for n, c in r["baseline"].items()]
+        for line in fmt_table(["model", "program"] + COMPARE_HEAD, rows):
+            print(line)
+        print()
 
     print("cleave dp2 gradient allreduce, per measured step (medians over the runs):")
     head = ["model", "bucket MB", "buckets", "allreduce ms", "comm_wait ms", "hidden"]
@@ -522,8 +592,9 @@ def print_report(report):
     print("every run, samples/s in run order:")
     for r in report["results"]:
         print("  %s" % r["model"])
+        width = max([16] + [len(n) for n in r["runs"]])   # the baseline's names are longer
         for n, runs in r["runs"].items():
-            print("    %-16s %s" % (n, " ".join("%.1f" % x["samples_per_s"] for x in runs)))
+            print("    %-*s %s" % (width, n, " ".join("%.1f" % x["samples_per_s"] for x in runs)))
     print()
     print("per model, in its work folder (the dp programs under mpirun; set "
           "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 as root):")
@@ -553,6 +624,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cleave", default=os.path.join(ROOT, "build-dev", "cleave"),
                     help="the cleave compiler (default: %(default)s)")
+    ap.add_argument("--baseline", metavar="OLD",
+                    help="also compile every cleave program with the compiler OLD, run the two "
+                    "builds' programs in turn and compare them")
     ap.add_argument("--runs", type=int, default=5, help="runs of every side per model (default 5)")
     ap.add_argument("--steps", type=int,
                     help="steps per run for every model (default: %s)"
@@ -573,6 +647,8 @@ def main():
     args.cleave = os.path.abspath(args.cleave)
     if not os.access(args.cleave, os.X_OK):
         sys.exit("%s is not an executable; build cleave or pass --cleave" % args.cleave)
+    if args.baseline:
+        args.baseline = baseline_compiler(ap, args.baseline)
 
     import_torch()
     import torch.distributed as dist
@@ -584,6 +660,8 @@ def main():
         "machine": bt.machine_info(),
         "cleave": args.cleave,
         "cleave_version": bt.cleave_version(args.cleave),
+        "baseline": args.baseline,
+        "baseline_version": bt.cleave_version(args.baseline) if args.baseline else None,
         "mpirun": mpirun_version(),
         "torch_version": torch.__version__,
         "ranks": RANKS,

@@ -48,13 +48,24 @@ and for P = 2 checks the peaks against the "plan" line the programs write
 to --metrics.  Stage 0's peak is reported in units of its M = 1 value (one
 micro-batch): GPipe's grows with M, 1F1B's stops growing at M = P.
 
-    /usr/bin/python3 bench/bench_pipeline.py [--cleave PATH] [--runs 3]
-        [--steps 20] [--wait-quiet 50] [--out results.json]
+Baseline.  With --baseline OLD every bubble program is also compiled by the
+compiler OLD, and each round runs every program of --cleave right before
+the same program of OLD (new, old, new, old, ...), so that load on the
+machine that comes and goes falls on both builds alike.  A further table
+gives, per program, each build's median step time (the step median above)
+with its range over the runs, the ratio new/old of the medians, and the
+range of the ratios of the two runs of a round; the baseline's programs
+must train to the same losses.  The bubble and memory tables stay those of
+--cleave, and the P = 4 plans, which are never run, are not compiled by OLD.
+
+    /usr/bin/python3 bench/bench_pipeline.py [--cleave PATH] [--baseline OLD]
+        [--runs 3] [--steps 20] [--wait-quiet 50] [--out results.json]
 
 Needs Debian's /usr/bin/python3 (torch 1.13 for the export, numpy), Open
 MPI's mpirun and a built cleave (by default build-dev/cleave next to this
 folder).  Progress goes to stderr, the report to stdout; the exit status is
-1 when a bubble misses its target or the schedules' losses differ.
+1 when a bubble misses its target, the schedules' losses differ or the
+baseline's differ from cleave's.
 """
 
 import argparse
@@ -180,11 +191,18 @@ def run_cleave(cmd, what):
         time.sleep(RETRY_WAIT)
 
 
-def compile_program(args, folder, onnx_path, m, ranks, strategy, schedule, emit="exe"):
+def compile_program(args, folder, onnx_path, m, ranks, strategy, schedule, emit="exe",
+                    baseline=False):
+    """Compiles one configuration with --cleave, or with --baseline into
+    files of its own."""
+    cleave, shown = args.cleave, args.cleave_shown
+    if baseline:
+        cleave, shown = args.baseline, args.baseline_shown
     name = config_name(strategy, schedule, m) + ("_p%d" % ranks if ranks != PIPE_RANKS else "")
-    prog = os.path.join(folder, "prog_" + name + (".o" if emit == "obj" else ""))
-    plan_path = os.path.join(folder, "plan_" + name + ".json")
-    cmd = compile_cmd(args.cleave, onnx_path, prog, m, ranks, strategy, schedule, plan_path)
+    stem = name + (bdp.BASE if baseline else "")
+    prog = os.path.join(folder, "prog_" + stem + (".o" if emit == "obj" else ""))
+    plan_path = os.path.join(folder, "plan_" + stem + ".json")
+    cmd = compile_cmd(cleave, onnx_path, prog, m, ranks, strategy, schedule, plan_path)
     if emit == "obj":
         cmd += ["--emit", "obj"]
     t0 = time.perf_counter()
@@ -200,7 +218,7 @@ def compile_program(args, folder, onnx_path, m, ranks, strategy, schedule, emit=
         "name": name, "prog": prog, "strategy": strategy, "schedule": schedule,
         "microbatches": m, "ranks": ranks, "batch": m * MICRO_ROWS, "compile_s": compile_s,
         "stage_table": plan.get("stage_table"), "rank_plans": ranks_info,
-        "compile_cmd": shlex.join(compile_cmd(args.cleave_shown, "deep.onnx", os.path.basename(prog),
+        "compile_cmd": shlex.join(compile_cmd(shown, "deep.onnx", os.path.basename(prog),
                                               m, ranks, strategy, schedule, None)
                                   + (["--emit", "obj"] if emit == "obj" else [])),
     }
@@ -299,6 +317,8 @@ def run_program(args, folder, prog, steps, quiet):
     if p.returncode != 0:
         sys.exit("training program failed (exit %d): %s\n%s"
                  % (p.returncode, shlex.join(cmd), p.stderr))
+    # --cleave's trace-stats reads the baseline's traces too: one tool
+    # measures both builds
     ts = trace_stats(args.cleave, trace)
     plan_line, losses = None, {}
     with open(metrics) as f:
@@ -343,12 +363,19 @@ def run_program(args, folder, prog, steps, quiet):
 
 def bench_bubble(args, folder, onnx_path):
     configs = [("pipeline", s, m) for m in BUBBLE_MS for s in SCHEDULES] + [("layer", "layer", 1)]
-    progs = {}
+    progs, base = {}, {}
     for strategy, schedule, m in configs:
         c = compile_program(args, folder, onnx_path, m, PIPE_RANKS, strategy, schedule)
         progs[c["name"]] = c
         log("[compile] %-9s batch %3d: %.1f s" % (c["name"], c["batch"], c["compile_s"]))
+        if args.baseline:
+            b = compile_program(args, folder, onnx_path, m, PIPE_RANKS, strategy, schedule,
+                                baseline=True)
+            base[b["name"]] = b
+            log("[compile] %-9s batch %3d: %.1f s (baseline)" % (b["name"], b["batch"],
+                                                                  b["compile_s"]))
     runs = {name: [] for name in progs}
+    base_runs = {name: [] for name in base}
     loads = []
     quiet = Quiet(args.wait_quiet)
     for r in range(args.runs):
@@ -357,12 +384,16 @@ def bench_bubble(args, folder, onnx_path):
         loads.append(bdp.load_averages())
         for name, c in progs.items():
             runs[name].append(run_program(args, folder, c, args.steps, quiet))
+            if name in base:
+                base_runs[name].append(run_program(args, folder, base[name], args.steps, quiet))
         others = [runs[n][-1]["others_cores"] for n in progs if runs[n][-1]["others_cores"] is not None]
         log("[bubble] round %d/%d (%.0f s, %.0f s of it waiting; other jobs' cores before a run: "
             "median %.2f): %s" % (r + 1, args.runs, time.perf_counter() - t0, quiet.waited[-1],
                                   statistics.median(others) if others else float("nan"),
                                   " ".join("%s %.2f" % (n, runs[n][-1]["bubble"]) for n in progs)))
 
+    shown_run = lambda c: shlex.join(run_cmd("./" + os.path.basename(c["prog"]), args.steps,  # noqa: E731
+                                             "trace.json", "metrics.jsonl"))
     rows = []
     for name, c in progs.items():
         rs = runs[name]
@@ -382,10 +413,13 @@ def bench_bubble(args, folder, onnx_path):
             "rank_bubble": [statistics.median(x["ranks"][k]["bubble"] for x in rs)
                             for k in range(PIPE_RANKS)],
             "stage_table": c["stage_table"], "compile_s": c["compile_s"],
-            "commands": {"compile": c["compile_cmd"],
-                         "run": shlex.join(run_cmd("./" + os.path.basename(c["prog"]), args.steps,
-                                                   "trace.json", "metrics.jsonl"))},
+            "commands": {"compile": c["compile_cmd"], "run": shown_run(c)},
             "runs": rs,
+            "baseline": dict(bdp.compare(rs, base_runs[name], "median_step_s"),
+                             compile_s=base[name]["compile_s"],
+                             commands={"compile": base[name]["compile_cmd"],
+                                       "run": shown_run(base[name])},
+                             runs=base_runs[name]) if name in base else None,
         })
     return rows, progs, {"load_before_round": loads, "quiet_waited_s": quiet.waited,
                          "quiet_budget_s_per_round": args.wait_quiet}
@@ -404,6 +438,13 @@ def loss_check(rows):
         out.append({"microbatches": m, "ok": ok,
                     "losses": {s: [g["loss_first"], g["loss_last"]] for s, g in group}})
     return out
+
+
+def baseline_loss_check(rows):
+    """The programs whose baseline trained to other losses than they did
+    (first run, first and last step): there the builds do different work."""
+    return [r["name"] for r in rows if r["baseline"] and not all(
+        bt.close(r["runs"][0][k], r["baseline"]["runs"][0][k]) for k in ("loss_first", "loss_last"))]
 
 
 def bench_memory(args, folder, onnx_path, progs):
@@ -487,6 +528,9 @@ def print_report(rep):
           % (m["cpu"], m["cores"], m["cores_usable"], m["kernel"], la(rep["load_before"]),
              la(rep["load_after"]), rep["total_s"]))
     print("- cleave: %s (%s); %s" % (rep["cleave"], rep["cleave_version"], rep["mpirun"]))
+    if rep["baseline"]:
+        print("- baseline: %s (%s); its programs run right after the same programs of cleave"
+              % (rep["baseline"], rep["baseline_version"]))
     print("- model: %s, %d parameters; micro-batch %d rows, batch = M x %d; %d steps per run, "
           "the first skipped by trace-stats; medians of %d round%s"
           % (MODEL_NAME, rep["params"], MICRO_ROWS, MICRO_ROWS, rep["steps"], rep["runs"],
@@ -555,6 +599,23 @@ def print_report(rep):
             for x in r["runs"])))
     print()
 
+    if rep["baseline"]:
+        print("### Step time against the baseline (median step ms of a run; median and range "
+              "over the runs)")
+        print()
+        ms = lambda v: "%.2f" % (1e3 * v)  # noqa: E731
+        body = [[r["name"], str(r["microbatches"])] + bdp.compare_cells(r["baseline"], ms)
+                for r in rep["bubble"]]
+        for line in md_table(["program", "M"] + bdp.COMPARE_HEAD, body, ["l"] + ["r"] * 7):
+            print(line)
+        print()
+        print("new/old above 1: cleave's step is slower than the baseline's; every run, median "
+              "step ms in run order, cleave | baseline:")
+        for r in rep["bubble"]:
+            print("    %-9s %s | %s" % (r["name"], " ".join(ms(x["median_step_s"]) for x in r["runs"]),
+                                        " ".join(ms(x["median_step_s"]) for x in r["baseline"]["runs"])))
+        print()
+
     print("### Activation memory of stage 0 (planned; micro-batch %d rows)" % MICRO_ROWS)
     print()
     mem = {(r["ranks"], r["schedule"], r["microbatches"]): r for r in rep["memory"]}
@@ -608,6 +669,11 @@ def print_report(rep):
     bad = rep["metrics_plan_mismatch"]
     print("    --metrics plan line against --emit-plan (peak_activation_bytes of every rank): %s"
           % ("agree for all %d programs" % len(rep["bubble"]) if not bad else "DIFFER for " + ", ".join(bad)))
+    if rep["baseline"]:
+        bad = rep["baseline_loss_mismatch"]
+        print("    loss step 1 / step %d, baseline against cleave: %s" % (
+            rep["steps"], "agree for all %d programs" % len(rep["bubble"]) if not bad
+            else "DIFFER for " + ", ".join(bad)))
     within = [r for r in rep["memory"] if not r["within_bound"]]
     same = [r for r in rep["memory"] if r.get("equals_gpipe_at_min_m_p") is False]
     print("    stage 0's 1f1b peak at M equals its gpipe peak at min(M, P): %s"
@@ -623,10 +689,14 @@ def print_report(rep):
 
     print("commands (in the work folder; as root with OMPI_ALLOW_RUN_AS_ROOT=1 "
           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1):")
-    for r in rep["bubble"]:
-        print("    %s" % r["commands"]["compile"])
-    for r in rep["bubble"]:
-        print("    %s && %s trace.json --format json" % (r["commands"]["run"], rep["cleave_shown"] + " trace-stats"))
+    # the baseline's programs after cleave's; cleave's trace-stats reads
+    # the traces of both
+    commands = [r["commands"] for r in rep["bubble"]] + [r["baseline"]["commands"]
+                                                         for r in rep["bubble"] if r["baseline"]]
+    for c in commands:
+        print("    %s" % c["compile"])
+    for c in commands:
+        print("    %s && %s trace.json --format json" % (c["run"], rep["cleave_shown"] + " trace-stats"))
     for r in rep["memory"]:
         if r["ranks"] != PIPE_RANKS:
             print("    %s" % r["compile_cmd"])
@@ -639,6 +709,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cleave", default=os.path.join(ROOT, "build-dev", "cleave"),
                     help="the cleave compiler (default: %(default)s)")
+    ap.add_argument("--baseline", metavar="OLD",
+                    help="also compile every bubble program with the compiler OLD, run the two "
+                    "builds' programs in turn and compare their step times")
     ap.add_argument("--runs", type=int, default=3,
                     help="rounds of running every program (default 3); the report gives medians")
     ap.add_argument("--steps", type=int, default=20,
@@ -658,10 +731,13 @@ def main():
     args.cleave = os.path.abspath(args.cleave)
     if not os.access(args.cleave, os.X_OK):
         sys.exit("%s is not an executable; build cleave or pass --cleave" % args.cleave)
-    # the compiler as the printed commands name it: relative to the project
-    # when it is inside it (the commands run in a work folder elsewhere)
-    args.cleave_shown = (os.path.relpath(args.cleave, ROOT)
-                         if args.cleave.startswith(ROOT + os.sep) else args.cleave)
+    if args.baseline:
+        args.baseline = bdp.baseline_compiler(ap, args.baseline)
+    # the compilers as the printed commands name them: relative to the
+    # project when inside it (the commands run in a work folder elsewhere)
+    shown = lambda p: os.path.relpath(p, ROOT) if p.startswith(ROOT + os.sep) else p  # noqa: E731
+    args.cleave_shown = shown(args.cleave)
+    args.baseline_shown = shown(args.baseline) if args.baseline else None
 
     bt.import_torch()
     rep = {
@@ -671,6 +747,8 @@ def main():
         "cleave": args.cleave,
         "cleave_shown": args.cleave_shown,
         "cleave_version": bt.cleave_version(args.cleave),
+        "baseline": args.baseline,
+        "baseline_version": bt.cleave_version(args.baseline) if args.baseline else None,
         "mpirun": bdp.mpirun_version(),
         "model": {"name": MODEL_NAME, "layers": [IN_DIM] + HIDDEN + [bt.N_CLASSES]},
         "micro_batch": MICRO_ROWS,
@@ -689,9 +767,11 @@ def main():
         rep["memory"] = bench_memory(args, folder, onnx_path, progs)
         rep["metrics_plan_mismatch"] = metrics_agree(rep["bubble"], progs)
     rep["loss_check"] = loss_check(rep["bubble"])
+    rep["baseline_loss_mismatch"] = baseline_loss_check(rep["bubble"])
     rep["total_s"] = time.perf_counter() - t_start
     rep["load_after"] = bdp.load_averages()
-    rep["ok"] = (all(r["ok"] for r in rep["bubble"]) and all(lc["ok"] for lc in rep["loss_check"]))
+    rep["ok"] = (all(r["ok"] for r in rep["bubble"]) and all(lc["ok"] for lc in rep["loss_check"])
+                 and not rep["baseline_loss_mismatch"])
     log("done in %.0f s" % rep["total_s"])
 
     print_report(rep)

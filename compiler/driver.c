@@ -109,7 +109,7 @@ bool driver_build_plan(const CompileOptions *o, const Layout *l, KernelProfile *
     if (!g) return false;
     TrainOptions to = o->train;
     to.replicas = l->replicas * l->microbatches;
-    to.stat_replicas = l->replicas;
+    to.stat_replicas = o->train.bn_local ? 1 : l->replicas;
     to.microbatches = l->microbatches;
     if (!train_build(g, &to, t, d) || !ir_verify(g, d) || !plan_layout(o, l, profile, g, t, p, d)) {
         graph_free(g);

@@ -160,6 +160,11 @@ bool plan_file_load(const char *path, CompileOptions *o, PlanFile *f, Diag *d) {
     if (bucket && !unbucketed && (!json_is_number(bucket) || !(json_number_value(bucket) > 0)))
         return diag_error(d, DIAG_FORMAT, "%s: bucket_mb must be a positive number", path);
     if (bucket && !unbucketed) o->bucket_mb = json_number_value(bucket);
+    const char *bn = NULL;
+    if (!get_str(f, f->root, "", "bn_stats", false, &bn, d)) return false;
+    if (bn && strcmp(bn, "global") && strcmp(bn, "local"))
+        return diag_error(d, DIAG_FORMAT, "%s: bn_stats must be global or local, got '%s'", path, bn);
+    o->train.bn_local = bn && strcmp(bn, "local") == 0;
     if (!read_training(f, o, d)) return false;
     /* threads is a program option the file records, not a decision the
      * plan follows from: --threads on the command line wins over it */

@@ -127,6 +127,10 @@ char *program_meta(const Plan *p, const CompileOptions *o) {
         params, "loss_kind", loss_kind_name(o->train.loss), "optimizer", optimizer_json(o), "programs", programs);
     if (root) json_object_set_new(root, "placement", json_string(plan_placement_name(p->placement)));
     if (root) json_object_set_new(root, "threads", json_integer(p->threads > 1 ? p->threads : 1));
+    /* replicas with batch statistics of their own keep replica 0's running
+     * statistics, as DDP's broadcast_buffers does */
+    if (root && p->replicas > 1 && o->train.bn_local && t->n_batch_stats > 0)
+        json_object_set_new(root, "state_from_replica0", json_true());
     char *str = root ? json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(root);
     return str;

@@ -76,6 +76,7 @@ typedef struct RtTensor {
     uint64_t bytes;
     bool absent;        /* an input or parameter only another stage's
                            ranks hold (no offset here) */
+    bool trainable;     /* a parameter the optimizer updates (else state or frozen) */
     bool positions;     /* an int64 input [batch] the runtime fills with
                            each row's position in the global batch (the
                            key of dropout masks), not from a file */
@@ -136,6 +137,7 @@ typedef struct RtMeta {
     int labels;       /* index of the input named "labels", -1 if none */
     int64_t classes;  /* ce: the output's last dimension */
     int threads;      /* "threads": threads per rank for the matrix products (1..RT_MAX_THREADS) */
+    bool state_from_replica0; /* non-trainable parameters (running statistics) follow replica 0's */
     RtLayout layout;
 } RtMeta;
 
@@ -221,6 +223,12 @@ bool rt_comm_agree(RtErr *e);
 bool rt_comm_agree_rows(int64_t train_rows, int64_t eval_rows, RtErr *e);
 /* Collective sum over the ranks of x[0..n), in place. */
 void rt_comm_sum(double *x, int n);
+/* Collective over the replicas of each stage, for programs whose metadata
+ * asks (state_from_replica0: batch statistics of each replica's own rows):
+ * the non-trainable parameters the rank holds (running statistics) become
+ * replica 0's, as PyTorch DDP's broadcast_buffers makes them before each
+ * forward pass.  Called before evaluating and at the end of training. */
+void rt_comm_state_from_replica0(const RtMeta *m, char *arena);
 /* Collective: rank r's `count` floats land at recv + r * count on rank 0
  * (recv is ignored elsewhere). */
 void rt_comm_gather(const float *send, int count, float *recv);

@@ -153,6 +153,16 @@ void rt_comm_sum(double *x, int n) {
     if (rt_ranks() > 1) MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, MPI_SUM, rt_comm_world());
 }
 
+void rt_comm_state_from_replica0(const RtMeta *m, char *arena) {
+    if (!m->state_from_replica0) return;
+    for (int i = 0; i < m->n_params; i++) {
+        const RtTensor *t = &m->params[i];
+        if (t->trainable) continue;
+        if (t->bytes > INT_MAX) rt_fatal("parameter %s of %" PRIu64 " bytes is too large to send", t->name, t->bytes);
+        MPI_Bcast(arena + t->offset, (int)t->bytes, MPI_BYTE, 0, rt_comm_replicas());
+    }
+}
+
 void rt_comm_gather(const float *send, int count, float *recv) {
     MPI_Gather(send, count, MPI_FLOAT, recv, count, MPI_FLOAT, 0, rt_comm_world());
 }

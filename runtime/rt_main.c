@@ -148,6 +148,7 @@ static bool run(const RtProgram *prog, const RtArgs *args, const RtMeta *meta, R
     rt_trace_start(args->trace != NULL);
 
     if (!rt_train_run(&r, e)) goto out;
+    rt_comm_state_from_replica0(meta, r.arena);
     if (args->trace && !rt_trace_write(args->trace, meta, r.total_steps, e)) goto out;
     if (args->check_replicas) {
         if (!rt_comm_check_replicas(meta, r.arena, e)) goto out;

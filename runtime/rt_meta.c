@@ -168,7 +168,9 @@ static bool get_tensor_list(json_t *root, json_t *prog, const char *key, TensorK
         int k = *n_out;
         if (!get_tensor(o, off, where, kind, m, &(*out)[k], e)) return false;
         *n_out = k + 1; /* counted before anything else can fail, so rt_meta_free frees its name */
-        if (kind == KIND_PARAM && !member(o, "trainable", where, JSON_TRUE, e)) return false;
+        json_t *trainable = kind == KIND_PARAM ? member(o, "trainable", where, JSON_TRUE, e) : NULL;
+        if (kind == KIND_PARAM && !trainable) return false;
+        (*out)[k].trainable = json_is_true(trainable);
         for (int j = 0; j < k; j++)
             if (strcmp((*out)[j].name, (*out)[k].name) == 0)
                 return rt_error(e, BAD "%s: name \"%s\" is used twice", key, (*out)[k].name);
@@ -406,6 +408,9 @@ static bool parse_root(json_t *root, int rank, RtMeta *m, RtErr *e) {
     if (threads > RT_MAX_THREADS)
         return rt_error(e, BAD "\"threads\" is %" PRId64 ", expected at most %d", threads, RT_MAX_THREADS);
     m->threads = (int)threads;
+    json_t *state0 = json_object_get(root, "state_from_replica0");
+    if (state0 && !json_is_boolean(state0)) return rt_error(e, BAD "\"state_from_replica0\" is not a boolean");
+    m->state_from_replica0 = json_is_true(state0);
 
     m->labels = rt_meta_input(m, "labels");
     if (m->loss_kind == RT_LOSS_CE) {

@@ -169,6 +169,7 @@ bool rt_train_run(RtRun *r, RtErr *e) {
         bool last = s == r->total_steps - 1;
         if (r->eval && (i == per_epoch - 1 || last)) {
             RtEvalResult res;
+            rt_comm_state_from_replica0(m, r->arena);
             rt_eval_run(r, last, &res);
             rt_log_eval(&r->log, ep, res.loss, res.has_accuracy, res.accuracy);
         }

@@ -29,6 +29,10 @@ typedef struct TrainOptions {
      * training form) cover the rows of stat_replicas data-parallel replicas
      * (1: each replica's own, as PyTorch DDP); microbatches per step. */
     int stat_replicas, microbatches;
+    /* --bn-stats local: each replica normalises with its own rows'
+     * statistics, as PyTorch DDP without SyncBatchNorm (the driver then
+     * gives stat_replicas 1) */
+    bool bn_local;
 } TrainOptions;
 
 typedef struct TrainGraph {
@@ -41,6 +45,7 @@ typedef struct TrainGraph {
      * position in the global batch, filled by the runtime, and the int64
      * scalar --seed.  NULL when nothing draws a mask. */
     Value *positions, *seed;
+    int n_batch_stats; /* BatchNormalization nodes trained on batch statistics */
     int n_params;
     Value **params; /* float initializers read as weights, and those updated
                        in place as state (running statistics) */

@@ -49,6 +49,11 @@ static const char compile_help[] =
     "                         --schedule) so that the stages work at once\n"
     "                       hybrid: --dp D replicas of a --pp P stage pipeline\n"
     "  --bucket-mb MB       gradient bucket size for dp (default 25, as PyTorch DDP)\n"
+    "  --bn-stats global|local  batch normalisation under dp and hybrid: global (the\n"
+    "                       default) normalises with the statistics of the global\n"
+    "                       batch, summed over the replicas, and trains as one\n"
+    "                       process; local with each replica's own rows', as\n"
+    "                       PyTorch DDP without SyncBatchNorm\n"
     "  --microbatches M     micro-batches per batch (pipeline, hybrid; default 4 per\n"
     "                       stage, or the most below that dividing the batch)\n"
     "  --schedule gpipe|1f1b  gpipe: every forward, then every backward; 1f1b: one\n"
@@ -101,7 +106,7 @@ typedef struct CompileFlags {
 static bool plan_decides(const char *flag) {
     static const char *const names[] = {"--batch", "--loss", "--optimizer", "--lr", "--momentum", "--weight-decay",
                                         "--beta1", "--beta2", "--eps", "--nesterov", "--ranks", "--strategy",
-                                        "--microbatches", "--dp", "--pp", "--schedule", "--stages", "--bucket-mb", "--placement",
+                                        "--microbatches", "--dp", "--pp", "--schedule", "--stages", "--bucket-mb", "--bn-stats", "--placement",
                                         "--balance", "--cluster"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strcmp(flag, names[i]) == 0) return true;
@@ -245,6 +250,11 @@ static int parse_flags(const char *cmd, int argc, char **argv, CompileFlags *f) 
             if (strcmp(a, "--microbatches") == 0) o.microbatches = x;
             else if (strcmp(a, "--dp") == 0) o.dp = x;
             else o.pp = x;
+        } else if (strcmp(a, "--bn-stats") == 0) {
+            NEED_VALUE();
+            if (strcmp(v, "global") && strcmp(v, "local"))
+                status = cli_usage(cmd, "--bn-stats must be global or local, got '%s'", v);
+            t->bn_local = strcmp(v, "local") == 0;
         } else if (strcmp(a, "--placement") == 0) {
             NEED_VALUE();
             if (strcmp(v, "by_replica") && strcmp(v, "by_stage"))

@@ -207,6 +207,7 @@ static bool bn_train_form(GradCtx *c, Node *n) {
                           "per channel, and a batch of this size gives %lld", g->path, n->name, (long long)count);
     c->phase = PHASE_FORWARD;
     c->origin = NULL;
+    c->train->n_batch_stats++;
     Node *st = gb_start(c, "cleave", "BatchNormStats", 1, &X, 1);
     set_group(c, st, count);
     Value *S1 = gb_finish(c, st);
