@@ -11,17 +11,22 @@
 #include "../ops/ops.h"
 
 static const char inspect_help[] =
-    "usage: cleave inspect MODEL.onnx [--batch B] [--format text|json] [--strict]\n"
+    "usage: cleave inspect MODEL.onnx [--batch B] [--loss ce|mse|model] [--format text|json] [--strict]\n"
     "\n"
     "Reads an ONNX model, infers every shape (binding dimension 0 of each input\n"
     "to B when --batch is given), folds constant subgraphs, and prints the model's\n"
     "metadata, inputs and outputs, one row per node (output shapes, parameters,\n"
-    "forward FLOPs), totals, and the ops cleave does not support.\n"
+    "forward FLOPs), totals, and the ops cleave does not support.  It then builds\n"
+    "the training graph as compile does (training forms, the loss, a gradient for\n"
+    "every op between a parameter and the loss) and says whether compile would\n"
+    "accept the model, and warns when the model looks exported in eval mode.\n"
     "\n"
     "  --batch B        bind the batch dimension (default: keep it symbolic;\n"
-    "                   FLOPs are then counted at batch 1)\n"
+    "                   FLOPs are then counted at batch 1, training at batch 2)\n"
+    "  --loss L         the loss the training check builds (default ce, as compile)\n"
     "  --format F       text (default) or json\n"
-    "  --strict         exit 1 when the model uses an unsupported op\n";
+    "  --strict         exit 1 when the model uses an unsupported op or would not\n"
+    "                   train\n";
 
 typedef struct NodeRow {
     const Node *n;
@@ -36,6 +41,9 @@ typedef struct Report {
     NodeRow *rows;
     int64_t params, param_bytes;
     double flops, flops_per_sample;
+    const char *loss;     /* the training check's loss */
+    Diag training;        /* its first error; code 0: compile would accept the model */
+    json_t *warnings;     /* signs of an eval-mode export, one string each */
 } Report;
 
 static json_t *shape_json(const Graph *g, const Value *v) {
@@ -117,6 +125,9 @@ static json_t *report_json(const Report *r) {
                      r->batch ? json_integer(r->batch) : json_null(), "inputs", ins, "outputs", outs, "nodes", nodes,
                      "totals", totals, "unsupported", unsupported_json(g));
     json_object_set_new(root, "no_gradient", no_gradient_json(g));
+    json_object_set_new(root, "training", json_pack("{s:s, s:b, s:s?}", "loss", r->loss, "ok", !r->training.code,
+                                                    "error", r->training.code ? r->training.msg : NULL));
+    json_object_set_new(root, "warnings", json_incref(r->warnings));
     return root;
 }
 
@@ -191,6 +202,66 @@ static void report_text(const Report *r) {
         printf(" (training fails if they lie between a parameter and the loss)\n");
     }
     json_decref(ng);
+    if (r->training.code) printf("training (--loss %s): compile would refuse it: %s\n", r->loss, r->training.msg);
+    else printf("training (--loss %s): compile accepts it\n", r->loss);
+    size_t i;
+    json_t *w;
+    json_array_foreach(r->warnings, i, w) printf("warning: %s\n", json_string_value(w));
+}
+
+/* The training graph compile would build, at one replica: its first error
+ * in r->training. */
+static void check_training(Report *r, const char *model, int64_t batch, LossKind loss) {
+    DriverOptions opt = {.model = model, .batch = batch, .require_supported = true};
+    Graph *g = driver_front_end(&opt, &r->training);
+    if (!g) return;
+    TrainOptions to = {.loss = loss, .optimizer = OPT_SGD, .lr = 0.01f, .replicas = 1};
+    TrainGraph t;
+    if (train_build(g, &to, &t, &r->training)) ir_verify(g, &r->training);
+    graph_free(g);
+}
+
+/* Signs that the model was exported in eval mode: BatchNormalization in
+ * its inference form (frozen statistics), and float initializers that
+ * several nodes read as weights, which an export with constant folding
+ * makes of parameters whose values happen to be equal (they then train as
+ * one). */
+static void eval_mode_warnings(Report *r) {
+    const Graph *g = r->g;
+    int inference_bn = 0;
+    const Node *first_bn = NULL;
+    GRAPH_FOR_NODES(g, n) {
+        bool training = n->n_out > 1 || node_attr_i(n, "training_mode", 0) != 0;
+        if (strcmp(n->op_type, "BatchNormalization") == 0 && !*n->domain && !training && inference_bn++ == 0)
+            first_bn = n;
+    }
+    char buf[1024];
+    if (inference_bn) {
+        snprintf(buf, sizeof buf, "%d BatchNormalization node%s ('%s'%s) in inference form: the model looks exported "
+                 "in eval mode, and would train with frozen statistics; export it with torch.onnx.export(model.train(), "
+                 "..., training=torch.onnx.TrainingMode.TRAINING) (docs/export.md)", inference_bn,
+                 inference_bn > 1 ? "s" : "", first_bn->name, inference_bn > 1 ? ", ..." : "");
+        json_array_append_new(r->warnings, json_string(buf));
+    }
+    for (int i = 0; i < g->n_values; i++) {
+        const Value *v = g->values[i];
+        if (v->kind != VAL_INITIALIZER || !dtype_is_float(v->dtype) || !value_is_trainable(g, v)) continue;
+        int readers = 0;
+        const Node *a = NULL, *b = NULL;
+        GRAPH_FOR_NODES(g, n) {
+            bool reads = false;
+            for (int k = 0; k < n->n_in; k++) reads |= n->in[k] == v;
+            if (!reads) continue;
+            if (readers++ == 0) a = n;
+            else if (!b) b = n;
+        }
+        if (readers < 2) continue;
+        snprintf(buf, sizeof buf, "initializer '%s' is read by %d nodes ('%s', '%s'%s), which train it as one "
+                 "parameter; an export with constant folding merges parameters whose values are equal: unless they "
+                 "are meant to be tied, export with do_constant_folding=False (docs/export.md)", v->name, readers,
+                 a->name, b->name, readers > 2 ? ", ..." : "");
+        json_array_append_new(r->warnings, json_string(buf));
+    }
 }
 
 /* Fills rows from g; FLOPs come from `fg` (the same model at a bound batch). */
@@ -217,7 +288,7 @@ static bool build_report(Report *r, Graph *g, Graph *fg, int64_t flop_batch) {
 }
 
 int cmd_inspect(int argc, char **argv) {
-    const char *model = NULL, *format = "text";
+    const char *model = NULL, *format = "text", *loss = "ce";
     int64_t batch = 0;
     bool strict = false;
     for (int i = 0; i < argc; i++) {
@@ -233,6 +304,11 @@ int cmd_inspect(int argc, char **argv) {
             format = argv[++i];
             if (strcmp(format, "text") && strcmp(format, "json"))
                 return cli_usage("inspect", "unknown format '%s' (text or json)", format);
+        } else if (strcmp(a, "--loss") == 0) {
+            if (i + 1 >= argc) return cli_usage("inspect", "--loss needs ce, mse or model");
+            loss = argv[++i];
+            if (strcmp(loss, "ce") && strcmp(loss, "mse") && strcmp(loss, "model"))
+                return cli_usage("inspect", "--loss must be ce, mse or model, got '%s'", loss);
         } else if (strcmp(a, "--strict") == 0) {
             strict = true;
         } else if (a[0] == '-' && a[1]) {
@@ -257,9 +333,13 @@ int cmd_inspect(int argc, char **argv) {
             return cli_fail(&d);
         }
     }
-    Report r = {.batch = batch};
+    Report r = {.batch = batch, .loss = loss, .warnings = json_array()};
+    check_training(&r, model, batch ? batch : 2,
+                   strcmp(loss, "ce") == 0 ? LOSS_CE : strcmp(loss, "mse") == 0 ? LOSS_MSE : LOSS_MODEL);
     int status = 0;
-    if (!build_report(&r, g, fg, batch ? batch : 1)) {
+    bool built = r.warnings && build_report(&r, g, fg, batch ? batch : 1);
+    if (built) eval_mode_warnings(&r);
+    if (!built) {
         diag_error(&d, DIAG_NOMEM, "%s: out of memory", model);
         status = cli_fail(&d);
     } else if (strcmp(format, "json") == 0) {
@@ -272,7 +352,9 @@ int cmd_inspect(int argc, char **argv) {
     } else {
         report_text(&r);
     }
+    if (!status && strict && r.training.code) status = 1;
     free(r.rows);
+    json_decref(r.warnings);
     if (fg != g) graph_free(fg);
     graph_free(g);
     return status;

@@ -44,6 +44,7 @@ architectures (the sanitizer build runs two).
 
 import argparse
 import copy
+import json
 import os
 import sys
 import warnings
@@ -238,9 +239,51 @@ def check_weights(rep, label, saved, state, start, torch_step_err):
               (label, bound, worst, key), worst <= bound)
 
 
+def inspect_json(cleave, path, *flags):
+    p, _ = harness.run([cleave, "inspect", path, "--format", "json"] + list(flags))
+    if p.returncode:
+        return None, harness.failure([cleave, "inspect", path], p)
+    return json.loads(p.stdout), ""
+
+
+def check_inspect(rep, cleave, name, path, work):
+    """inspect's training check agrees with compile, and its eval-mode
+    warnings fire on eval-mode exports only."""
+    doc, err = inspect_json(cleave, path)
+    if rep.check("%s: inspect runs" % name, doc is not None, err):
+        rep.check("%s: inspect says compile accepts the training export, without warnings" % name,
+                  doc["training"]["ok"] and not doc["warnings"], json.dumps([doc["training"], doc["warnings"]]))
+    if name != "resnet18":
+        return
+    # Eval mode: the exporter folds batch norm into the convolutions before
+    # it, and with constant folding merges parameters of equal values;
+    # batch norm after a ReLU stays, in inference form.
+    nn = torch.nn
+    bn_after_relu = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.BatchNorm2d(8), nn.Flatten(), nn.Linear(8 * 30 * 30, 10))
+    torch.manual_seed(0)
+    for label, model, want in (("resnet18", MODELS[name][0](), "do_constant_folding=False"),
+                               ("conv, relu, batch norm", bn_after_relu, "inference form")):
+        out = os.path.join(work, "eval_%d.onnx" % len(label))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(model.eval(), torch.zeros(2, 3, 32, 32), out, opset_version=13)
+        doc, err = inspect_json(cleave, out)
+        rep.check("%s: inspect of an eval-mode export warns '%s'" % (label, want),
+                  doc is not None and any(want in w for w in doc["warnings"]), err or doc["warnings"])
+    # A loss the output does not fit: inspect says what compile says.
+    doc, err = inspect_json(cleave, path, "--loss", "model")
+    cmd = [cleave, "compile", path, "-o", os.path.join(work, "refused"), "--batch", "2", "--loss", "model"]
+    p, _ = harness.run(cmd)
+    said = p.stderr.strip().replace("cleave: error: ", "")
+    rep.check("%s: inspect --loss model gives compile's error" % name,
+              doc is not None and not doc["training"]["ok"] and p.returncode == 1 and doc["training"]["error"] == said,
+              "inspect %s, compile %r" % (doc and doc["training"], said))
+
+
 def run_model(rep, cleave, name, work):
     path, (ref_losses, state), f32_losses, f32_state, params, lr, has_bn, local = prepare(name, work)
     refs = {"global": (ref_losses, state, f32_losses), "local": local}
+    check_inspect(rep, cleave, name, path, work)
     drift = max(abs(a - b) / abs(b) for a, b in zip(f32_losses, ref_losses))
     worst, key, _ = worst_error(f32_state, state)
     print("%s: PyTorch in float32 against float64: losses up to %.2g apart (relative), weights %.3g of the "
