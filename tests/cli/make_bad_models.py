@@ -309,6 +309,40 @@ def model_cases(outdir):
         helper.make_node("Split", ["x"], ["a", "b"], name="split18_bare", axis=1),
     ], [vi("x", F, [2, 4])], [vi("a", F, None), vi("b", F, None)], opset=18))
 
+    # Training forms of BatchNormalization and Dropout: refused when compiled.
+    save("dropout_mode_input.onnx", model("drop_mode", [
+        helper.make_node("ReduceMax", ["x"], ["mx"], name="max_of_x", keepdims=0),
+        helper.make_node("Greater", ["mx", "zero"], ["mode"], name="mode_from_x"),
+        helper.make_node("Dropout", ["x", "ratio", "mode"], ["y"], name="dropout_mode_fed"),
+    ], [vi("x", F, [2, 3])], [vi("y", F, None)],
+        inits=[const_init("ratio", np.array(0.5, np.float32)), const_init("zero", np.array(0, np.float32))]))
+    save("dropout_ratio_one.onnx", model("drop_all", [
+        helper.make_node("Dropout", ["x", "ratio", "mode"], ["y"], name="dropout_everything"),
+    ], [vi("x", F, [2, 3])], [vi("y", F, None)],
+        inits=[const_init("ratio", np.array(1.0, np.float32)), const_init("mode", np.array(True))]))
+    save("dropout_mask_read.onnx", model("drop_mask", [
+        helper.make_node("Dropout", ["x", "ratio", "mode"], ["d", "mask"], name="dropout_with_mask"),
+        helper.make_node("Cast", ["mask"], ["m"], name="mask_to_float", to=F),
+        helper.make_node("Mul", ["d", "m"], ["y"], name="times_mask"),
+    ], [vi("x", F, [2, 3])], [vi("y", F, None)],
+        inits=[const_init("ratio", np.array(0.5, np.float32)), const_init("mode", np.array(True))]))
+    bn_params = [const_init(n, np.full(3, v, np.float32)) for n, v in
+                 (("scale", 1), ("bias", 0), ("mean", 0), ("var", 1))]
+    save("bn_stats_read.onnx", model("bn_read", [
+        helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"],
+                         ["bn", "rmean", "rvar", "smean", "svar"], name="bn_reads_stats"),
+        helper.make_node("Add", ["bn", "rmean"], ["y"], name="add_running_mean"),
+    ], [vi("x", F, [2, 3])], [vi("y", F, None)], inits=bn_params))
+    save("bn_one_value.onnx", model("bn_one", [
+        helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y"], name="bn_batch_of_one",
+                         training_mode=1),
+    ], [vi("x", F, [1, 3])], [vi("y", F, None)], inits=bn_params, opset=15))
+    save("bn_microbatches.onnx", model("bn_micro", [
+        helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["b"], name="bn_in_pipeline",
+                         training_mode=1),
+        helper.make_node("Relu", ["b"], ["y"], name="relu_after_bn"),
+    ], [vi("x", F, [8, 3])], [vi("y", F, None)], inits=bn_params, opset=15))
+
     # --- dtypes and tensor contents -----------------------------------------
     save("add_float_int64.onnx", model("mixed", [
         helper.make_node("Add", ["a", "b"], ["y"], name="add_mixed"),

@@ -174,6 +174,15 @@ bad() {
   expect 1 "^cleave: error: ${name//./\\.}: $pattern" -- "$CLEAVE" inspect "$name" "$@"
 }
 
+# bad_train NAME PATTERN [FLAGS]: compiling the model for training (--loss
+# mse, batch 2 unless FLAGS say) fails with PATTERN.
+bad_train() {
+  local name=$1 pattern=$2
+  shift 2
+  checked="$checked$name "
+  expect 1 "^cleave: error: ${name//./\\.}: $pattern" -- "$CLEAVE" compile "$name" -o "$OUTP" --loss mse --batch 2 "$@"
+}
+
 if [ ! -x "$PYTHON" ]; then
   gen=127
   echo "SKIP: $PYTHON not found; malformed-input checks skipped"
@@ -257,6 +266,15 @@ if [ "$gen" -eq 0 ]; then
   bad split_parts_count.onnx "node 'split_2_parts_3_outputs' \(Split\): split has 2 parts for 3 outputs"
   bad split_unequal.onnx "node 'split_5_in_halves' \(Split\): axis 1 of length 5 does not split into 2 equal parts"
   bad split_no_num_outputs.onnx "node 'split18_bare' \(Split\): either the split input or attribute 'num_outputs' is required"
+
+  # Training forms, refused by compile (inspect's training check says the same)
+  bad_train dropout_mode_input.onnx "node 'dropout_mode_fed' \(Dropout\): ratio and training_mode must be constant scalars"
+  bad_train dropout_ratio_one.onnx "node 'dropout_everything' \(Dropout\): ratio 1; training needs a ratio in \[0, 1\)"
+  bad_train dropout_mask_read.onnx "node 'dropout_with_mask' \(Dropout\): its mask is read by 'mask_to_float'"
+  bad_train bn_stats_read.onnx "node 'bn_reads_stats' \(BatchNormalization\): output 1 \('rmean'\) is read by add_running_mean"
+  bad_train bn_one_value.onnx "node 'bn_batch_of_one' \(BatchNormalization\): training needs more than one value per channel, and a batch of this size gives 1" --batch 1
+  bad_train bn_microbatches.onnx "node 'bn_in_pipeline' \(BatchNormalization\): batch statistics over micro-batches are not supported yet" \
+    --batch 8 --ranks 2 --strategy pipeline --microbatches 2
 
   # Dtypes and tensor contents
   bad add_float_int64.onnx "node 'add_mixed' \(Add\): input 'b' is int64 but 'a' is float32"

@@ -106,6 +106,44 @@ class TransformerBlock(nn.Module):
         return x + self.fc2(h)
 
 
+class BasicBlock(nn.Module):
+    """ResNet's basic block: two 3x3 convolutions with batch norm, and a
+    1x1 projection on the shortcut when the shape changes."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.short = None
+        if stride != 1 or cin != cout:
+            self.short = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        return F.relu(y + (self.short(x) if self.short is not None else x))
+
+
+class ResNet(nn.Module):
+    """A small ResNet for 28x28 images: a 3x3 stem and three basic blocks
+    of 16, 32 and 64 channels (the last two halving the resolution), global
+    average pooling and a linear classifier."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(1, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        self.layer1 = BasicBlock(16, 16, 1)
+        self.layer2 = BasicBlock(16, 32, 2)
+        self.layer3 = BasicBlock(32, 64, 2)
+        self.fc = nn.Linear(64, 10)
+
+    def forward(self, x):
+        x = self.layer3(self.layer2(self.layer1(self.stem(x))))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
@@ -143,6 +181,14 @@ MODELS = {
         input_name="input",
         output_name="logits",
         description="CNN: 2x (Conv3x3, ReLU, MaxPool2), Linear(784, 10)",
+    ),
+    "resnet": ModelSpec(
+        name="resnet",
+        cls=ResNet,
+        sample_shape=(1, 28, 28),
+        input_name="input",
+        output_name="logits",
+        description="ResNet: 3x3 stem and basic blocks of 16, 32, 64 channels with batch norm, for 28x28 images",
     ),
     "transformer": ModelSpec(
         name="transformer",
