@@ -20,7 +20,10 @@
  * R data-parallel replicas right after the node that computes them
  * (OpDef.replica_sums), so every replica normalises with the statistics
  * of the global batch and dp trains as one process does.  "count" is the
- * number of values per channel the sums then cover.  MI = [mean, 1 /
+ * number of values per channel the sums then cover.  With micro-batches,
+ * each is normalised with its own statistics and the running statistics
+ * are updated once per step from the whole batch's (BatchNormMoment,
+ * docs/pipeline.md).  MI = [mean, 1 /
  * sqrt(var + eps)] ([2, C]) is what the backward pass reads.  The eval
  * step runs BatchNormTrain's inference kernel on the running statistics
  * and skips BatchNormStats.
@@ -99,6 +102,12 @@ static bool infer_bn_grad_stats(OpCtx *c, Node *n) {
     Dim ch = n->in[1]->dims[1];
     set_out(n, 1, DT_FLOAT, 1, &ch);
     set_out(n, 2, DT_FLOAT, 1, &ch);
+    return true;
+}
+
+static bool infer_like_input(OpCtx *c, Node *n) {
+    (void)c;
+    same_as_input(n, 0, 0);
     return true;
 }
 
@@ -197,10 +206,6 @@ static bool bn_train_form(GradCtx *c, Node *n) {
     if (!value_shape_known(X))
         return diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (BatchNormalization): batch statistics need a static "
                           "input shape", g->path, n->name);
-    if (c->microbatches > 1)
-        return diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (BatchNormalization): batch statistics over "
-                          "micro-batches are not supported yet; compile with one micro-batch (strategies single, dp, "
-                          "layer, or --microbatches 1)", g->path, n->name);
     int64_t count = per_channel(X) * c->stat_replicas;
     if (count < 2)
         return diag_error(c->d, DIAG_SHAPE, "%s: node '%s' (BatchNormalization): training needs more than one value "
@@ -229,13 +234,24 @@ static bool bn_train_form(GradCtx *c, Node *n) {
     if (!gb_finish(c, t)) return false;
     n->dead = true;
     /* The running statistics move once per step, with the updates. */
+    /* With micro-batches each normalises with its own statistics, as in
+     * GPipe, and the running statistics take the whole batch's once per
+     * step (torchgpipe's deferred batch norm): the plan sums S1, S2 and
+     * Q = S1^2 / count over the micro-batches, and the whole batch's sum
+     * of squared deviations is sum S2 + sum Q - (sum S1)^2 / (M count). */
+    Value *Q = NULL;
+    if (c->microbatches > 1) {
+        Node *q = gb_start(c, "cleave", "BatchNormMoment", 1, &S1, 1);
+        gb_attr_i(c, q, "count", count);
+        Q = gb_finish(c, q);
+    }
     c->phase = PHASE_OPTIMIZER;
     c->origin = t;
-    Value *upd[4] = {n->in[3], n->in[4], S1, S2};
-    Node *r = gb_start(c, "cleave", "BatchNormRunning", 4, upd, 0);
+    Value *upd[5] = {n->in[3], n->in[4], S1, S2, Q};
+    Node *r = gb_start(c, "cleave", "BatchNormRunning", Q ? 5 : 4, upd, 0);
     /* ONNX's momentum weighs the running value; torch's the batch's. */
     gb_attr_f(c, r, "momentum", 1.0f - node_attr_f(n, "momentum", 0.9f));
-    gb_attr_i(c, r, "count", count);
+    gb_attr_i(c, r, "count", count * c->microbatches);
     gb_finish(c, r);
     c->origin = NULL;
     return !diag_failed(c->d);
@@ -360,6 +376,19 @@ static bool k_bn_stats(Cg *c, const Node *n) {
     return true;
 }
 
+/* Q[ch] = S1[ch]^2 / count, in double: a micro-batch's count * mean^2. */
+static bool k_bn_moment(Cg *c, const Node *n) {
+    const Value *S1 = n->in[0], *Q = n->out[0];
+    double rn = 1.0 / (double)node_attr_i(n, "count", 0);
+    if (!cg_kernel_begin_io(c, n)) return false;
+    CgLoop l;
+    LLVMValueRef ch = cg_for(c, &l, cg_i64(c, S1->dims[0].k)), s = to_d(c, cg_load(c, S1, ch));
+    cg_store(c, Q, ch, to_f(c, f_mul(c, f_mul(c, s, s), const_d(c, rn))));
+    cg_for_end(c, &l);
+    cg_kernel_end(c);
+    return true;
+}
+
 /* The eval step normalises with the running statistics: no sums. */
 static bool k_skip(Cg *c, const Node *n) {
     (void)c;
@@ -403,13 +432,17 @@ static bool k_bn_train(Cg *c, const Node *n) {
 /* running = (1 - m) * running + m * batch, the variance unbiased
  * (count / (count - 1)), in double as torch does; m is torch's momentum. */
 static bool k_bn_running(Cg *c, const Node *n) {
-    const Value *RM = n->in[0], *RV = n->in[1], *S1 = n->in[2], *S2 = n->in[3];
+    const Value *RM = n->in[0], *RV = n->in[1], *S1 = n->in[2], *S2 = n->in[3], *Q = n->n_in > 4 ? n->in[4] : NULL;
     int64_t C = RM->dims[0].k, count = node_attr_i(n, "count", 0);
     double m = node_attr_f(n, "momentum", 0.1f);
     if (!cg_kernel_begin_io(c, n)) return false;
     CgLoop l;
     LLVMValueRef ch = cg_for(c, &l, cg_i64(c, C)), mean, var;
     stats_of(c, S1, S2, ch, count, &mean, &var);
+    if (Q) { /* the micro-batches' deviations about their means, moved to the batch's */
+        LLVMValueRef spread = f_sub(c, to_d(c, cg_load(c, Q, ch)), f_mul(c, f_mul(c, mean, mean), const_d(c, (double)count)));
+        var = cg_max(c, f_add(c, var, f_mul(c, spread, const_d(c, 1.0 / (double)count))), const_d(c, 0));
+    }
     LLVMValueRef unbiased = f_mul(c, var, const_d(c, (double)count / (double)(count - 1)));
     LLVMValueRef keep = const_d(c, 1 - m), take = const_d(c, m);
     cg_store(c, RM, ch, to_f(c, f_add(c, f_mul(c, take, mean), f_mul(c, keep, to_d(c, cg_load(c, RM, ch))))));
@@ -517,6 +550,7 @@ const OpDef op_BatchNormalization = {"BatchNormalization", "", 1, 0, 5, 5, 1, 5,
 const OpDef op_BatchNormGrad = {"BatchNormGrad", "cleave", 1, 0, 5, 5, 3, 3, attrs_bn_grad, (1u << 3) | (1u << 4), infer_bn_grad, NULL, flops_norm_grad, .cg = k_batchnorm_grad};
 const OpDef op_BatchNormStats = {"BatchNormStats", "cleave", 1, 0, 1, 2, 1, 1, attrs_bn_group, 0, infer_bn_stats, NULL, flops_stats, .cg = k_bn_stats, .cg_eval = k_skip, .replica_sums = 1};
 const OpDef op_BatchNormTrain = {"BatchNormTrain", "cleave", 1, 0, 7, 7, 2, 2, attrs_bn_train, (1u << 5) | (1u << 6), infer_bn_train, NULL, flops_norm, .grad = g_bn_train, .cg = k_bn_train, .cg_eval = k_bn_train_eval};
-const OpDef op_BatchNormRunning = {"BatchNormRunning", "cleave", 1, 0, 4, 4, 0, 0, attrs_bn_running, 3, infer_none, NULL, flops_running, .cg = k_bn_running, .mutates_inputs = 3};
+const OpDef op_BatchNormMoment = {"BatchNormMoment", "cleave", 1, 0, 1, 1, 1, 1, attrs_bn_count, 0, infer_like_input, NULL, flops_running, .cg = k_bn_moment, .cg_eval = k_skip};
+const OpDef op_BatchNormRunning = {"BatchNormRunning", "cleave", 1, 0, 4, 5, 0, 0, attrs_bn_running, 3, infer_none, NULL, flops_running, .cg = k_bn_running, .mutates_inputs = 3};
 const OpDef op_BatchNormGradStats = {"BatchNormGradStats", "cleave", 1, 0, 3, 3, 3, 3, attrs_bn_group, 0, infer_bn_grad_stats, NULL, flops_grad_stats, .cg = k_bn_grad_stats, .replica_sums = 1};
 const OpDef op_BatchNormGradInput = {"BatchNormGradInput", "cleave", 1, 0, 5, 5, 1, 1, attrs_bn_count, 0, infer_bn_grad_input, NULL, flops_grad_input, .cg = k_bn_grad_input};

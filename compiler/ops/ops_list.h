@@ -22,6 +22,6 @@ X(ConvGradInput) X(ConvGradWeight) X(ConvGradBias) X(MaxPoolGrad) X(AveragePoolG
  * and Pad (ops_shape.c) */
 X(ClipGrad) X(HardSigmoidGrad) X(HardSwishGrad) X(SliceGrad) X(PadGrad)
 /* batch normalisation's training form (ops_batchnorm.c) */
-X(BatchNormStats) X(BatchNormTrain) X(BatchNormRunning) X(BatchNormGradStats) X(BatchNormGradInput)
+X(BatchNormStats) X(BatchNormTrain) X(BatchNormMoment) X(BatchNormRunning) X(BatchNormGradStats) X(BatchNormGradInput)
 /* dropout's training form (ops_dropout.c) */
 X(DropoutTrain)

@@ -182,6 +182,9 @@ static bool defer_sums(Ctx *c) {
         for (int v = 0; v < nv; v++) {
             const Node *pr = live_producer(g->values[v]);
             if (c->grad[v] && pr && !c->deferred[pr->id]) c->acc[v] = 1;
+            /* a forward value the updates read (batch statistics): summed
+             * over the micro-batches like a gradient, not over replicas */
+            if (!c->grad[v] && pr && pr->phase < PHASE_BACKWARD && opt_readers[v]) c->acc[v] = 1;
         }
     }
     free(readers);
@@ -455,6 +458,12 @@ PlanUnit plan_step_unit(const Plan *p, const PlanStep *st) {
     case STEP_COMPUTE: return st->node->phase >= PHASE_BACKWARD ? UNIT_BACKWARD : UNIT_FORWARD;
     case STEP_SEND:
     case STEP_RECV: return p->xfers[st->xfer].dir == XFER_ACTIVATION ? UNIT_FORWARD : UNIT_BACKWARD;
+    /* batch statistics accumulate, and are allreduced, in the forward pass */
+    case STEP_ACCUMULATE:
+    case STEP_ALLREDUCE: {
+        const Node *pr = st->value->producer;
+        return pr && pr->phase < PHASE_BACKWARD ? UNIT_FORWARD : UNIT_BACKWARD;
+    }
     default: return UNIT_BACKWARD;
     }
 }

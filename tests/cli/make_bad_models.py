@@ -337,11 +337,6 @@ def model_cases(outdir):
         helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y"], name="bn_batch_of_one",
                          training_mode=1),
     ], [vi("x", F, [1, 3])], [vi("y", F, None)], inits=bn_params, opset=15))
-    save("bn_microbatches.onnx", model("bn_micro", [
-        helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["b"], name="bn_in_pipeline",
-                         training_mode=1),
-        helper.make_node("Relu", ["b"], ["y"], name="relu_after_bn"),
-    ], [vi("x", F, [8, 3])], [vi("y", F, None)], inits=bn_params, opset=15))
 
     # --- dtypes and tensor contents -----------------------------------------
     save("add_float_int64.onnx", model("mixed", [

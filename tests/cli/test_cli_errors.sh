@@ -273,8 +273,6 @@ if [ "$gen" -eq 0 ]; then
   bad_train dropout_mask_read.onnx "node 'dropout_with_mask' \(Dropout\): its mask is read by 'mask_to_float'"
   bad_train bn_stats_read.onnx "node 'bn_reads_stats' \(BatchNormalization\): output 1 \('rmean'\) is read by add_running_mean"
   bad_train bn_one_value.onnx "node 'bn_batch_of_one' \(BatchNormalization\): training needs more than one value per channel, and a batch of this size gives 1" --batch 1
-  bad_train bn_microbatches.onnx "node 'bn_in_pipeline' \(BatchNormalization\): batch statistics over micro-batches are not supported yet" \
-    --batch 8 --ranks 2 --strategy pipeline --microbatches 2
 
   # Dtypes and tensor contents
   bad add_float_int64.onnx "node 'add_mixed' \(Add\): input 'b' is int64 but 'a' is float32"

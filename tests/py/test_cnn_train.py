@@ -106,22 +106,45 @@ def make_data(shape, seed=1):
     return x, y
 
 
-def sgd_steps(model, x, y, lr, steps, dtype, replicas=1):
+def deferred_running_stats(model, inputs, momentum):
+    """torchgpipe's deferred batch norm: each BatchNorm's running
+    statistics take one update from the whole batch, its micro-batches'
+    inputs (captured in `inputs`) together."""
+    for bn, xs in inputs.items():
+        x = torch.cat(xs).transpose(0, 1).reshape(bn.num_features, -1)
+        with torch.no_grad():
+            bn.running_mean.mul_(1 - momentum).add_(x.mean(1), alpha=momentum)
+            bn.running_var.mul_(1 - momentum).add_(x.var(1, unbiased=True), alpha=momentum)
+
+
+def sgd_steps(model, x, y, lr, steps, dtype, replicas=1, micro=1):
     """Steps of SGD on batches i*B mod N; the losses before each update.
     With replicas > 1, PyTorch DDP without SyncBatchNorm in one process:
     each replica's rows normalised with their own statistics, the gradients
     and losses averaged, and the running statistics replica 0's (DDP's
-    broadcast_buffers hands them to every replica before each forward)."""
+    broadcast_buffers hands them to every replica before each forward).
+    With micro > 1, GPipe's batch norm: each micro-batch normalised with
+    its own statistics, the gradients summed, the running statistics
+    updated once per step from the whole batch's (deferred_running_stats)."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
+    bns = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    inputs = {bn: [] for bn in bns}
+    hooks = [bn.register_forward_pre_hook(lambda m, a: inputs[m].append(a[0].detach())) for bn in bns] \
+        if micro > 1 else []
     losses = []
-    rows = BATCH // replicas
+    parts = replicas * micro
+    rows = BATCH // parts
     for s in range(steps):
         i = (s * BATCH) % N_ROWS
         opt.zero_grad()
         total, buffers = 0.0, None
-        for r in range(replicas):
+        for bn in bns:
+            inputs[bn].clear()
+            if micro > 1:
+                bn.momentum = 0.0  # running statistics wait for the whole batch
+        for r in range(parts):
             lo = i + r * rows
-            loss = torch.nn.functional.cross_entropy(model(x[lo:lo + rows].to(dtype)), y[lo:lo + rows]) / replicas
+            loss = torch.nn.functional.cross_entropy(model(x[lo:lo + rows].to(dtype)), y[lo:lo + rows]) / parts
             loss.backward()
             total += loss.item()
             if r == 0:
@@ -129,9 +152,23 @@ def sgd_steps(model, x, y, lr, steps, dtype, replicas=1):
         if replicas > 1:
             for k, v in model.named_buffers():
                 v.copy_(buffers[k])
+        if micro > 1:
+            for bn in bns:
+                bn.momentum = 0.1
+            deferred_running_stats(model, inputs, 0.1)
         opt.step()
         losses.append(total)
+    for h in hooks:
+        h.remove()
     return losses
+
+
+def reference(model, x, y, lr, **split):
+    """(float64 losses, float64 state, float32 losses) of a copy of model."""
+    ref, f32 = copy.deepcopy(model).double(), copy.deepcopy(model)
+    losses = sgd_steps(ref, x, y, lr, STEPS, torch.float64, **split)
+    return (losses, {k: v.numpy() for k, v in ref.state_dict().items() if v.is_floating_point()},
+            sgd_steps(f32, x, y, lr, STEPS, torch.float32, **split))
 
 
 def prepare(name, work):
@@ -161,24 +198,22 @@ def prepare(name, work):
     state = {k: v.numpy() for k, v in ref.state_dict().items() if v.is_floating_point()}
     f32_state = {k: v.numpy() for k, v in model.state_dict().items() if v.is_floating_point()}
     params = {k for k, _ in model.named_parameters()}
-    local = None
-    if has_bn:  # dp 2 with --bn-stats local: DDP without SyncBatchNorm
-        ref = copy.deepcopy(warm).double()
-        local = (sgd_steps(ref, x, y, lr, STEPS, torch.float64, replicas=2),
-                 {k: v.numpy() for k, v in ref.state_dict().items() if v.is_floating_point()},
-                 sgd_steps(warm, x, y, lr, STEPS, torch.float32, replicas=2))
-    return path, (ref_losses, state), f32_losses, f32_state, params, lr, has_bn, local
+    local = micro = None
+    if has_bn:  # dp 2 with --bn-stats local: DDP without SyncBatchNorm; a pipeline's micro-batches
+        local, micro = (reference(warm, x, y, lr, replicas=2), reference(warm, x, y, lr, micro=2))
+    return path, (ref_losses, state), f32_losses, f32_state, params, lr, has_bn, local, micro
 
 
 def strategies(has_bn):
     """(label, ranks, flags, reference): "global" the one process's
-    float64 run, "local" DDP's without SyncBatchNorm."""
+    float64 run, "local" DDP's without SyncBatchNorm, "micro" GPipe's batch
+    norm over 2 micro-batches."""
     out = [("single", 1, [], "global"), ("dp2", 2, ["--ranks", "2", "--strategy", "dp"], "global"),
            ("layer2", 2, ["--ranks", "2", "--strategy", "layer"], "global")]
+    pipeline = ["--ranks", "2", "--strategy", "pipeline", "--microbatches", "2"]
     if has_bn:
         out.append(("dp2_bn_local", 2, ["--ranks", "2", "--strategy", "dp", "--bn-stats", "local"], "local"))
-    else:
-        out.append(("pipeline2", 2, ["--ranks", "2", "--strategy", "pipeline", "--microbatches", "2"], "global"))
+    out.append(("pipeline2", 2, pipeline, "micro" if has_bn else "global"))
     return out
 
 
@@ -281,8 +316,8 @@ def check_inspect(rep, cleave, name, path, work):
 
 
 def run_model(rep, cleave, name, work):
-    path, (ref_losses, state), f32_losses, f32_state, params, lr, has_bn, local = prepare(name, work)
-    refs = {"global": (ref_losses, state, f32_losses), "local": local}
+    path, (ref_losses, state), f32_losses, f32_state, params, lr, has_bn, local, micro = prepare(name, work)
+    refs = {"global": (ref_losses, state, f32_losses), "local": local, "micro": micro}
     check_inspect(rep, cleave, name, path, work)
     drift = max(abs(a - b) / abs(b) for a, b in zip(f32_losses, ref_losses))
     worst, key, _ = worst_error(f32_state, state)
