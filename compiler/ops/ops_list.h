@@ -2,8 +2,8 @@
  * op_<name> defined in one of the ops_*.c files; ops.c builds the lookup
  * table from this list and ops_families.h declares the entries from it. */
 X(Abs) X(Add) X(And) X(AveragePool) X(BatchNormalization) X(Cast) X(CastLike)
-X(Clip) X(Concat) X(Constant) X(ConstantOfShape) X(Conv) X(Div) X(Dropout)
-X(Equal) X(Erf) X(Exp) X(Expand) X(Flatten) X(Gather) X(Gemm)
+X(Clip) X(Concat) X(Constant) X(ConstantOfShape) X(Conv) X(ConvTranspose) X(Div)
+X(Dropout) X(Equal) X(Erf) X(Exp) X(Expand) X(Flatten) X(Gather) X(Gemm)
 X(GlobalAveragePool) X(Greater) X(GreaterOrEqual) X(HardSigmoid) X(HardSwish)
 X(Identity) X(LayerNormalization) X(LeakyRelu) X(Less) X(LessOrEqual) X(Log)
 X(LogSoftmax) X(MatMul) X(Max) X(MaxPool) X(Min) X(Mod) X(Mul) X(Neg) X(Not)
