@@ -20,6 +20,12 @@ void set_out_unknown(Node *n, int k, DType t, int rank);
 /* Output k takes input i's dtype and shape. */
 void same_as_input(Node *n, int k, int i);
 
+/* Shape rule of the gradient ops that scatter dy (input 0) back into a
+ * tensor of the forward input's shape, given as the "shape" attribute
+ * (cleave.SliceGrad, cleave.ResizeGrad): output 0 has that shape and dy's
+ * dtype. */
+bool infer_shape_attr(OpCtx *c, Node *n);
+
 /* Input i is present and constant. */
 bool in_const(const Node *n, int i);
 /* Reads constant integer input i (concrete elements only) into buf.

@@ -162,7 +162,8 @@ static bool convt_check_attrs(OpCtx *c, const Node *n, int nsp) {
         int64_t op = attr_at(n, "output_padding", j, 0), s = attr_at(n, "strides", j, 1),
                 d = attr_at(n, "dilations", j, 1);
         if (op >= s && op >= d)
-            return op_error(c, n, "output_padding %lld on spatial axis %d is not below its stride %lld or dilation %lld",
+            return op_error(c, n,
+                            "output_padding %lld on spatial axis %d is not below its stride %lld or dilation %lld",
                             (long long)op, j, (long long)s, (long long)d);
     }
     return true;
@@ -459,10 +460,6 @@ static LLVMValueRef in_pos(Cg *c, const Win *w, int j, LLVMValueRef o, LLVMValue
 }
 
 
-/* v[i] += x */
-static void add_to(Cg *c, const Value *v, LLVMValueRef i, LLVMValueRef x) {
-    cg_store(c, v, i, f_add(c, cg_load(c, v, i), x));
-}
 
 /* sum over t < len of a[ab + t] * b[bb + t*bs], or of a[ab + t] alone when
  * b is NULL, len known at run time.  When both run contiguously the sum

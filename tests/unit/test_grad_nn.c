@@ -157,6 +157,86 @@ START_TEST(conv_auto_pad_and_ranks) {
 }
 END_TEST
 
+/* ---- Resize and Upsample ---- */
+
+/* A 1-D constant of n values: Resize's scales (float32) or sizes (int64). */
+static Value *nn_const(GradCase *k, const char *name, DType t, int n, const double *x) {
+    Value *v = graph_add_value(k->g, name);
+    v->kind = VAL_CONSTANT;
+    v->dtype = v->file_dtype = t;
+    v->rank = 1;
+    v->dims[0] = dim_const(n);
+    v->konst = const_new(k->g, dtype_store(t), n);
+    ck_assert_ptr_nonnull(v->konst);
+    for (int i = 0; i < n; i++) const_set_f(v->konst, i, x[i]);
+    return v;
+}
+
+typedef struct ResizeSpec {
+    const char *op; /* Resize (opset 13 form) or Upsample (opset 9 form) */
+    int rank;
+    const int64_t *x;
+    int n;                       /* entries of scales or sizes */
+    const double *scales, *sizes; /* one of them */
+    const char *mode, *coord, *nearest, *policy; /* NULL: attribute absent */
+    const int64_t *axes;
+} ResizeSpec;
+
+#define F(...) ((double[]){__VA_ARGS__})
+
+static void resize_case(const ResizeSpec *rs) {
+    GradCase k;
+    grad_case_init(&k, &rules);
+    bool upsample = strcmp(rs->op, "Upsample") == 0;
+    Value *in[4] = {grad_param(&k, "X", rs->rank, rs->x), NULL, NULL, NULL};
+    int slot = upsample ? 1 : rs->sizes ? 3 : 2;
+    in[slot] = rs->sizes ? nn_const(&k, "sizes", DT_INT64, rs->n, rs->sizes)
+                         : nn_const(&k, "scales", DT_FLOAT, rs->n, rs->scales);
+    Node *n = grad_node(&k, rs->op, slot + 1, in);
+    if (rs->mode) nn_attr_s(n, "mode", rs->mode);
+    if (rs->coord) nn_attr_s(n, "coordinate_transformation_mode", rs->coord);
+    if (rs->nearest) nn_attr_s(n, "nearest_mode", rs->nearest);
+    if (rs->policy) nn_attr_s(n, "keep_aspect_ratio_policy", rs->policy);
+    if (rs->axes) gb_attr_ints(&k.gc, n, "axes", rs->axes, rs->n);
+    grad_check(&k, grad_finish(&k, n), 2e-2);
+}
+
+/* As torch exports nn.Upsample(scale_factor=2) (nearest, asymmetric,
+ * floor) and F.interpolate(bilinear) with align_corners False (half_pixel)
+ * and True: nearest scatters dY onto the source elements, linear adds it
+ * with the weights. */
+START_TEST(resize_scale_2) {
+    resize_case(&(ResizeSpec){"Resize", 4, D(2, 3, 4, 5), 4, F(1, 1, 2, 2), NULL, "nearest", "asymmetric", "floor"});
+    resize_case(&(ResizeSpec){"Resize", 4, D(2, 3, 4, 5), 4, F(1, 1, 2, 2), NULL, "linear", "half_pixel"});
+    resize_case(&(ResizeSpec){"Resize", 4, D(1, 2, 3, 4), 4, F(1, 1, 2, 2), NULL, "linear", "align_corners"});
+}
+END_TEST
+
+/* Scales that are not integers, enlarging one axis and shrinking the
+ * other; sizes (pytorch_half_pixel, as F.interpolate(size=...) exports);
+ * opset 18's axes and keep_aspect_ratio_policy; trilinear on 3 axes. */
+START_TEST(resize_fractional_scales_and_sizes) {
+    resize_case(&(ResizeSpec){"Resize", 4, D(2, 2, 4, 5), 4, F(1, 1, 1.5, 0.6), NULL, "linear", "half_pixel"});
+    resize_case(&(ResizeSpec){"Resize", 4, D(2, 2, 4, 5), 4, F(1, 1, 1.7, 0.75), NULL, "nearest", "half_pixel",
+                              "round_prefer_floor"});
+    resize_case(&(ResizeSpec){"Resize", 4, D(1, 2, 5, 4), 4, F(1, 1, 2.5, 1.25), NULL, "linear", "align_corners"});
+    resize_case(&(ResizeSpec){"Resize", 4, D(2, 2, 4, 4), 4, NULL, F(2, 2, 5, 7), "linear", "pytorch_half_pixel"});
+    resize_case(&(ResizeSpec){"Resize", 4, D(1, 2, 3, 4), 2, NULL, F(7, 5), "nearest", "half_pixel", "round_prefer_ceil",
+                              NULL, D(3, 2)});
+    resize_case(&(ResizeSpec){"Resize", 4, D(1, 2, 3, 4), 2, NULL, F(5, 5), "linear", "half_pixel_symmetric", NULL,
+                              "not_larger", D(2, 3)});
+    resize_case(&(ResizeSpec){"Resize", 5, D(1, 2, 3, 2, 3), 5, F(1, 1, 2, 1.5, 2), NULL, "linear", "asymmetric"});
+}
+END_TEST
+
+/* Upsample (opset 7 to 9): asymmetric coordinates, rounding down. */
+START_TEST(upsample_nearest_and_linear) {
+    resize_case(&(ResizeSpec){"Upsample", 4, D(2, 3, 3, 4), 4, F(1, 1, 2, 3), NULL, "nearest"});
+    resize_case(&(ResizeSpec){"Upsample", 4, D(2, 3, 3, 4), 4, F(1, 1, 2, 1.5), NULL, "linear"});
+    resize_case(&(ResizeSpec){"Upsample", 3, D(2, 3, 5), 3, F(1, 1, 2.5), NULL, "nearest"});
+}
+END_TEST
+
 typedef struct PoolSpec {
     const char *op;
     int rank;
@@ -514,6 +594,9 @@ int main(void) {
     tcase_add_test(tc, conv_transpose_stride_padding_groups);
     tcase_add_test(tc, conv_transpose_ranks_dilation_output_shape);
     tcase_add_test(tc, conv_dilation);
+    tcase_add_test(tc, resize_scale_2);
+    tcase_add_test(tc, resize_fractional_scales_and_sizes);
+    tcase_add_test(tc, upsample_nearest_and_linear);
     tcase_add_test(tc, conv_auto_pad_and_ranks);
     tcase_add_test(tc, maxpool_padding_stride);
     tcase_add_test(tc, averagepool_count_include_pad);
