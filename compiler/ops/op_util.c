@@ -55,7 +55,12 @@ bool infer_shape_attr(OpCtx *c, Node *n) {
     return true;
 }
 
-bool in_const(const Node *n, int i) { return i < n->n_in && n->in[i] && value_is_const(n->in[i]); }
+bool in_const(const Node *n, int i) {
+    if (i >= n->n_in || !n->in[i]) return false;
+    const Value *v = n->in[i];
+    bool const_slot = v->kind == VAL_INITIALIZER && v->konst && i < 32 && n->def && (n->def->const_inputs >> i) & 1;
+    return value_is_const(v) || const_slot;
+}
 
 int in_ints(const Node *n, int i, int64_t *buf, int max) {
     if (!in_const(n, i)) return -1;

@@ -26,7 +26,8 @@ void same_as_input(Node *n, int k, int i);
  * dtype. */
 bool infer_shape_attr(OpCtx *c, Node *n);
 
-/* Input i is present and constant. */
+/* Input i is present and constant (a float initializer counts in the
+ * op's const_inputs slots). */
 bool in_const(const Node *n, int i);
 /* Reads constant integer input i (concrete elements only) into buf.
  * Returns the element count, -1 if not constant/not concrete, -2 if it has

@@ -520,6 +520,6 @@ static const AttrSpec attrs_resize_grad[] = {{"mode", ATTR_STRING, .required = t
                                              {"shape", ATTR_INTS, .required = true},
                                              {0}};
 
-const OpDef op_Resize = {"Resize", "", 10, 0, 1, 4, 1, 1, attrs_resize, 0, infer_resize, NULL, NULL, .grad = g_resize, .cg = k_resize};
-const OpDef op_Upsample = {"Upsample", "", 7, 9, 1, 2, 1, 1, attrs_upsample, 0, infer_resize, NULL, NULL, .grad = g_resize, .cg = k_resize};
+const OpDef op_Resize = {"Resize", "", 10, 0, 1, 4, 1, 1, attrs_resize, 0, infer_resize, NULL, NULL, .grad = g_resize, .cg = k_resize, .const_inputs = 6};
+const OpDef op_Upsample = {"Upsample", "", 7, 9, 1, 2, 1, 1, attrs_upsample, 0, infer_resize, NULL, NULL, .grad = g_resize, .cg = k_resize, .const_inputs = 2};
 const OpDef op_ResizeGrad = {"ResizeGrad", "cleave", 1, 0, 1, 1, 1, 1, attrs_resize_grad, 0, infer_resize_grad, NULL, NULL, .cg = k_resize_grad};

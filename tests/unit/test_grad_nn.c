@@ -159,10 +159,11 @@ END_TEST
 
 /* ---- Resize and Upsample ---- */
 
-/* A 1-D constant of n values: Resize's scales (float32) or sizes (int64). */
-static Value *nn_const(GradCase *k, const char *name, DType t, int n, const double *x) {
+/* A 1-D constant (or initializer) of n values: Resize's scales (float32)
+ * or sizes (int64). */
+static Value *nn_const(GradCase *k, const char *name, ValueKind kind, DType t, int n, const double *x) {
     Value *v = graph_add_value(k->g, name);
-    v->kind = VAL_CONSTANT;
+    v->kind = kind;
     v->dtype = v->file_dtype = t;
     v->rank = 1;
     v->dims[0] = dim_const(n);
@@ -180,6 +181,7 @@ typedef struct ResizeSpec {
     const double *scales, *sizes; /* one of them */
     const char *mode, *coord, *nearest, *policy; /* NULL: attribute absent */
     const int64_t *axes;
+    bool initializer; /* the scales are a float initializer, not a Constant */
 } ResizeSpec;
 
 #define F(...) ((double[]){__VA_ARGS__})
@@ -190,8 +192,9 @@ static void resize_case(const ResizeSpec *rs) {
     bool upsample = strcmp(rs->op, "Upsample") == 0;
     Value *in[4] = {grad_param(&k, "X", rs->rank, rs->x), NULL, NULL, NULL};
     int slot = upsample ? 1 : rs->sizes ? 3 : 2;
-    in[slot] = rs->sizes ? nn_const(&k, "sizes", DT_INT64, rs->n, rs->sizes)
-                         : nn_const(&k, "scales", DT_FLOAT, rs->n, rs->scales);
+    in[slot] = rs->sizes ? nn_const(&k, "sizes", VAL_CONSTANT, DT_INT64, rs->n, rs->sizes)
+                         : nn_const(&k, "scales", rs->initializer ? VAL_INITIALIZER : VAL_CONSTANT, DT_FLOAT, rs->n,
+                                    rs->scales);
     Node *n = grad_node(&k, rs->op, slot + 1, in);
     if (rs->mode) nn_attr_s(n, "mode", rs->mode);
     if (rs->coord) nn_attr_s(n, "coordinate_transformation_mode", rs->coord);
@@ -229,9 +232,13 @@ START_TEST(resize_fractional_scales_and_sizes) {
 }
 END_TEST
 
-/* Upsample (opset 7 to 9): asymmetric coordinates, rounding down. */
+/* Upsample (opset 7 to 9): asymmetric coordinates, rounding down.  Scales
+ * held in a float initializer (as some exporters store them) are a
+ * constant operand, not a parameter to train. */
 START_TEST(upsample_nearest_and_linear) {
     resize_case(&(ResizeSpec){"Upsample", 4, D(2, 3, 3, 4), 4, F(1, 1, 2, 3), NULL, "nearest"});
+    resize_case(&(ResizeSpec){"Upsample", 4, D(1, 2, 3, 4), 4, F(1, 1, 2, 2), NULL, "nearest", .initializer = true});
+    resize_case(&(ResizeSpec){"Resize", 4, D(1, 2, 3, 4), 4, F(1, 1, 2, 2), NULL, "linear", .initializer = true});
     resize_case(&(ResizeSpec){"Upsample", 4, D(2, 3, 3, 4), 4, F(1, 1, 2, 1.5), NULL, "linear"});
     resize_case(&(ResizeSpec){"Upsample", 3, D(2, 3, 5), 3, F(1, 1, 2.5), NULL, "nearest"});
 }
