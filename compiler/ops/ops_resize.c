@@ -441,7 +441,7 @@ static bool rs_kernel(Cg *c, const Node *n, const ResizeSpec *s, const Value *x,
                 continue;
             }
             LLVMValueRef e = cg_mul(c, cg_add(c, o, cg_i64(c, m.first[k])), 2);
-            for (int t = 0; t < 2; t++) {
+            for (int t = 0; t < at.corners; t++) {
                 LLVMValueRef et = cg_add(c, e, cg_i64(c, t));
                 at.off[k][t] = cg_table_get(c, m.off, c->t_i64, et);
                 at.w[k][t] = cg_table_get(c, m.wt, c->t_f32, et);
