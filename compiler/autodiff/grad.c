@@ -71,6 +71,14 @@ void gb_attr_ints(GradCtx *c, Node *n, const char *name, const int64_t *v, int c
     a->n = count;
 }
 
+void gb_attr_floats(GradCtx *c, Node *n, const char *name, const float *v, int count) {
+    Attr *a = new_attr(c, n, name, ATTR_FLOATS);
+    if (!a) return;
+    a->floats = ARENA_ARRAY(&c->g->arena, float, count ? count : 1);
+    if (a->floats) memcpy(a->floats, v, sizeof *v * (size_t)count);
+    a->n = count;
+}
+
 void gb_attr_s(GradCtx *c, Node *n, const char *name, const char *v) {
     Attr *a = new_attr(c, n, name, ATTR_STRING);
     if (a) a->s = arena_strdup(&c->g->arena, v);

@@ -29,6 +29,7 @@ Node *gb_start(GradCtx *c, const char *domain, const char *op, int n_in, Value *
 void gb_attr_i(GradCtx *c, Node *n, const char *name, int64_t v);
 void gb_attr_f(GradCtx *c, Node *n, const char *name, float v);
 void gb_attr_ints(GradCtx *c, Node *n, const char *name, const int64_t *v, int count);
+void gb_attr_floats(GradCtx *c, Node *n, const char *name, const float *v, int count);
 void gb_attr_s(GradCtx *c, Node *n, const char *name, const char *v);
 Value *gb_finish(GradCtx *c, Node *n);
 

@@ -59,7 +59,8 @@ int cmd_ops(int argc, char **argv) {
         const OpDef *d = t[i];
         if (md) printf("| %s%s%s | ", d->domain, *d->domain ? "." : "", d->name);
         else printf("%-20s opset ", d->name);
-        print_range(d->since, d->until ? d->until : 1 << 16, "+");
+        if (d->until) print_range(d->since, d->until, "-");
+        else printf("%d+", d->since);
         printf(md ? " | " : "  in ");
         print_range(d->min_in, d->max_in, "..");
         printf(md ? " | " : "  out ");

@@ -95,6 +95,10 @@ LLVMValueRef cg_select_gt0(Cg *c, LLVMValueRef cond_x, LLVMValueRef a, LLVMValue
 LLVMValueRef cg_max(Cg *c, LLVMValueRef a, LLVMValueRef b);
 /* A stack slot in the current function's entry block. */
 LLVMValueRef cg_alloca(Cg *c, LLVMTypeRef t);
+/* A read-only array in the module holding `bytes` bytes of data (tables a
+ * kernel computed at compile time), and element i of it as type t. */
+LLVMValueRef cg_table(Cg *c, const void *data, size_t bytes);
+LLVMValueRef cg_table_get(Cg *c, LLVMValueRef table, LLVMTypeRef t, LLVMValueRef i);
 /* Vector dot product of K contiguous floats of a and b. */
 LLVMValueRef cg_dot(Cg *c, const Value *a, LLVMValueRef abase, const Value *b, LLVMValueRef bbase, int64_t K);
 /* Sum over K contiguous floats of a (from abase) of a*b, a, a^2 or |a|,

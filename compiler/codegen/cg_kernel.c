@@ -407,6 +407,21 @@ LLVMValueRef cg_alloca(Cg *c, LLVMTypeRef t) {
     return a;
 }
 
+LLVMValueRef cg_table(Cg *c, const void *data, size_t bytes) {
+    LLVMValueRef init = LLVMConstStringInContext(c->ctx, data, (unsigned)bytes, 1);
+    LLVMValueRef gv = LLVMAddGlobal(c->mod, LLVMTypeOf(init), "table");
+    LLVMSetInitializer(gv, init);
+    LLVMSetGlobalConstant(gv, 1);
+    LLVMSetLinkage(gv, LLVMPrivateLinkage);
+    LLVMSetUnnamedAddr(gv, 1);
+    LLVMSetAlignment(gv, 8);
+    return gv;
+}
+
+LLVMValueRef cg_table_get(Cg *c, LLVMValueRef table, LLVMTypeRef t, LLVMValueRef i) {
+    return LLVMBuildLoad2(c->b, t, LLVMBuildInBoundsGEP2(c->b, t, table, &i, 1, ""), "");
+}
+
 /* Term k of a row sum: a[k] * b[k], a[k], a[k]^2 or |a[k]| (vectors or
  * scalars alike). */
 static LLVMValueRef sum_term(Cg *c, CgSumKind kind, LLVMValueRef a, LLVMValueRef b) {

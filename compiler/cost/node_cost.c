@@ -12,7 +12,7 @@ double cost_node_flops(const Node *n) {
 static bool is_weight_slot(const Node *n, int i) {
     const Value *v = n->in[i];
     if (!v || v->kind != VAL_INITIALIZER || !dtype_is_float(v->dtype)) return false;
-    return !(n->def && i < 32 && (n->def->state_inputs >> i) & 1);
+    return !(n->def && i < 32 && ((n->def->state_inputs | n->def->const_inputs) >> i) & 1);
 }
 
 int64_t cost_node_params(const Node *n, bool *seen, int64_t *bytes) {

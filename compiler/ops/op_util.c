@@ -45,7 +45,22 @@ void same_as_input(Node *n, int k, int i) {
     set_out(n, k, x->dtype, x->rank, x->dims);
 }
 
-bool in_const(const Node *n, int i) { return i < n->n_in && n->in[i] && value_is_const(n->in[i]); }
+bool infer_shape_attr(OpCtx *c, Node *n) {
+    const int64_t *shape;
+    int r = node_attr_ints(n, "shape", &shape);
+    if (r != n->in[0]->rank) return op_error(c, n, "shape has %d entries for rank %d", r, n->in[0]->rank);
+    Dim out[MAX_RANK];
+    for (int j = 0; j < r; j++) out[j] = dim_const(shape[j]);
+    set_out(n, 0, n->in[0]->dtype, r, out);
+    return true;
+}
+
+bool in_const(const Node *n, int i) {
+    if (i >= n->n_in || !n->in[i]) return false;
+    const Value *v = n->in[i];
+    bool const_slot = v->kind == VAL_INITIALIZER && v->konst && i < 32 && n->def && (n->def->const_inputs >> i) & 1;
+    return value_is_const(v) || const_slot;
+}
 
 int in_ints(const Node *n, int i, int64_t *buf, int max) {
     if (!in_const(n, i)) return -1;

@@ -20,7 +20,14 @@ void set_out_unknown(Node *n, int k, DType t, int rank);
 /* Output k takes input i's dtype and shape. */
 void same_as_input(Node *n, int k, int i);
 
-/* Input i is present and constant. */
+/* Shape rule of the gradient ops that scatter dy (input 0) back into a
+ * tensor of the forward input's shape, given as the "shape" attribute
+ * (cleave.SliceGrad, cleave.ResizeGrad): output 0 has that shape and dy's
+ * dtype. */
+bool infer_shape_attr(OpCtx *c, Node *n);
+
+/* Input i is present and constant (a float initializer counts in the
+ * op's const_inputs slots). */
 bool in_const(const Node *n, int i);
 /* Reads constant integer input i (concrete elements only) into buf.
  * Returns the element count, -1 if not constant/not concrete, -2 if it has

@@ -86,6 +86,10 @@ typedef struct OpDef {
      * train step.  A rule that emits nothing leaves the node out of the
      * eval step. */
     bool (*cg_eval)(Cg *c, const Node *n);
+    /* Input slots the shape rule reads at compile time (Resize's roi and
+     * scales): bit i = input i.  A float initializer there is a constant
+     * operand, not a trainable weight. */
+    uint32_t const_inputs;
     /* Bit k: output k is a sum over this replica's rows that the plan sums
      * over the replicas of the stage (STEP_ALLREDUCE, right after the
      * node) when the node's "replicas" attribute is above 1: batch

@@ -1,6 +1,6 @@
 /* ops_cg.h - small code-generation helpers the kernels of the layer ops
- * (ops_nn.c, ops_batchnorm.c) share: nested loops and float32 arithmetic
- * on LLVM values. */
+ * (ops_nn.c, ops_batchnorm.c, ops_resize.c) share: nested loops and
+ * float32 arithmetic on LLVM values. */
 #ifndef CLEAVE_OPS_CG_H
 #define CLEAVE_OPS_CG_H
 
@@ -30,6 +30,11 @@ static inline LLVMValueRef f_sub(Cg *c, LLVMValueRef a, LLVMValueRef b) { return
 static inline LLVMValueRef f_mul(Cg *c, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFMul(c->b, a, b, ""); }
 static inline LLVMValueRef f_div(Cg *c, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFDiv(c->b, a, b, ""); }
 static inline LLVMValueRef load_f(Cg *c, LLVMValueRef slot) { return LLVMBuildLoad2(c->b, c->t_f32, slot, ""); }
+
+/* v[i] += x */
+static inline void add_to(Cg *c, const Value *v, LLVMValueRef i, LLVMValueRef x) {
+    cg_store(c, v, i, f_add(c, cg_load(c, v, i), x));
+}
 
 /* 1 / sqrt(var + eps) in float32. */
 static inline LLVMValueRef inv_std(Cg *c, LLVMValueRef var, float eps) {

@@ -1,8 +1,9 @@
-/* ops_nn.c - convolution, pooling and normalisation layers (NCHW): shape
- * rules, forward kernels, gradient rules, and the internal ops of domain
- * "cleave" those gradients are built from (ConvGradInput, ConvGradWeight,
- * ConvGradBias, MaxPoolGrad, AveragePoolGrad, LayerNormGrad).  Batch
- * normalisation is in ops_batchnorm.c.  Forward and gradient kernels walk the same window
+/* ops_nn.c - convolution (and its transpose), pooling and normalisation
+ * layers (NCHW): shape rules, forward kernels, gradient rules, and the
+ * internal ops of domain "cleave" those gradients are built from
+ * (ConvGradInput, ConvGradWeight, ConvGradBias, MaxPoolGrad,
+ * AveragePoolGrad, LayerNormGrad).  Batch normalisation is in
+ * ops_batchnorm.c.  Forward and gradient kernels walk the same window
  * geometry, so they live together. */
 #include <math.h>
 #include <string.h>
@@ -101,15 +102,166 @@ static bool infer_conv(OpCtx *c, Node *n) {
     return true;
 }
 
-/* 2 * Cin/group * prod(kernel) per output element, plus the bias. */
-static double flops_conv(const Node *n) {
-    const Value *w = n->in[1];
-    int64_t y = value_numel(n->out[0]);
-    if (y < 0 || !value_shape_known(w)) return 0;
+/* A multiply and an add for every element of a (a convolution's output,
+ * or a transposed convolution's input) and every filter element of one
+ * channel of w (w's dims after the first). */
+static double conv_flops(const Value *a, const Value *w) {
+    int64_t e = value_numel(a);
+    if (e < 0 || !value_shape_known(w)) return 0;
     double per = 1;
     for (int i = 1; i < w->rank; i++) per *= (double)w->dims[i].k;
-    return 2 * per * (double)y + ((n->n_in > 2 && n->in[2]) ? (double)y : 0);
+    return 2 * per * (double)e;
 }
+
+/* One add per output element when node n (Conv, ConvTranspose) has a bias. */
+static double bias_flops(const Node *n) {
+    int64_t y = value_numel(n->out[0]);
+    return n->n_in > 2 && n->in[2] && y > 0 ? (double)y : 0;
+}
+
+static double flops_conv(const Node *n) { return conv_flops(n->out[0], n->in[1]) + bias_flops(n); }
+
+/* ---- ConvTranspose ----
+ *
+ * X [N, C, spatial], W [C, M/group, kernel], B [M] -> Y [N, M, spatial'].
+ * Y is the input gradient of the convolution of Y by W whose output has
+ * X's shape, so the kernel and the gradients are Conv's (see
+ * k_conv_transpose and g_conv_transpose). */
+
+/* An entry of an integer list attribute, or dflt when the list is absent. */
+static int64_t attr_at(const Node *n, const char *name, int j, int64_t dflt) {
+    const int64_t *v;
+    return node_attr_ints(n, name, &v) > j ? v[j] : dflt;
+}
+
+/* The per-axis attributes have one entry per spatial axis (two for pads),
+ * within the bounds the window arithmetic allows; output_padding is below
+ * its axis's stride or dilation, as ONNX and PyTorch both require. */
+static bool convt_check_attrs(OpCtx *c, const Node *n, int nsp) {
+    static const struct {
+        const char *name;
+        int per_axis;
+        int64_t least;
+    } lists[] = {{"kernel_shape", 1, 1}, {"strides", 1, 1},        {"dilations", 1, 1},
+                 {"pads", 2, 0},         {"output_padding", 1, 0}, {"output_shape", 1, 1}};
+    const int64_t big = (int64_t)1 << 40;
+    for (size_t i = 0; i < sizeof lists / sizeof *lists; i++) {
+        const int64_t *v;
+        int k = node_attr_ints(n, lists[i].name, &v);
+        if (k >= 0 && k != lists[i].per_axis * nsp)
+            return op_error(c, n, "%s has %d entries for %d spatial dimensions", lists[i].name, k, nsp);
+        for (int j = 0; j < k; j++)
+            if (v[j] < lists[i].least || v[j] > big)
+                return op_error(c, n, "%s[%d] = %lld is outside [%lld, 2^40]", lists[i].name, j, (long long)v[j],
+                                (long long)lists[i].least);
+    }
+    const char *ap = node_attr_s(n, "auto_pad", "NOTSET");
+    if (strcmp(ap, "NOTSET") && strcmp(ap, "SAME_UPPER") && strcmp(ap, "SAME_LOWER") && strcmp(ap, "VALID"))
+        return op_error(c, n, "unknown auto_pad '%s' (NOTSET, SAME_UPPER, SAME_LOWER or VALID)", ap);
+    for (int j = 0; j < nsp; j++) {
+        int64_t op = attr_at(n, "output_padding", j, 0), s = attr_at(n, "strides", j, 1),
+                d = attr_at(n, "dilations", j, 1);
+        if (op >= s && op >= d)
+            return op_error(c, n,
+                            "output_padding %lld on spatial axis %d is not below its stride %lld or dilation %lld",
+                            (long long)op, j, (long long)s, (long long)d);
+    }
+    return true;
+}
+
+/* floor(t / 2) */
+static int64_t half_down(int64_t t) { return t >= 0 ? t / 2 : -((1 - t) / 2); }
+
+/* Output length of ConvTranspose node n along spatial axis j (input length
+ * in, kernel k) and the pads cut from the full result, whose length is
+ * s*(in-1) + output_padding + (k-1)*d + 1.  output_shape fixes the length
+ * and auto_pad SAME_* makes it in*s; the pads are then the difference,
+ * halved as ONNX's reference does, rounding down: the odd one goes to the
+ * end for SAME_UPPER and to the start otherwise.  A length beyond the full
+ * result makes the end pad negative: zeros (or the bias) past the end, as
+ * output_padding adds them; a negative start pad is refused. */
+static bool convt_axis(OpCtx *c, const Node *n, int j, int64_t in, int64_t k, int64_t *out, int64_t *pb,
+                       int64_t *pe) {
+    int nsp = n->in[0]->rank - 2;
+    int64_t s = attr_at(n, "strides", j, 1), d = attr_at(n, "dilations", j, 1), span, ext, full;
+    if (in < 1) return op_error(c, n, "spatial axis %d of the input is empty", j);
+    if (__builtin_mul_overflow(s, in - 1, &span) || __builtin_mul_overflow(k - 1, d, &ext) ||
+        __builtin_add_overflow(span, ext, &full) ||
+        __builtin_add_overflow(full, attr_at(n, "output_padding", j, 0) + 1, &full))
+        return op_error(c, n, "the output length on spatial axis %d overflows", j);
+    const char *ap = node_attr_s(n, "auto_pad", "NOTSET");
+    bool upper = strcmp(ap, "SAME_UPPER") == 0, fixed = attr_at(n, "output_shape", j, 0) > 0;
+    if (fixed || upper || strcmp(ap, "SAME_LOWER") == 0) {
+        int64_t want = attr_at(n, "output_shape", j, 0);
+        if (!fixed && __builtin_mul_overflow(in, s, &want))
+            return op_error(c, n, "the output length on spatial axis %d overflows", j);
+        int64_t total = full - want;
+        *pb = upper ? half_down(total) : total - half_down(total);
+        *pe = total - *pb;
+        if (*pb < 0)
+            return op_error_kind(c, n, DIAG_UNSUPPORTED,
+                                 "output length %lld on spatial axis %d needs padding before the start of the %lld the "
+                                 "transposed convolution gives", (long long)want, j, (long long)full);
+        *out = want;
+        return true;
+    }
+    bool valid = strcmp(ap, "VALID") == 0;
+    *pb = valid ? 0 : attr_at(n, "pads", j, 0);
+    *pe = valid ? 0 : attr_at(n, "pads", nsp + j, 0);
+    *out = full - *pb - *pe;
+    if (*out < 1)
+        return op_error(c, n, "pads %lld and %lld leave nothing of the %lld outputs on spatial axis %d",
+                        (long long)*pb, (long long)*pe, (long long)full, j);
+    return true;
+}
+
+static bool infer_conv_transpose(OpCtx *c, Node *n) {
+    const Value *x = n->in[0], *w = n->in[1], *b = n->n_in > 2 ? n->in[2] : NULL;
+    if (x->rank < 3 || w->rank != x->rank)
+        return op_error(c, n, "X (rank %d) and W (rank %d) must have the same rank >= 3", x->rank, w->rank);
+    DType t;
+    if (!same_dtype(c, n, 0, n->n_in, &t)) return false;
+    int nsp = x->rank - 2;
+    int64_t group = node_attr_i(n, "group", 1);
+    if (group <= 0) return op_error(c, n, "group must be positive");
+    Dim cin = x->dims[1], cw = w->dims[0], m = dim_unknown();
+    if (dim_is_const(cin) && dim_is_const(cw) && cin.k != cw.k)
+        return op_error(c, n, "input has %lld channels but W has %lld", (long long)cin.k, (long long)cw.k);
+    if (dim_is_const(cw) && cw.k % group)
+        return op_error(c, n, "W's %lld input channels do not divide into %lld groups", (long long)cw.k,
+                        (long long)group);
+    if (dim_is_const(w->dims[1])) {
+        int64_t mk;
+        if (__builtin_mul_overflow(w->dims[1].k, group, &mk))
+            return op_error(c, n, "W's %lld channels times group %lld overflow", (long long)w->dims[1].k,
+                            (long long)group);
+        m = dim_const(mk);
+    }
+    if (b && (b->rank != 1 || (dim_is_const(b->dims[0]) && dim_is_const(m) && b->dims[0].k != m.k)))
+        return op_error(c, n, "bias '%s' must be 1-D of length M", b->name);
+    if (!convt_check_attrs(c, n, nsp)) return false;
+    Dim out[MAX_RANK];
+    out[0] = x->dims[0];
+    out[1] = m;
+    for (int i = 0; i < nsp; i++) {
+        Dim kd = w->dims[2 + i], in = x->dims[2 + i];
+        if (!dim_is_const(kd)) return op_error(c, n, "kernel size is unknown");
+        int64_t ks = attr_at(n, "kernel_shape", i, kd.k), len, pb, pe;
+        if (ks != kd.k)
+            return op_error(c, n, "kernel_shape %lld differs from W's %lld on spatial axis %d", (long long)ks,
+                            (long long)kd.k, i);
+        if (!dim_is_const(in)) {
+            out[2 + i] = dim_unknown();
+            continue;
+        }
+        if (!convt_axis(c, n, i, in.k, kd.k, &len, &pb, &pe)) return false;
+        out[2 + i] = dim_const(len);
+    }
+    set_out(n, 0, t, x->rank, out);
+    return true;
+}
+
+static double flops_conv_transpose(const Node *n) { return conv_flops(n->in[0], n->in[1]) + bias_flops(n); }
 
 static bool infer_pool(OpCtx *c, Node *n) {
     const Value *x = n->in[0];
@@ -194,17 +346,12 @@ typedef struct Win {
     int64_t in_sz, out_sz, k_sz; /* elements of one spatial plane / kernel */
 } Win;
 
-/* Geometry of node n whose input-shaped value is x and output-shaped value
- * y (both NCHW), with the given kernel sizes: strides, dilations, and the
- * padding auto_pad or pads amount to. */
-static void win_resolve(const Node *n, const Value *x, const Value *y, const int64_t *kernel, Win *w) {
+/* The sizes, strides and dilations of node n's window between input-shaped
+ * x and output-shaped y (both NCHW), no padding yet. */
+static void win_init(const Node *n, const Value *x, const Value *y, const int64_t *kernel, Win *w) {
     int nsp = x->rank - 2;
-    const int64_t *strides = NULL, *pads = NULL, *dil = NULL;
-    int ks = node_attr_ints(n, "strides", &strides), kp = node_attr_ints(n, "pads", &pads),
-        kd = node_attr_ints(n, "dilations", &dil);
-    const char *ap = node_attr_s(n, "auto_pad", "NOTSET");
-    bool upper = strcmp(ap, "SAME_UPPER") == 0, lower = strcmp(ap, "SAME_LOWER") == 0;
-    bool valid = strcmp(ap, "VALID") == 0;
+    const int64_t *strides = NULL, *dil = NULL;
+    int ks = node_attr_ints(n, "strides", &strides), kd = node_attr_ints(n, "dilations", &dil);
     w->nsp = nsp;
     w->in_sz = w->out_sz = w->k_sz = 1;
     for (int i = 0; i < nsp; i++) {
@@ -213,6 +360,24 @@ static void win_resolve(const Node *n, const Value *x, const Value *y, const int
         w->k[i] = kernel[i];
         w->s[i] = ks == nsp ? strides[i] : 1;
         w->d[i] = kd == nsp ? dil[i] : 1;
+        w->pb[i] = w->pe[i] = 0;
+        w->in_sz *= w->in[i];
+        w->out_sz *= w->out[i];
+        w->k_sz *= w->k[i];
+    }
+}
+
+/* Geometry of node n whose input-shaped value is x and output-shaped value
+ * y (both NCHW), with the given kernel sizes: strides, dilations, and the
+ * padding auto_pad or pads amount to. */
+static void win_resolve(const Node *n, const Value *x, const Value *y, const int64_t *kernel, Win *w) {
+    win_init(n, x, y, kernel, w);
+    const int64_t *pads = NULL;
+    int kp = node_attr_ints(n, "pads", &pads);
+    const char *ap = node_attr_s(n, "auto_pad", "NOTSET");
+    bool upper = strcmp(ap, "SAME_UPPER") == 0, lower = strcmp(ap, "SAME_LOWER") == 0;
+    if (strcmp(ap, "VALID") == 0 || (!upper && !lower && kp != 2 * w->nsp)) return;
+    for (int i = 0; i < w->nsp; i++) {
         if (upper || lower) {
             /* SAME: the total padding that makes out = ceil(in / s), the
              * odd element at the end (UPPER) or the beginning (LOWER) */
@@ -220,16 +385,23 @@ static void win_resolve(const Node *n, const Value *x, const Value *y, const int
             if (total < 0) total = 0;
             w->pb[i] = upper ? total / 2 : total - total / 2;
             w->pe[i] = total - w->pb[i];
-        } else if (valid || kp != 2 * nsp) {
-            w->pb[i] = w->pe[i] = 0;
         } else {
             w->pb[i] = pads[i];
-            w->pe[i] = pads[nsp + i];
+            w->pe[i] = pads[w->nsp + i];
         }
-        w->in_sz *= w->in[i];
-        w->out_sz *= w->out[i];
-        w->k_sz *= w->k[i];
     }
+}
+
+/* The window of the convolution whose input gradient ConvTranspose node n
+ * computes: it reads y, the ConvTranspose's output, and writes x, its
+ * input. */
+static bool convt_win(OpCtx *c, const Node *n, const Value *x, const Value *y, const int64_t *kernel, Win *w) {
+    win_init(n, y, x, kernel, w);
+    for (int j = 0; j < w->nsp; j++) {
+        int64_t len;
+        if (!convt_axis(c, n, j, w->out[j], w->k[j], &len, &w->pb[j], &w->pe[j])) return false;
+    }
+    return true;
 }
 
 /* Row-major strides of dims[0..r). */
@@ -288,10 +460,6 @@ static LLVMValueRef in_pos(Cg *c, const Win *w, int j, LLVMValueRef o, LLVMValue
 }
 
 
-/* v[i] += x */
-static void add_to(Cg *c, const Value *v, LLVMValueRef i, LLVMValueRef x) {
-    cg_store(c, v, i, f_add(c, cg_load(c, v, i), x));
-}
 
 /* sum over t < len of a[ab + t] * b[bb + t*bs], or of a[ab + t] alone when
  * b is NULL, len known at run time.  When both run contiguously the sum
@@ -482,32 +650,52 @@ static bool k_conv(Cg *c, const Node *n) {
     return true;
 }
 
-/* ConvGradInput(dY, W) -> dX: each input plane gathers the contributions
- * of the output channels of its group. */
-static bool k_conv_grad_input(Cg *c, const Node *n) {
-    const Value *dY = n->in[0], *W = n->in[1], *dX = n->out[0];
-    int64_t kernel[MAX_RANK];
-    conv_kernel_sizes(W, kernel);
-    Win w;
-    win_resolve(n, dX, dY, kernel, &w);
-    conv_flatten_pointwise(&w);
+/* dX = the transposed convolution of dY by W over window w, plus B[c]
+ * when B is given: each plane of dX gathers the contributions of the
+ * output channels of its group.  It is Conv's input gradient and
+ * ConvTranspose's forward pass. */
+static bool conv_transposed(Cg *c, const Node *n, const Value *dY, const Value *W, const Value *B, const Value *dX,
+                            Win *w) {
+    conv_flatten_pointwise(w);
     int64_t N = dX->dims[0].k, C = dX->dims[1].k, M = dY->dims[1].k, G = node_attr_i(n, "group", 1);
     int64_t Cpg = C / G, Mpg = M / G;
     if (!cg_kernel_begin_io(c, n)) return false;
     Nest ns = {.n = 0};
     LLVMValueRef in = nest_for(c, &ns, cg_i64(c, N)), g = nest_for(c, &ns, cg_i64(c, G));
     LLVMValueRef ch = nest_for(c, &ns, cg_i64(c, Cpg));
-    LLVMValueRef xb = cg_mul(c, cg_add(c, cg_mul(c, in, C), cg_mad(c, g, Cpg, ch)), w.in_sz);
+    LLVMValueRef xb = cg_mul(c, cg_add(c, cg_mul(c, in, C), cg_mad(c, g, Cpg, ch)), w->in_sz);
+    LLVMValueRef init = B ? cg_load(c, B, cg_mad(c, g, Cpg, ch)) : cg_f32(c, 0);
     CgLoop lf;
-    LLVMValueRef i = cg_for(c, &lf, cg_i64(c, w.in_sz));
-    cg_store(c, dX, cg_add(c, xb, i), cg_f32(c, 0));
+    LLVMValueRef i = cg_for(c, &lf, cg_i64(c, w->in_sz));
+    cg_store(c, dX, cg_add(c, xb, i), init);
     cg_for_end(c, &lf);
     LLVMValueRef m = cg_mad(c, g, Mpg, nest_for(c, &ns, cg_i64(c, Mpg)));
-    ConvBufs b = {dX, W, dY, xb, cg_mul(c, cg_mad(c, m, Cpg, ch), w.k_sz), cg_mul(c, cg_mad(c, in, M, m), w.out_sz)};
-    conv_walk(c, &w, &b, body_conv_dx);
+    ConvBufs b = {dX, W, dY, xb, cg_mul(c, cg_mad(c, m, Cpg, ch), w->k_sz), cg_mul(c, cg_mad(c, in, M, m), w->out_sz)};
+    conv_walk(c, w, &b, body_conv_dx);
     nest_close(c, &ns);
     cg_kernel_end(c);
     return true;
+}
+
+/* ConvGradInput(dY, W) -> dX */
+static bool k_conv_grad_input(Cg *c, const Node *n) {
+    const Value *dY = n->in[0], *W = n->in[1], *dX = n->out[0];
+    int64_t kernel[MAX_RANK];
+    conv_kernel_sizes(W, kernel);
+    Win w;
+    win_resolve(n, dX, dY, kernel, &w);
+    return conv_transposed(c, n, dY, W, NULL, dX, &w);
+}
+
+/* ConvTranspose(X, W, B) -> Y: the input gradient of the convolution of Y
+ * by W whose output X is. */
+static bool k_conv_transpose(Cg *c, const Node *n) {
+    const Value *X = n->in[0], *W = n->in[1], *B = n->n_in > 2 ? n->in[2] : NULL, *Y = n->out[0];
+    OpCtx oc = {c->g, c->d, graph_opset(c->g, "")};
+    int64_t kernel[MAX_RANK];
+    conv_kernel_sizes(W, kernel);
+    Win w;
+    return convt_win(&oc, n, X, Y, kernel, &w) && conv_transposed(c, n, X, W, B, Y, &w);
 }
 
 /* ConvGradWeight(dY, X) -> dW [, sums]: correlation of each output plane
@@ -958,6 +1146,22 @@ static bool spatial_known(const Value *v) {
     return true;
 }
 
+/* cleave.<op>(a, b) over window w with the given group, for the caller to
+ * add what else it needs and finish. */
+static Node *conv_grad_node(GradCtx *c, const char *op, Value *a, Value *b, const Win *w, int64_t group) {
+    Value *in[2] = {a, b};
+    /* ConvGradWeight: dW and its float64 sums */
+    Node *g = gb_start(c, "cleave", op, 2, in, strcmp(op, "ConvGradWeight") == 0 ? 2 : 1);
+    win_attrs(c, g, w);
+    gb_attr_i(c, g, "group", group);
+    return g;
+}
+
+static Value *conv_grad_bias(GradCtx *c, Value *dy) {
+    Value *in[1] = {dy};
+    return gb_finish(c, gb_start(c, "cleave", "ConvGradBias", 1, in, 1));
+}
+
 /* dX = ConvGradInput(dY, W), dW = ConvGradWeight(dY, X), dB = ConvGradBias(dY) */
 static bool g_conv(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
     Value *X = n->in[0], *W = n->in[1], *Y = n->out[0];
@@ -968,24 +1172,61 @@ static bool g_conv(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool
     Win w;
     win_resolve(n, X, Y, kernel, &w);
     if (need[0]) {
-        Value *in[2] = {dy[0], W};
-        Node *g = gb_start(c, "cleave", "ConvGradInput", 2, in, 1);
-        win_attrs(c, g, &w);
-        gb_attr_i(c, g, "group", group);
+        Node *g = conv_grad_node(c, "ConvGradInput", dy[0], W, &w, group);
         gb_attr_ints(c, g, "spatial", w.in, w.nsp);
         dx[0] = gb_finish(c, g);
     }
-    if (need[1]) {
-        Value *in[2] = {dy[0], X};
-        Node *g = gb_start(c, "cleave", "ConvGradWeight", 2, in, 2); /* dW and its float64 sums */
-        win_attrs(c, g, &w);
-        gb_attr_i(c, g, "group", group);
-        dx[1] = gb_finish(c, g);
+    if (need[1]) dx[1] = gb_finish(c, conv_grad_node(c, "ConvGradWeight", dy[0], X, &w, group));
+    if (n->n_in > 2 && n->in[2] && need[2]) dx[2] = conv_grad_bias(c, dy[0]);
+    return true;
+}
+
+/* ConvTranspose's input gradient: Conv(dY, W) over the window w of the
+ * convolution it transposes (input dY, output X's shape).  w's end padding
+ * only decides which outputs exist, so the Conv gets the end padding that
+ * ends it at X's length; where the output_padding makes dY longer than
+ * that reaches even without end padding, a Slice cuts the rest off. */
+static Value *convt_grad_input(GradCtx *c, Value *dy, Value *W, const Win *w, int64_t group) {
+    int nsp = w->nsp;
+    int64_t pads[2 * MAX_RANK], starts[MAX_RANK], axes[MAX_RANK];
+    bool crop = false;
+    for (int j = 0; j < nsp; j++) {
+        int64_t ext = (w->k[j] - 1) * w->d[j] + 1;
+        int64_t pe = (w->out[j] - 1) * w->s[j] + ext - w->in[j] - w->pb[j];
+        pads[j] = w->pb[j];
+        pads[nsp + j] = pe > 0 ? pe : 0;
+        crop |= pe < 0 && (w->in[j] + w->pb[j] - ext) / w->s[j] + 1 > w->out[j];
+        starts[j] = 0;
+        axes[j] = 2 + j;
     }
-    if (n->n_in > 2 && n->in[2] && need[2]) {
-        Value *in[1] = {dy[0]};
-        dx[2] = gb_finish(c, gb_start(c, "cleave", "ConvGradBias", 1, in, 1));
-    }
+    Value *in[2] = {dy, W};
+    Node *g = gb_start(c, "", "Conv", 2, in, 1);
+    gb_attr_ints(c, g, "kernel_shape", w->k, nsp);
+    gb_attr_ints(c, g, "strides", w->s, nsp);
+    gb_attr_ints(c, g, "pads", pads, 2 * nsp);
+    gb_attr_ints(c, g, "dilations", w->d, nsp);
+    gb_attr_i(c, g, "group", group);
+    Value *dx = gb_finish(c, g);
+    if (!crop) return dx;
+    Value *s_in[4] = {dx, gb_const_ints(c, starts, nsp), gb_const_ints(c, w->out, nsp), gb_const_ints(c, axes, nsp)};
+    return gb_finish(c, gb_start(c, "", "Slice", 4, s_in, 1));
+}
+
+/* Y = ConvTranspose(X, W) is the input gradient of Conv(Y, W) over window
+ * w, so dX is that convolution of dY (convt_grad_input), dW is its weight
+ * gradient with X in the place of its output gradient, and dB sums dY. */
+static bool g_conv_transpose(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    Value *X = n->in[0], *W = n->in[1], *Y = n->out[0];
+    if (!spatial_known(X) || !spatial_known(Y) || !value_shape_known(W))
+        return grad_refuse(c, n, "the gradient needs static spatial and filter shapes");
+    int64_t kernel[MAX_RANK], group = node_attr_i(n, "group", 1);
+    conv_kernel_sizes(W, kernel);
+    OpCtx oc = {c->g, c->d, graph_opset(c->g, "")};
+    Win w;
+    if (!convt_win(&oc, n, X, Y, kernel, &w)) return false;
+    if (need[0]) dx[0] = convt_grad_input(c, dy[0], W, &w, group);
+    if (need[1]) dx[1] = gb_finish(c, conv_grad_node(c, "ConvGradWeight", X, dy[0], &w, group));
+    if (n->n_in > 2 && n->in[2] && need[2]) dx[2] = conv_grad_bias(c, dy[0]);
     return true;
 }
 
@@ -1131,12 +1372,7 @@ static bool infer_ln_grad(OpCtx *c, Node *n) {
 /* 2 * (filter elements per output channel) per dY element, as the forward
  * convolution. */
 static double flops_conv_grad(const Node *n) {
-    const Value *dy = n->in[0], *w = strcmp(n->op_type, "ConvGradInput") == 0 ? n->in[1] : n->out[0];
-    int64_t e = value_numel(dy);
-    if (e < 0 || !value_shape_known(w)) return 0;
-    double per = 1;
-    for (int i = 1; i < w->rank; i++) per *= (double)w->dims[i].k;
-    return 2 * per * (double)e;
+    return conv_flops(n->in[0], strcmp(n->op_type, "ConvGradInput") == 0 ? n->in[1] : n->out[0]);
 }
 
 static double flops_in_elems(const Node *n) {
@@ -1179,7 +1415,13 @@ static const AttrSpec attrs_avgpool_grad[] = {
     {"pads", ATTR_INTS}, {"spatial", ATTR_INTS, .required = true}, {"strides", ATTR_INTS}, {0}};
 static const AttrSpec attrs_ln_grad[] = {{"axis", ATTR_INT, .i = -1}, {"epsilon", ATTR_FLOAT, .f = 1e-5f}, {0}};
 
+static const AttrSpec attrs_conv_transpose[] = {
+    {"auto_pad", ATTR_STRING, .s = "NOTSET"}, {"dilations", ATTR_INTS}, {"group", ATTR_INT, .i = 1},
+    {"kernel_shape", ATTR_INTS}, {"output_padding", ATTR_INTS}, {"output_shape", ATTR_INTS}, {"pads", ATTR_INTS},
+    {"strides", ATTR_INTS}, {0}};
+
 const OpDef op_Conv = {"Conv", "", 1, 0, 2, 3, 1, 1, attrs_conv, 0, infer_conv, NULL, flops_conv, .grad = g_conv, .cg = k_conv, .dense = DENSE_CONV};
+const OpDef op_ConvTranspose = {"ConvTranspose", "", 1, 0, 2, 3, 1, 1, attrs_conv_transpose, 0, infer_conv_transpose, NULL, flops_conv_transpose, .grad = g_conv_transpose, .cg = k_conv_transpose, .dense = DENSE_CONV};
 const OpDef op_MaxPool = {"MaxPool", "", 1, 0, 1, 1, 1, 2, attrs_maxpool, 0, infer_pool, NULL, flops_pool, .grad = g_maxpool, .cg = k_maxpool};
 const OpDef op_AveragePool = {"AveragePool", "", 1, 0, 1, 1, 1, 1, attrs_avgpool, 0, infer_pool, NULL, flops_pool, .grad = g_avgpool, .cg = k_avgpool};
 const OpDef op_GlobalAveragePool = {"GlobalAveragePool", "", 1, 0, 1, 1, 1, 1, attrs_none, 0, infer_global_pool, NULL, flops_global_pool, .grad = g_global_avgpool, .cg = k_global_avgpool};

@@ -735,16 +735,6 @@ static FoldResult fold_split(OpCtx *c, Node *n) {
 /* ---- gradient ops: SliceGrad(dy), PadGrad(dy) ---- */
 
 /* dx has the shape the slice was taken from (attribute 'shape'). */
-static bool infer_slice_grad(OpCtx *c, Node *n) {
-    const int64_t *shape;
-    int r = node_attr_ints(n, "shape", &shape);
-    if (r != n->in[0]->rank) return op_error(c, n, "shape has %d entries for rank %d", r, n->in[0]->rank);
-    Dim out[MAX_RANK];
-    for (int j = 0; j < r; j++) out[j] = dim_const(shape[j]);
-    set_out(n, 0, n->in[0]->dtype, r, out);
-    return true;
-}
-
 /* dx has dy's shape without the pads; only the modes that copy x need
  * this op (constant padding's gradient is a Pad). */
 static bool infer_pad_grad(OpCtx *c, Node *n) {
@@ -1372,5 +1362,5 @@ const OpDef op_ConstantOfShape = {"ConstantOfShape", "", 9, 0, 1, 1, 1, 1, attrs
 const OpDef op_Range = {"Range", "", 11, 0, 3, 3, 1, 1, attrs_none, 0, infer_range, fold_range, flops_zero};
 
 /* Gradient ops (domain "cleave"). */
-const OpDef op_SliceGrad = {"SliceGrad", "cleave", 1, 0, 1, 1, 1, 1, attrs_slice_grad, 0, infer_slice_grad, NULL, flops_zero, .cg = k_slice_grad};
+const OpDef op_SliceGrad = {"SliceGrad", "cleave", 1, 0, 1, 1, 1, 1, attrs_slice_grad, 0, infer_shape_attr, NULL, flops_zero, .cg = k_slice_grad};
 const OpDef op_PadGrad = {"PadGrad", "cleave", 1, 0, 1, 1, 1, 1, attrs_pad_grad, 0, infer_pad_grad, NULL, NULL, .cg = k_pad_grad};

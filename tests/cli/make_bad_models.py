@@ -338,6 +338,42 @@ def model_cases(outdir):
                          training_mode=1),
     ], [vi("x", F, [1, 3])], [vi("y", F, None)], inits=bn_params, opset=15))
 
+    # ConvTranspose, Resize and Upsample: bad attributes, operands and modes.
+    def convt(fname, x, w, **attrs):
+        save(fname, model(fname[:-5], [
+            helper.make_node("ConvTranspose", ["x", "w"], ["y"], name=fname[:-5], **attrs),
+        ], [vi("x", F, x)], [vi("y", F, None)], inits=[const_init("w", np.ones(w, np.float32))]))
+
+    convt("convt_channels.onnx", [1, 4, 5, 5], [3, 2, 3, 3])
+    convt("convt_groups.onnx", [1, 4, 5, 5], [4, 2, 3, 3], group=3)
+    convt("convt_pads_length.onnx", [1, 2, 5, 5], [2, 2, 3, 3], pads=[1, 1])
+    convt("convt_output_padding.onnx", [1, 2, 5, 5], [2, 2, 3, 3], strides=[2, 2], output_padding=[2, 0])
+    convt("convt_auto_pad.onnx", [1, 2, 5, 5], [2, 2, 3, 3], auto_pad="SAME")
+    convt("convt_pads_too_big.onnx", [1, 2, 2, 2], [2, 2, 2, 2], pads=[3, 0, 3, 0])
+    convt("convt_output_shape_before_start.onnx", [1, 2, 3, 3], [2, 2, 3, 3], output_shape=[7, 7],
+          auto_pad="SAME_UPPER")
+
+    def resize(fname, ins, inits, opset=13, x=(1, 2, 4, 4), dtype=F, op="Resize", **attrs):
+        save(fname, model(fname[:-5], [helper.make_node(op, ["x"] + ins, ["y"], name=fname[:-5], **attrs)],
+                          [vi("x", dtype, list(x))], [vi("y", dtype, None)],
+                          inits=[const_init(k, v) for k, v in inits.items()], opset=opset))
+
+    s2 = {"s": np.array([1, 1, 2, 2], np.float32)}
+    resize("resize_cubic.onnx", ["", "s"], s2, mode="cubic")
+    resize("resize_unknown_mode.onnx", ["", "s"], s2, mode="bilinear")
+    resize("resize_tf_crop.onnx", ["", "s"], s2, mode="linear", coordinate_transformation_mode="tf_crop_and_resize")
+    resize("resize_unknown_coordinates.onnx", ["", "s"], s2, coordinate_transformation_mode="corner")
+    resize("resize_antialias.onnx", ["", "s"], s2, opset=18, mode="linear", antialias=1)
+    resize("resize_scales_and_sizes.onnx", ["", "s", "z"], dict(s2, z=np.array([1, 2, 8, 8], np.int64)))
+    resize("resize_no_scales.onnx", [], {})
+    resize("resize_scales_count.onnx", ["", "s"], {"s": np.array([1, 2, 2], np.float32)})
+    resize("resize_scale_zero.onnx", ["", "s"], {"s": np.array([1, 1, 0, 2], np.float32)})
+    resize("resize_sizes_float.onnx", ["", "", "z"], {"z": np.array([1, 2, 8, 8], np.float32)})
+    resize("resize_axes_repeated.onnx", ["", "", "z"], {"z": np.array([8, 8], np.int64)}, opset=18, axes=[2, -2])
+    resize("resize_linear_int.onnx", ["", "s"], s2, dtype=I64, mode="linear")
+    resize("upsample_shrinks.onnx", ["s"], {"s": np.array([1, 1, 0.5, 2], np.float32)}, opset=9, op="Upsample")
+    resize("upsample_no_scales.onnx", [], {}, opset=7, op="Upsample")
+
     # --- dtypes and tensor contents -----------------------------------------
     save("add_float_int64.onnx", model("mixed", [
         helper.make_node("Add", ["a", "b"], ["y"], name="add_mixed"),

@@ -274,6 +274,29 @@ if [ "$gen" -eq 0 ]; then
   bad_train bn_stats_read.onnx "node 'bn_reads_stats' \(BatchNormalization\): output 1 \('rmean'\) is read by add_running_mean"
   bad_train bn_one_value.onnx "node 'bn_batch_of_one' \(BatchNormalization\): training needs more than one value per channel, and a batch of this size gives 1" --batch 1
 
+  # ConvTranspose, Resize and Upsample
+  bad convt_channels.onnx "node 'convt_channels' \(ConvTranspose\): input has 4 channels but W has 3"
+  bad convt_groups.onnx "node 'convt_groups' \(ConvTranspose\): W's 4 input channels do not divide into 3 groups"
+  bad convt_pads_length.onnx "node 'convt_pads_length' \(ConvTranspose\): pads has 2 entries for 2 spatial dimensions"
+  bad convt_output_padding.onnx "node 'convt_output_padding' \(ConvTranspose\): output_padding 2 on spatial axis 0 is not below its stride 2 or dilation 1"
+  bad convt_auto_pad.onnx "node 'convt_auto_pad' \(ConvTranspose\): unknown auto_pad 'SAME' \(NOTSET, SAME_UPPER, SAME_LOWER or VALID\)"
+  bad convt_pads_too_big.onnx "node 'convt_pads_too_big' \(ConvTranspose\): pads 3 and 3 leave nothing of the 3 outputs on spatial axis 0"
+  bad convt_output_shape_before_start.onnx "node 'convt_output_shape_before_start' \(ConvTranspose\): output length 7 on spatial axis 0 needs padding before the start of the 5"
+  bad resize_cubic.onnx "node 'resize_cubic' \(Resize\): mode 'cubic' is not supported \(nearest and linear are\)"
+  bad resize_unknown_mode.onnx "node 'resize_unknown_mode' \(Resize\): unknown mode 'bilinear' \(nearest, linear or cubic\)"
+  bad resize_tf_crop.onnx "node 'resize_tf_crop' \(Resize\): coordinate_transformation_mode 'tf_crop_and_resize' is not supported"
+  bad resize_unknown_coordinates.onnx "node 'resize_unknown_coordinates' \(Resize\): unknown coordinate_transformation_mode 'corner'"
+  bad resize_antialias.onnx "node 'resize_antialias' \(Resize\): antialias is not supported"
+  bad resize_scales_and_sizes.onnx "node 'resize_scales_and_sizes' \(Resize\): only one of scales and sizes may be given"
+  bad resize_no_scales.onnx "node 'resize_no_scales' \(Resize\): one of scales and sizes is required"
+  bad resize_scales_count.onnx "node 'resize_scales_count' \(Resize\): scales has 3 entries for 4 axes"
+  bad resize_scale_zero.onnx "node 'resize_scale_zero' \(Resize\): scale 0 on axis 2 is not a positive number"
+  bad resize_sizes_float.onnx "node 'resize_sizes_float' \(Resize\): sizes 'z' is float32, not int64"
+  bad resize_axes_repeated.onnx "node 'resize_axes_repeated' \(Resize\): axis 2 repeated"
+  bad resize_linear_int.onnx "node 'resize_linear_int' \(Resize\): linear mode on int64 is not supported"
+  bad upsample_shrinks.onnx "node 'upsample_shrinks' \(Upsample\): scale 0.5 on axis 2 is below 1 \(Upsample only enlarges\)"
+  bad upsample_no_scales.onnx "node 'upsample_no_scales' \(Upsample\): the scales are missing"
+
   # Dtypes and tensor contents
   bad add_float_int64.onnx "node 'add_mixed' \(Add\): input 'b' is int64 but 'a' is float32"
   bad gather_float_indices.onnx "node 'gather_float_idx' \(Gather\): indices 'idx' are float32"

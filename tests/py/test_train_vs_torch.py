@@ -136,6 +136,9 @@ def make_cases():
         Case("act_mlp", "mse", O("sgd", lr=0.1, weight_decay=0.005)),
         Case("hard_ops13", "ce", O("sgd", lr=0.1)),
         Case("hard_ops17", "mse", O("sgd", lr=0.05)),
+        Case("unet13", "ce", O("momentum", lr=0.05, momentum=0.9)),
+        Case("unet17", "mse", O("sgd", lr=0.05)),
+        Case("unet9", "mse", O("sgd", lr=0.05)),
         Case("ce_loss_model", "model", O("sgd", lr=0.1)),
         Case("mse_loss_model", "model", O("adam", lr=0.01)),
     ]

@@ -3,8 +3,8 @@
 Everything the training-equivalence tests need on the torch side lives here:
 
 - small models (Gemm MLP, MatMul MLP on a 3-D input, a residual MLP, an
-  activation variant, the hard activations with Pad, Split and Slice, and
-  two models whose first output already is the loss), each built
+  activation variant, the hard activations with Pad, Split and Slice, a
+  small U-Net, and two models whose first output already is the loss), each built
   deterministically from a fixed seed;
 - export_onnx(): the export settings for these tests (opset 13 unless the
   model says otherwise, fixed batch, training mode, no constant folding)
@@ -132,6 +132,53 @@ class HardOpsNet(nn.Module):
         return self.fc2(torch.cat([t.flatten(1) for t in p], 1))
 
 
+class TinyUNet(nn.Module):
+    """A U-Net in miniature on [B,3,8,8]: two encoder levels (Conv 3x3 +
+    ReLU, a depthwise 3x3 and a grouped 3x3 on the second, MaxPool 2), a
+    bottleneck at 2x2, and a decoder that upsamples with
+    ConvTranspose2d(2, stride 2) and with ConvTranspose2d(3, stride 2,
+    padding 1, output_padding 1, groups 4), concatenating the encoder's
+    features (torch.cat skips).  Beside them the bottleneck and the first
+    decoder level are brought to 8x8 with nn.Upsample(scale_factor=2,
+    mode='nearest') and F.interpolate(mode='bilinear') with align_corners
+    False (scale 4) and True (scale 2); everything is concatenated, mixed
+    by a 1x1 Conv and read out by a Linear -> 5.
+
+    At opset 13 and 17 the upsampling exports as Resize (asymmetric/floor,
+    half_pixel, align_corners; scales constant).  With bilinear=False (no
+    interpolate, which opset 9 exports as asymmetric Upsample, not what
+    PyTorch computes) it is exported at opset 9, nn.Upsample as Upsample.
+    """
+
+    def __init__(self, bilinear=True):
+        super().__init__()
+        self.bilinear = bilinear
+        self.enc1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.enc2 = nn.Conv2d(8, 12, 3, padding=1)
+        self.depthwise = nn.Conv2d(12, 12, 3, padding=1, groups=12)
+        self.grouped = nn.Conv2d(12, 12, 3, padding=1, groups=3)
+        self.bottom = nn.Conv2d(12, 16, 3, padding=1)
+        self.up1 = nn.ConvTranspose2d(16, 12, 2, stride=2)
+        self.dec1 = nn.Conv2d(24, 12, 3, padding=1)
+        self.up2 = nn.ConvTranspose2d(12, 8, 3, stride=2, padding=1, output_padding=1, groups=4)
+        self.nearest = nn.Upsample(scale_factor=2, mode="nearest")
+        self.mix = nn.Conv2d(44 + (28 if bilinear else 0), 2, 1)
+        self.fc = nn.Linear(128, 5)
+
+    def forward(self, x):
+        e1 = F.relu(self.enc1(x))                                   # 8 x 8x8
+        e2 = F.relu(self.enc2(F.max_pool2d(e1, 2)))                 # 12 x 4x4
+        e2 = F.relu(self.grouped(F.relu(self.depthwise(e2))))
+        b = F.relu(self.bottom(F.max_pool2d(e2, 2)))                # 16 x 2x2
+        d1 = F.relu(self.dec1(torch.cat([self.up1(b), e2], 1)))     # 12 x 4x4
+        parts = [self.up2(d1), e1, self.nearest(d1), self.nearest(self.nearest(b))]  # 8+8+12+16
+        if self.bilinear:
+            parts += [F.interpolate(b, scale_factor=4, mode="bilinear", align_corners=False),
+                      F.interpolate(d1, scale_factor=2, mode="bilinear", align_corners=True)]
+        h = self.mix(torch.cat(parts, 1))                           # 2 x 8x8
+        return self.fc(h.flatten(1))
+
+
 class CELossModel(nn.Module):
     """MLPGemm followed by nn.CrossEntropyLoss: outputs the scalar mean loss.
 
@@ -210,6 +257,15 @@ MODELS: Dict[str, TrainSpec] = {
     "hard_ops17": TrainSpec(
         "hard_ops17", HardOpsNet, (20,), (5,), ("ce", "mse"),
         "the same at opset 17 (HardSwish as one op)", opset=17),
+    "unet13": TrainSpec(
+        "unet13", TinyUNet, (3, 8, 8), (5,), ("ce", "mse"),
+        "U-Net: Conv, depthwise and grouped Conv, MaxPool, ConvTranspose (stride 2, and grouped "
+        "with output_padding), nearest and bilinear Resize, Concat skips; opset 13"),
+    "unet17": TrainSpec(
+        "unet17", TinyUNet, (3, 8, 8), (5,), ("ce", "mse"), "the same at opset 17", opset=17),
+    "unet9": TrainSpec(
+        "unet9", lambda: TinyUNet(bilinear=False), (3, 8, 8), (5,), ("ce", "mse"),
+        "the same without bilinear interpolation at opset 9 (Upsample)", opset=9),
     "ce_loss_model": TrainSpec(
         "ce_loss_model", CELossModel, (20,), (5,), ("model",),
         "Gemm MLP + CrossEntropyLoss (SoftmaxCrossEntropyLoss node) as output",

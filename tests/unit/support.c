@@ -223,6 +223,18 @@ bool node_test_constify(Graph *g, Value *v, const Value *t, const char *path, Di
     return true;
 }
 
+/* A float input that decides an output's shape: Resize's roi and scales,
+ * Upsample's scales. */
+static bool float_shape_operand(Graph *g, const Value *v) {
+    if (!dtype_is_float(v->dtype)) return false;
+    GRAPH_FOR_NODES(g, n) {
+        if (strcmp(n->op_type, "Resize") && strcmp(n->op_type, "Upsample")) continue;
+        for (int i = 1; i < n->n_in; i++)
+            if (n->in[i] == v) return true;
+    }
+    return false;
+}
+
 bool node_test_read_inputs(NodeTest *nt, unsigned flags, Diag *d) {
     Graph *g = nt->g;
     nt->n_in = g->n_inputs;
@@ -233,16 +245,17 @@ bool node_test_read_inputs(NodeTest *nt, unsigned flags, Diag *d) {
     for (int i = 0; i < g->n_inputs; i++) {
         Value *v = g->inputs[i];
         bool is_int = dtype_is_int(v->dtype) && v->dtype != DT_BOOL;
+        bool shape_like = is_int || float_shape_operand(g, v);
         char path[4096];
         snprintf(path, sizeof path, "%s/test_data_set_0/input_%d.pb", nt->dir, i);
         nt->in_val[i] = v;
-        if ((is_int || !(flags & NODE_INPUTS_INT_ONLY)) && test_file_exists(path)) {
+        if ((shape_like || !(flags & NODE_INPUTS_INT_ONLY)) && test_file_exists(path)) {
             nt->in_data[i] = onnx_load_tensor_file(nt->aux, path, d);
             if (!nt->in_data[i]) return false;
         }
         const Value *t = nt->in_data[i];
         if (t && is_int) nt->has_int = true;
-        if (!(flags & NODE_INPUTS_CONSTIFY) || !t || !is_int) {
+        if (!(flags & NODE_INPUTS_CONSTIFY) || !t || !shape_like) {
             g->inputs[kept++] = v;
             continue;
         }

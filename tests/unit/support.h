@@ -99,18 +99,19 @@ bool node_test_load(NodeTest *nt, const char *folder, Diag *d);
 
 /* What node_test_read_inputs does. */
 enum {
-    /* read the files of integer (not bool) inputs only; without it every
-     * input that has a file is read */
+    /* read the files of shape-like inputs only; without it every input
+     * that has a file is read */
     NODE_INPUTS_INT_ONLY = 1,
-    /* integer (not bool) inputs with test data become constants of g
-     * holding it, and leave g's inputs */
+    /* shape-like inputs with test data become constants of g holding it,
+     * and leave g's inputs */
     NODE_INPUTS_CONSTIFY = 2,
 };
 
 /* Reads the inputs' test_data_set_0/input_K.pb.  Integer graph inputs of
  * these tests are shape-like operands (Reshape's shape, Slice's starts,
  * TopK's k, ...) that real models carry as initializers or Constant nodes,
- * hence NODE_INPUTS_CONSTIFY; float and bool inputs stay dynamic.  false
+ * and so are the float scales and roi of Resize and Upsample, hence
+ * NODE_INPUTS_CONSTIFY; other float and bool inputs stay dynamic.  false
  * with d set on a reading error. */
 bool node_test_read_inputs(NodeTest *nt, unsigned flags, Diag *d);
 

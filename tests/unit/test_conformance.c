@@ -360,6 +360,37 @@ START_TEST(cast_targets) {
 }
 END_TEST
 
+START_TEST(resize_and_convtranspose_forms) {
+    /* Resize before opset 11 (scales second), Upsample 9, and
+     * ConvTranspose keep a symbolic batch where they do not resize it. */
+    const int64_t xd[] = {-1, 3, 4, 4}, wd[] = {3, 2, 3, 3};
+    const double sc[] = {1, 1, 2, 1.5};
+    const char *ops[] = {"Resize", "Upsample"};
+    for (int i = 0; i < 2; i++) {
+        Graph *g = rule_graph(i ? 9 : 10);
+        Value *x = rule_input(g, "x", DT_FLOAT, 4, xd);
+        Node *r = rule_node(g, ops[i], 2, (Value *[]){x, rule_const(g, "s", DT_FLOAT, 1, 4, sc)}, 1);
+        Diag d = {0};
+        ck_assert_msg(rule_infer(g, &d) == DIAG_OK, "%s", d.msg);
+        ck_assert_str_eq(rule_shape(g, r->out[0]), "[N,3,8,6]");
+        graph_free(g);
+    }
+    Graph *g = rule_graph(13);
+    Value *x = rule_input(g, "x", DT_FLOAT, 4, xd);
+    Node *ct = rule_node(g, "ConvTranspose", 2, (Value *[]){x, rule_input(g, "w", DT_FLOAT, 4, wd)}, 1);
+    ct->attrs[ct->n_attr++] = (Attr){.name = "strides", .kind = ATTR_INTS, .n = 2, .ints = (int64_t[]){2, 3}};
+    ct->attrs[ct->n_attr++] = (Attr){.name = "output_padding", .kind = ATTR_INTS, .n = 2, .ints = (int64_t[]){1, 0}};
+    /* scales known only at run time: dims unknown */
+    const int64_t four[] = {4};
+    Node *rt = rule_node(g, "Resize", 3, (Value *[]){x, NULL, rule_input(g, "s", DT_FLOAT, 1, four)}, 1);
+    Diag d = {0};
+    ck_assert_msg(rule_infer(g, &d) == DIAG_OK, "%s", d.msg);
+    ck_assert_str_eq(rule_shape(g, ct->out[0]), "[N,2,10,12]");
+    ck_assert_str_eq(rule_shape(g, rt->out[0]), "[?,?,?,?]");
+    graph_free(g);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("conformance");
     TCase *tc = tcase_create("onnx_node_tests");
@@ -374,6 +405,7 @@ int main(void) {
     tcase_add_test(rules, batchnorm_outputs_by_opset);
     tcase_add_test(rules, slice_backward_clamps_start);
     tcase_add_test(rules, cast_targets);
+    tcase_add_test(rules, resize_and_convtranspose_forms);
     suite_add_tcase(s, rules);
     return test_run_suite(s);
 }

@@ -62,8 +62,8 @@ static bool selected(const char *folder) {
 
 /* Ops whose kernels belong to ops_nn.c, which is being written separately. */
 static bool is_nn_op(const Node *n) {
-    static const char *nn[] = {"Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "BatchNormalization",
-                               "LayerNormalization"};
+    static const char *nn[] = {"Conv", "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool",
+                               "BatchNormalization", "LayerNormalization"};
     if (n->domain && n->domain[0]) return false;
     for (size_t i = 0; i < sizeof nn / sizeof *nn; i++)
         if (strcmp(n->op_type, nn[i]) == 0) return true;

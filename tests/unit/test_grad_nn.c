@@ -79,6 +79,70 @@ START_TEST(conv_groups) {
 }
 END_TEST
 
+/* MobileNet's depthwise 3x3 (stride 2, pads 1, a channel multiplier of 2
+ * as in its first block's expansion), ShuffleNet's and RegNet's grouped 3x3
+ * with dilation and uneven strides: X, W and B, every group's channels. */
+START_TEST(conv_depthwise_and_grouped) {
+    conv_case(&(ConvSpec){4, D(2, 3, 7, 6), D(6, 1, 3, 3), true, 3, D(1, 1, 1, 1), D(2, 2), NULL, NULL});
+    conv_case(&(ConvSpec){4, D(2, 6, 6, 7), D(4, 3, 3, 3), true, 2, D(2, 1, 2, 1), D(1, 2), D(2, 1), NULL});
+    conv_case(&(ConvSpec){4, D(1, 8, 5, 5), D(8, 2, 3, 3), false, 4, NULL, D(2, 2), NULL, "SAME_UPPER"});
+    conv_case(&(ConvSpec){3, D(2, 4, 9), D(4, 1, 3), true, 4, D(1, 1), D(2), NULL, NULL});
+}
+END_TEST
+
+typedef struct ConvTSpec {
+    int rank; /* of X */
+    const int64_t *x, *w;
+    bool bias;
+    int64_t group;
+    const int64_t *pads, *strides, *dil, *out_pad, *out_shape; /* NULL: attribute absent */
+    const char *auto_pad;
+} ConvTSpec;
+
+static void convt_case(const ConvTSpec *cs) {
+    GradCase k;
+    grad_case_init(&k, &rules);
+    int nsp = cs->rank - 2;
+    int64_t m = cs->w[1] * cs->group;
+    Value *in[3] = {grad_param(&k, "X", cs->rank, cs->x), grad_param(&k, "W", cs->rank, cs->w), NULL};
+    if (cs->bias) in[2] = grad_param(&k, "B", 1, &m);
+    Node *n = grad_node(&k, "ConvTranspose", cs->bias ? 3 : 2, in);
+    if (cs->group != 1) gb_attr_i(&k.gc, n, "group", cs->group);
+    if (cs->pads) gb_attr_ints(&k.gc, n, "pads", cs->pads, 2 * nsp);
+    if (cs->strides) gb_attr_ints(&k.gc, n, "strides", cs->strides, nsp);
+    if (cs->dil) gb_attr_ints(&k.gc, n, "dilations", cs->dil, nsp);
+    if (cs->out_pad) gb_attr_ints(&k.gc, n, "output_padding", cs->out_pad, nsp);
+    if (cs->out_shape) gb_attr_ints(&k.gc, n, "output_shape", cs->out_shape, nsp);
+    if (cs->auto_pad) nn_attr_s(n, "auto_pad", cs->auto_pad);
+    grad_check(&k, grad_finish(&k, n), 2e-2);
+}
+
+/* nn.ConvTranspose2d(stride=2, padding=1, output_padding=1, groups=2) as a
+ * U-Net's decoder uses it, and the plain 2x2 stride 2 upsampling. */
+START_TEST(conv_transpose_stride_padding_groups) {
+    convt_case(&(ConvTSpec){4, D(2, 4, 3, 3), D(4, 3, 3, 3), true, 2, D(1, 1, 1, 1), D(2, 2), NULL, D(1, 1), NULL,
+                            NULL});
+    convt_case(&(ConvTSpec){4, D(2, 3, 3, 4), D(3, 2, 2, 2), true, 1, NULL, D(2, 2), NULL, NULL, NULL, NULL});
+    /* depthwise, uneven pads and strides */
+    convt_case(&(ConvTSpec){4, D(1, 3, 4, 3), D(3, 1, 3, 2), false, 3, D(0, 1, 2, 0), D(2, 3), NULL, D(1, 0), NULL,
+                            NULL});
+}
+END_TEST
+
+/* 1-D and 3-D; dilation with output_padding past the stride (its input
+ * gradient is a Conv with its extra outputs sliced off); output_shape
+ * beyond the full result (zeros at the end) and auto_pad. */
+START_TEST(conv_transpose_ranks_dilation_output_shape) {
+    convt_case(&(ConvTSpec){3, D(2, 3, 4), D(3, 2, 3), false, 1, D(2, 1), D(3), D(2), D(2), NULL, NULL});
+    convt_case(&(ConvTSpec){5, D(1, 2, 2, 3, 2), D(2, 1, 2, 2, 2), true, 2, NULL, D(2, 1, 2), NULL, NULL, NULL,
+                            NULL});
+    convt_case(&(ConvTSpec){4, D(1, 2, 4, 4), D(2, 3, 3, 2), true, 1, NULL, NULL, D(2, 2), D(1, 1), NULL, NULL});
+    convt_case(&(ConvTSpec){4, D(1, 2, 3, 3), D(2, 2, 3, 3), false, 1, NULL, D(3, 2), NULL, NULL, D(10, 8), NULL});
+    convt_case(&(ConvTSpec){4, D(2, 2, 3, 3), D(2, 1, 3, 3), true, 1, NULL, D(2, 2), NULL, NULL, NULL, "SAME_UPPER"});
+    convt_case(&(ConvTSpec){4, D(2, 2, 3, 3), D(2, 1, 2, 4), false, 1, NULL, D(2, 2), NULL, NULL, NULL, "SAME_LOWER"});
+}
+END_TEST
+
 START_TEST(conv_dilation) {
     conv_case(&(ConvSpec){4, D(1, 2, 8, 7), D(3, 2, 3, 2), false, 1, D(2, 1, 1, 2), D(1, 2), D(2, 3), NULL});
 }
@@ -90,6 +154,93 @@ START_TEST(conv_auto_pad_and_ranks) {
     conv_case(&(ConvSpec){3, D(2, 2, 8), D(3, 2, 3), false, 1, NULL, D(3), NULL, "VALID"});
     conv_case(&(ConvSpec){5, D(1, 2, 4, 5, 3), D(2, 2, 2, 3, 2), true, 1, D(1, 0, 1, 0, 1, 1), D(1, 2, 1), NULL,
                           NULL});
+}
+END_TEST
+
+/* ---- Resize and Upsample ---- */
+
+/* A 1-D constant (or initializer) of n values: Resize's scales (float32)
+ * or sizes (int64). */
+static Value *nn_const(GradCase *k, const char *name, ValueKind kind, DType t, int n, const double *x) {
+    Value *v = graph_add_value(k->g, name);
+    v->kind = kind;
+    v->dtype = v->file_dtype = t;
+    v->rank = 1;
+    v->dims[0] = dim_const(n);
+    v->konst = const_new(k->g, dtype_store(t), n);
+    ck_assert_ptr_nonnull(v->konst);
+    for (int i = 0; i < n; i++) const_set_f(v->konst, i, x[i]);
+    return v;
+}
+
+typedef struct ResizeSpec {
+    const char *op; /* Resize (opset 13 form) or Upsample (opset 9 form) */
+    int rank;
+    const int64_t *x;
+    int n;                       /* entries of scales or sizes */
+    const double *scales, *sizes; /* one of them */
+    const char *mode, *coord, *nearest, *policy; /* NULL: attribute absent */
+    const int64_t *axes;
+    bool initializer; /* the scales are a float initializer, not a Constant */
+} ResizeSpec;
+
+#define F(...) ((double[]){__VA_ARGS__})
+
+static void resize_case(const ResizeSpec *rs) {
+    GradCase k;
+    grad_case_init(&k, &rules);
+    bool upsample = strcmp(rs->op, "Upsample") == 0;
+    Value *in[4] = {grad_param(&k, "X", rs->rank, rs->x), NULL, NULL, NULL};
+    int slot = upsample ? 1 : rs->sizes ? 3 : 2;
+    in[slot] = rs->sizes ? nn_const(&k, "sizes", VAL_CONSTANT, DT_INT64, rs->n, rs->sizes)
+                         : nn_const(&k, "scales", rs->initializer ? VAL_INITIALIZER : VAL_CONSTANT, DT_FLOAT, rs->n,
+                                    rs->scales);
+    Node *n = grad_node(&k, rs->op, slot + 1, in);
+    if (rs->mode) nn_attr_s(n, "mode", rs->mode);
+    if (rs->coord) nn_attr_s(n, "coordinate_transformation_mode", rs->coord);
+    if (rs->nearest) nn_attr_s(n, "nearest_mode", rs->nearest);
+    if (rs->policy) nn_attr_s(n, "keep_aspect_ratio_policy", rs->policy);
+    if (rs->axes) gb_attr_ints(&k.gc, n, "axes", rs->axes, rs->n);
+    grad_check(&k, grad_finish(&k, n), 2e-2);
+}
+
+/* As torch exports nn.Upsample(scale_factor=2) (nearest, asymmetric,
+ * floor) and F.interpolate(bilinear) with align_corners False (half_pixel)
+ * and True: nearest scatters dY onto the source elements, linear adds it
+ * with the weights. */
+START_TEST(resize_scale_2) {
+    resize_case(&(ResizeSpec){"Resize", 4, D(2, 3, 4, 5), 4, F(1, 1, 2, 2), NULL, "nearest", "asymmetric", "floor"});
+    resize_case(&(ResizeSpec){"Resize", 4, D(2, 3, 4, 5), 4, F(1, 1, 2, 2), NULL, "linear", "half_pixel"});
+    resize_case(&(ResizeSpec){"Resize", 4, D(1, 2, 3, 4), 4, F(1, 1, 2, 2), NULL, "linear", "align_corners"});
+}
+END_TEST
+
+/* Scales that are not integers, enlarging one axis and shrinking the
+ * other; sizes (pytorch_half_pixel, as F.interpolate(size=...) exports);
+ * opset 18's axes and keep_aspect_ratio_policy; trilinear on 3 axes. */
+START_TEST(resize_fractional_scales_and_sizes) {
+    resize_case(&(ResizeSpec){"Resize", 4, D(2, 2, 4, 5), 4, F(1, 1, 1.5, 0.6), NULL, "linear", "half_pixel"});
+    resize_case(&(ResizeSpec){"Resize", 4, D(2, 2, 4, 5), 4, F(1, 1, 1.7, 0.75), NULL, "nearest", "half_pixel",
+                              "round_prefer_floor"});
+    resize_case(&(ResizeSpec){"Resize", 4, D(1, 2, 5, 4), 4, F(1, 1, 2.5, 1.25), NULL, "linear", "align_corners"});
+    resize_case(&(ResizeSpec){"Resize", 4, D(2, 2, 4, 4), 4, NULL, F(2, 2, 5, 7), "linear", "pytorch_half_pixel"});
+    resize_case(&(ResizeSpec){"Resize", 4, D(1, 2, 3, 4), 2, NULL, F(7, 5), "nearest", "half_pixel", "round_prefer_ceil",
+                              NULL, D(3, 2)});
+    resize_case(&(ResizeSpec){"Resize", 4, D(1, 2, 3, 4), 2, NULL, F(5, 5), "linear", "half_pixel_symmetric", NULL,
+                              "not_larger", D(2, 3)});
+    resize_case(&(ResizeSpec){"Resize", 5, D(1, 2, 3, 2, 3), 5, F(1, 1, 2, 1.5, 2), NULL, "linear", "asymmetric"});
+}
+END_TEST
+
+/* Upsample (opset 7 to 9): asymmetric coordinates, rounding down.  Scales
+ * held in a float initializer (as some exporters store them) are a
+ * constant operand, not a parameter to train. */
+START_TEST(upsample_nearest_and_linear) {
+    resize_case(&(ResizeSpec){"Upsample", 4, D(2, 3, 3, 4), 4, F(1, 1, 2, 3), NULL, "nearest"});
+    resize_case(&(ResizeSpec){"Upsample", 4, D(1, 2, 3, 4), 4, F(1, 1, 2, 2), NULL, "nearest", .initializer = true});
+    resize_case(&(ResizeSpec){"Resize", 4, D(1, 2, 3, 4), 4, F(1, 1, 2, 2), NULL, "linear", .initializer = true});
+    resize_case(&(ResizeSpec){"Upsample", 4, D(2, 3, 3, 4), 4, F(1, 1, 2, 1.5), NULL, "linear"});
+    resize_case(&(ResizeSpec){"Upsample", 3, D(2, 3, 5), 3, F(1, 1, 2.5), NULL, "nearest"});
 }
 END_TEST
 
@@ -246,9 +397,9 @@ END_TEST
 
 /* ---- forward numerics against ONNX's operator tests ---- */
 
-static const char *const fwd_prefixes[] = {"test_conv_",        "test_basic_conv_",      "test_maxpool_",
-                                           "test_averagepool_", "test_globalaveragepool", "test_batchnorm_",
-                                           "test_layer_normalization_"};
+static const char *const fwd_prefixes[] = {"test_conv_",        "test_basic_conv_",      "test_convtranspose",
+                                           "test_maxpool_",     "test_averagepool_",     "test_globalaveragepool",
+                                           "test_batchnorm_",   "test_layer_normalization_"};
 
 static bool fwd_selected(const char *name) {
     if (strstr(name, "_expanded")) return false; /* function bodies of other ops */
@@ -446,7 +597,13 @@ int main(void) {
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, conv_padding_stride);
     tcase_add_test(tc, conv_groups);
+    tcase_add_test(tc, conv_depthwise_and_grouped);
+    tcase_add_test(tc, conv_transpose_stride_padding_groups);
+    tcase_add_test(tc, conv_transpose_ranks_dilation_output_shape);
     tcase_add_test(tc, conv_dilation);
+    tcase_add_test(tc, resize_scale_2);
+    tcase_add_test(tc, resize_fractional_scales_and_sizes);
+    tcase_add_test(tc, upsample_nearest_and_linear);
     tcase_add_test(tc, conv_auto_pad_and_ranks);
     tcase_add_test(tc, maxpool_padding_stride);
     tcase_add_test(tc, averagepool_count_include_pad);
