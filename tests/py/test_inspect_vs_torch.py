@@ -53,6 +53,8 @@ class Expected:
         self.batch = batch
         model = spec.build()
         self.params = sum(p.numel() for p in model.parameters())
+        # float buffers (batch norm's running statistics) are initializers too
+        self.buffers = sum(b.numel() for b in model.buffers() if b.is_floating_point())
         self.input_shape = [batch] + list(spec.sample_shape)
 
         self.layers = []  # one dict per Linear / Conv2d / attention call
@@ -148,7 +150,8 @@ def check_onnx_file(rep, exp, path, tag):
     g = model.graph
     init_names = {i.name for i in g.initializer}
     n_elems = sum(math.prod(i.dims) for i in g.initializer if i.data_type == onnx.TensorProto.FLOAT)
-    rep.equal("%s: float initializer elements (torch parameters)" % tag, n_elems, exp.params)
+    rep.equal("%s: float initializer elements (torch parameters and float buffers)" % tag, n_elems,
+              exp.params + exp.buffers)
 
     want = exp.node_counts()
     got = dict(gemm_conv=0, gemm_conv_with_bias=0, matmul=0)

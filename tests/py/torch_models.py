@@ -214,14 +214,17 @@ def export_onnx(spec, model, path, trace_batch=2):
     The export runs in training mode.  In eval mode torch's exporter merges
     initializers that merely hold equal values (e.g. two freshly built
     LayerNorms, all ones and all zeros), which would tie parameters that must
-    train separately.  None of these models has dropout or batch norm, so the
-    forward computation is the same in both modes.  Constant folding only
+    train separately, and folds batch norm into the convolutions.  The
+    resnet's batch norms export in their training form (docs/export.md);
+    the other models have neither dropout nor batch norm.  Constant folding only
     pre-transposes Linear weights that feed MatMul, which keeps them trainable
     (stored as W^T); torch's warning about it is silenced here.
     """
     dummy = spec.example_input(trace_batch)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*constant folding be turned off.*")
+        # batch norm's num_batches_tracked counter is not part of the graph
+        warnings.filterwarnings("ignore", message=".*Removing mutation from node aten::add_.*")
         torch.onnx.export(
             model,
             (dummy,),
