@@ -93,6 +93,17 @@ Value *gb_finish(GradCtx *c, Node *n) {
     return n->n_out ? n->out[0] : NULL;
 }
 
+Value *gb_finish_replacing(GradCtx *c, Node *n, Node *old) {
+    if (!n || diag_failed(c->d)) return NULL;
+    n->name = old->name;
+    n->out[0]->producer = NULL; /* the value gb_start made stays unused */
+    n->out[0] = old->out[0];
+    n->out[0]->producer = n;
+    n->out[0]->producer_slot = 0;
+    old->dead = true;
+    return gb_finish(c, n);
+}
+
 Value *gb_op1(GradCtx *c, const char *op, Value *a) {
     Value *in[1] = {a};
     return gb_finish(c, gb_start(c, "", op, 1, in, 1));

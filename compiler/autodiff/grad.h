@@ -32,6 +32,10 @@ void gb_attr_ints(GradCtx *c, Node *n, const char *name, const int64_t *v, int c
 void gb_attr_floats(GradCtx *c, Node *n, const char *name, const float *v, int count);
 void gb_attr_s(GradCtx *c, Node *n, const char *name, const char *v);
 Value *gb_finish(GradCtx *c, Node *n);
+/* gb_finish for a node that replaces `old` (training forms): n's first
+ * output becomes old's value, so every reader of old's output reads n's;
+ * n takes old's name, and old is removed. */
+Value *gb_finish_replacing(GradCtx *c, Node *n, Node *old);
 
 Value *gb_op1(GradCtx *c, const char *op, Value *a);
 Value *gb_op2(GradCtx *c, const char *op, Value *a, Value *b);

@@ -225,14 +225,7 @@ static bool bn_train_form(GradCtx *c, Node *n) {
     if (!t) return false;
     gb_attr_f(c, t, "epsilon", node_attr_f(n, "epsilon", 1e-5f));
     gb_attr_i(c, t, "count", count);
-    t->name = n->name;
-    /* Y keeps its value: every reader of the node's output reads the new node's. */
-    t->out[0]->producer = NULL; /* the value gb_start made stays unused */
-    t->out[0] = n->out[0];
-    t->out[0]->producer = t;
-    t->out[0]->producer_slot = 0;
-    if (!gb_finish(c, t)) return false;
-    n->dead = true;
+    if (!gb_finish_replacing(c, t, n)) return false;
     /* The running statistics move once per step, with the updates. */
     /* With micro-batches each normalises with its own statistics, as in
      * GPipe, and the running statistics take the whole batch's once per

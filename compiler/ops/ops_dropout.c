@@ -116,14 +116,7 @@ static bool dropout_train_form(GradCtx *c, Node *n) {
     Node *t = gb_start(c, "cleave", "DropoutTrain", 4, in, 1);
     if (!t) return false;
     gb_attr_f(c, t, "ratio", ratio);
-    t->name = n->name;
-    t->out[0]->producer = NULL; /* the value gb_start made stays unused */
-    t->out[0] = n->out[0];
-    t->out[0]->producer = t;
-    t->out[0]->producer_slot = 0;
-    if (!gb_finish(c, t)) return false;
-    n->dead = true;
-    return true;
+    return gb_finish_replacing(c, t, n) != NULL;
 }
 
 /* Outside training Dropout is the identity, and so is its gradient. */
