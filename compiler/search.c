@@ -128,6 +128,7 @@ static bool plan_and_simulate(const CompileOptions *o, const Cluster *cl, Kernel
     TrainGraph t;
     Plan p;
     if (!driver_build_plan(o, &c->layout, profile, &g, &t, &p, d)) return false;
+    c->batch_stats = t.n_batch_stats;
     SimResult r;
     bool ok = simulate_plan(&p, cl, &r, d);
     if (ok) {

@@ -26,6 +26,7 @@ typedef struct Candidate {
      * --stages takes them (malloc'd, comma-separated); NULL otherwise.
      * Compiled with --stages, the candidate is exactly the plan priced. */
     char *cuts;
+    int batch_stats; /* BatchNormalization layers in training form */
 } Candidate;
 
 typedef struct Search {

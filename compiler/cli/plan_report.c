@@ -59,6 +59,15 @@ static void print_text(const CompileOptions *o, const Search *s) {
                "largest arena %.1f MB\n",
                best->step_s * 1e3, best->step_s > 0 ? (double)o->batch / best->step_s : 0, best->bubble * 100,
                (double)best->comm_bytes / 1e6, (double)best->peak_bytes / 1e6);
+        if (best->batch_stats) {
+            const Layout *l = &best->layout;
+            bool global = l->replicas > 1 && !o->train.bn_local;
+            printf("  batch norm: %d layer%s, statistics of each %s%s%s\n", best->batch_stats,
+                   best->batch_stats > 1 ? "s" : "", l->microbatches > 1 ? "micro-batch" : "batch",
+                   global ? " over every replica, allreduced in the forward and backward passes"
+                          : l->replicas > 1 ? " on each replica alone (--bn-stats local)" : "",
+                   l->microbatches > 1 ? "; running statistics from the whole batch" : "");
+        }
         printf("  %-6s %12s %12s\n", "rank", "memory MB", "compute ms");
         for (int r = 0; r < best->n_ranks; r++)
             printf("  %-6d %12.2f %12.3f\n", r, (double)best->rank_bytes[r] / 1e6, best->rank_busy_s[r] * 1e3);
