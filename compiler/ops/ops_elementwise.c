@@ -5,6 +5,7 @@
  * functions share the clamping of their forward ops. */
 #include <float.h>
 #include <math.h>
+#include <string.h>
 
 #include "op_util.h"
 #include "ops_families.h"
@@ -73,6 +74,13 @@ static bool infer_variadic(OpCtx *c, Node *n) {
     int rank;
     if (!broadcast_inputs(c, n, 0, n->n_in, dims, &rank)) return false;
     set_out(n, 0, t, rank, dims);
+    return true;
+}
+
+static bool infer_float_variadic(OpCtx *c, Node *n) {
+    if (!infer_variadic(c, n)) return false;
+    if (!dtype_is_float(n->out[0]->dtype))
+        return op_error(c, n, "inputs are %s; a floating-point type is required", dtype_name(n->out[0]->dtype));
     return true;
 }
 
@@ -193,6 +201,12 @@ static double f_max(const double *x, const Node *n) {
     for (int i = 1; i < n->n_in; i++) m = x[i] > m ? x[i] : m;
     return m;
 }
+static double f_sum(const double *x, const Node *n) {
+    double s = x[0];
+    for (int i = 1; i < n->n_in; i++) s += x[i];
+    return s;
+}
+static double f_mean(const double *x, const Node *n) { return f_sum(x, n) / n->n_in; }
 static double f_min(const double *x, const Node *n) {
     double m = x[0];
     for (int i = 1; i < n->n_in; i++) m = x[i] < m ? x[i] : m;
@@ -304,6 +318,8 @@ FOLDER(fold_and, f_and, i_and)
 FOLDER(fold_or, f_or, i_or)
 FOLDER(fold_xor, f_xor, i_xor)
 FOLDER(fold_max, f_max, i_max)
+FOLDER(fold_sum, f_sum, NULL)
+FOLDER(fold_mean, f_mean, NULL)
 FOLDER(fold_min, f_min, i_min)
 FOLDER(fold_mod, f_mod, i_mod)
 FOLDER(fold_not, f_not, i_not)
@@ -492,6 +508,16 @@ static LLVMValueRef s_extreme(Cg *c, const Node *n, LLVMValueRef *x, bool max) {
     return m;
 }
 static LLVMValueRef s_max(Cg *c, const Node *n, LLVMValueRef *x) { return s_extreme(c, n, x, true); }
+/* x0 + x1 + ... in input order, as ONNX's reference adds them (float
+ * inputs: Sum and Mean are float-only). */
+static LLVMValueRef s_sum(Cg *c, const Node *n, LLVMValueRef *x) {
+    LLVMValueRef s = x[0];
+    for (int i = 1; i < n->n_in; i++) s = LLVMBuildFAdd(c->b, s, x[i], "");
+    return s;
+}
+static LLVMValueRef s_mean(Cg *c, const Node *n, LLVMValueRef *x) {
+    return LLVMBuildFDiv(c->b, s_sum(c, n, x), cg_f32(c, n->n_in), "");
+}
 static LLVMValueRef s_min(Cg *c, const Node *n, LLVMValueRef *x) { return s_extreme(c, n, x, false); }
 
 /* a < b as an i1, for either kind of operand cg_elementwise hands over. */
@@ -571,6 +597,8 @@ static LLVMValueRef s_hardswish_grad(Cg *c, const Node *n, LLVMValueRef *x) {
 #define CG_EW(name, fn) \
     static bool name(Cg *c, const Node *n) { return cg_elementwise(c, n, fn); }
 CG_EW(k_add, s_add)
+CG_EW(k_sum, s_sum)
+CG_EW(k_mean, s_mean)
 CG_EW(k_sub, s_sub)
 CG_EW(k_mul, s_mul)
 CG_EW(k_div, s_div)
@@ -663,6 +691,14 @@ static bool cg_logsoftmax(Cg *c, const Node *n) { return cg_softmax_common(c, n,
 
 /* ---- gradient rules ---- */
 
+/* Sum and Mean: every input gets dY (over n for Mean), summed over the
+ * dimensions it was broadcast along. */
+static bool g_sum(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    Value *d = strcmp(n->op_type, "Mean") == 0 ? gb_scale(c, dy[0], 1.0f / (float)n->n_in) : dy[0];
+    for (int i = 0; i < n->n_in; i++)
+        if (need[i]) dx[i] = gb_sum_to(c, d, n->in[i]);
+    return true;
+}
 static bool g_add(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
     if (need[0]) dx[0] = gb_sum_to(c, dy[0], n->in[0]);
     if (need[1]) dx[1] = gb_sum_to(c, dy[0], n->in[1]);
@@ -859,6 +895,9 @@ const OpDef op_And = {"And", "", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_compare,
 const OpDef op_Or = {"Or", "", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_compare, fold_or, flops_1};
 const OpDef op_Xor = {"Xor", "", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_compare, fold_xor, flops_1};
 const OpDef op_Max = {"Max", "", 1, 0, 1, 1 << 16, 1, 1, attrs_none, 0, infer_variadic, fold_max, flops_1, .cg = k_max, .scalar = s_max};
+/* Variadic float sums with broadcasting; inputs may be absent in no form. */
+const OpDef op_Sum = {"Sum", "", 1, 0, 1, 1 << 16, 1, 1, attrs_none, 0, infer_float_variadic, fold_sum, flops_1, .grad = g_sum, .cg = k_sum, .scalar = s_sum};
+const OpDef op_Mean = {"Mean", "", 1, 0, 1, 1 << 16, 1, 1, attrs_none, 0, infer_float_variadic, fold_mean, flops_1, .grad = g_sum, .cg = k_mean, .scalar = s_mean};
 const OpDef op_Min = {"Min", "", 1, 0, 1, 1 << 16, 1, 1, attrs_none, 0, infer_variadic, fold_min, flops_1, .cg = k_min, .scalar = s_min};
 const OpDef op_Mod = {"Mod", "", 10, 0, 2, 2, 1, 1, attrs_mod, 0, infer_broadcast, fold_mod, flops_1};
 const OpDef op_Where = {"Where", "", 9, 0, 3, 3, 1, 1, attrs_none, 0, infer_where, fold_where, flops_1, .grad = g_where, .cg = k_where};

@@ -1356,7 +1356,13 @@ const OpDef op_Slice = {"Slice", "", 1, 0, 1, 5, 1, 1, attrs_slice, 0, infer_sli
 const OpDef op_Pad = {"Pad", "", 2, 0, 1, 4, 1, 1, attrs_pad, 0, infer_pad, fold_pad, flops_zero, .grad = g_pad, .cg = k_pad};
 const OpDef op_Split = {"Split", "", 1, 0, 1, 2, 1, 1 << 16, attrs_split, 0, infer_split, fold_split, flops_zero, .grad = g_split, .cg = k_split};
 const OpDef op_Gather = {"Gather", "", 1, 0, 2, 2, 1, 1, attrs_axis0, 0, infer_gather, fold_gather, flops_zero, .cg = k_gather};
-const OpDef op_Expand = {"Expand", "", 8, 0, 2, 2, 1, 1, attrs_none, 0, infer_expand, fold_expand, flops_zero, .cg = k_expand};
+/* dX: dY summed over the dimensions X was broadcast along. */
+static bool g_expand(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
+    if (need[0]) dx[0] = gb_sum_to(c, dy[0], n->in[0]);
+    return true;
+}
+
+const OpDef op_Expand = {"Expand", "", 8, 0, 2, 2, 1, 1, attrs_none, 0, infer_expand, fold_expand, flops_zero, .grad = g_expand, .cg = k_expand};
 const OpDef op_Constant = {"Constant", "", 1, 0, 0, 0, 1, 1, attrs_none, 0, infer_constant, fold_constant, flops_zero};
 const OpDef op_ConstantOfShape = {"ConstantOfShape", "", 9, 0, 1, 1, 1, 1, attrs_value, 0, infer_constant_of_shape, fold_constant_of_shape, flops_zero};
 const OpDef op_Range = {"Range", "", 11, 0, 3, 3, 1, 1, attrs_none, 0, infer_range, fold_range, flops_zero};

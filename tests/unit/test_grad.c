@@ -97,6 +97,22 @@ START_TEST(arithmetic_broadcast) {
 }
 END_TEST
 
+/* Sum and Mean of three broadcast operands, and Expand: each operand's
+ * gradient summed back over the dimensions it was broadcast along. */
+START_TEST(variadic_and_expand) {
+    for (int mean = 0; mean < 2; mean++) {
+        GradCase k;
+        grad_case_init(&k, &rules);
+        Value *in[3] = {grad_param(&k, "A", 2, D(3, 4)), grad_param(&k, "B", 1, D(4)), grad_param(&k, "C", 2, D(3, 1))};
+        grad_check(&k, op(&k, mean ? "Mean" : "Sum", 3, in, NULL, NULL, 0, 0), 2e-2);
+    }
+    GradCase k;
+    grad_case_init(&k, &rules);
+    Value *in[2] = {grad_param(&k, "X", 2, D(3, 1)), gb_const_ints(&k.gc, D(2, 3, 4), 3)};
+    grad_check(&k, op(&k, "Expand", 2, in, NULL, NULL, 0, 0), 2e-2);
+}
+END_TEST
+
 static void unary_case(const char *name, Fill fill, const char *attr, float f) {
     GradCase k;
     grad_case_init(&k, &rules);
@@ -500,6 +516,7 @@ int main(void) {
     tcase_add_test(tc, gemm);
     tcase_add_test(tc, matmul_broadcast);
     tcase_add_test(tc, matmul_packed);
+    tcase_add_test(tc, variadic_and_expand);
     tcase_add_test(tc, arithmetic_broadcast);
     tcase_add_test(tc, activations);
     tcase_add_test(tc, softmax_family);
