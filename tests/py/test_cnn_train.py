@@ -2,7 +2,8 @@
 """Check that the CNNs people train, exported from PyTorch in training mode,
 train in cleave as in PyTorch, under every strategy.
 
-For each architecture below (torchvision's, and two of the test's own) at
+For each architecture below (torchvision's, two of the test's own and
+train_models' U-Net) at
 a small input size:
 
 1. Build it from a fixed seed; set every nn.Dropout's p to 0 (cleave's
@@ -73,6 +74,14 @@ def densenet_small():
                                        num_classes=10)
 
 
+def unet():
+    """train_models' U-Net (ConvTranspose, Resize, Concat skips), over 10 classes."""
+    import train_models
+    m = train_models.TinyUNet()
+    m.fc = torch.nn.Linear(m.fc.in_features, 10)
+    return m
+
+
 def tv(name):
     def make():
         import torchvision
@@ -96,6 +105,7 @@ MODELS = {
     "squeezenet1_1": (tv("squeezenet1_1"), (3, 32, 32), 13, 1e-3, 0, False, False),
     "densenet_small": (densenet_small, (3, 32, 32), 13, 1e-3, WARMUP, True, False),
     "cnn1d": (cnn1d, (4, 64), 13, 1e-2, WARMUP, True, False),
+    "unet": (unet, (3, 8, 8), 17, 1e-2, 0, False, False),
 }
 
 
