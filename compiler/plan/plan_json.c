@@ -185,10 +185,10 @@ static json_t *options_json(const TrainOptions *o) {
 /* What the batch statistics of BatchNormalization's training form cover
  * under this plan (docs/pipeline.md, "Batch normalisation"); null
  * without such layers. */
-static json_t *batch_norm_json(const Plan *p, const TrainOptions *o) {
+static json_t *batch_norm_json(const Plan *p, bool bn_local) {
     int n = p->t ? p->t->n_batch_stats : 0;
     if (n == 0) return json_null();
-    bool global = p->replicas > 1 && !o->bn_local;
+    bool global = p->replicas > 1 && !bn_local;
     const char *over = global ? "global batch" : p->replicas > 1 ? "replica" : "batch";
     return json_pack("{s:i, s:s, s:b}", "layers", n, "statistics", over, "allreduced", global);
 }
@@ -201,8 +201,9 @@ json_t *plan_json(const Plan *p, const TrainOptions *o) {
                              "replicas", p->replicas);
     if (!root) return NULL;
     json_object_set_new(root, "bucket_mb", json_real(p->bucket_mb));
-    json_object_set_new(root, "bn_stats", json_string(o->bn_local ? "local" : "global"));
-    json_object_set_new(root, "batch_norm", batch_norm_json(p, o));
+    bool bn_local = o && o->bn_local;
+    json_object_set_new(root, "bn_stats", json_string(bn_local ? "local" : "global"));
+    json_object_set_new(root, "batch_norm", batch_norm_json(p, bn_local));
     json_object_set_new(root, "stages", json_integer(p->n_stages));
     json_object_set_new(root, "microbatches", json_integer(p->microbatches));
     json_object_set_new(root, "micro_batch", json_integer(p->micro_batch));
