@@ -30,7 +30,7 @@ echo "== tests under ASan+UBSan"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
   LSAN_OPTIONS=suppressions="$root/tests/runtime/lsan.supp":print_suppressions=0 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 CLEAVE_TEST_STRIDE=6 CK_TIMEOUT_MULTIPLIER=4 \
-  CLEAVE_CNN_MODELS=cnn1d,resnet18 \
+  CLEAVE_CNN_MODELS=cnn1d,unet \
   ctest --output-on-failure --timeout 3000)
 
 # The CI fuzzing run is reproducible: a fixed seed and a fixed number of
