@@ -230,11 +230,15 @@ static bool bn_train_form(GradCtx *c, Node *n) {
     /* With micro-batches each normalises with its own statistics, as in
      * GPipe, and the running statistics take the whole batch's once per
      * step (torchgpipe's deferred batch norm): the plan sums S1, S2 and
-     * Q = S1^2 / count over the micro-batches, and the whole batch's sum
-     * of squared deviations is sum S2 + sum Q - (sum S1)^2 / (M count). */
+     * Q = count (mean - K)^2 over the micro-batches, K the running mean
+     * (fixed until the update), and the whole batch's sum of squared
+     * deviations is sum S2 + sum Q - M count (batch mean - K)^2.  The
+     * shift K keeps that difference small where the running mean tracks
+     * the batch's. */
     Value *Q = NULL;
     if (c->microbatches > 1) {
-        Node *q = gb_start(c, "cleave", "BatchNormMoment", 1, &S1, 1);
+        Value *moment[2] = {S1, n->in[3]};
+        Node *q = gb_start(c, "cleave", "BatchNormMoment", 2, moment, 1);
         gb_attr_i(c, q, "count", count);
         Q = gb_finish(c, q);
     }
@@ -369,14 +373,16 @@ static bool k_bn_stats(Cg *c, const Node *n) {
     return true;
 }
 
-/* Q[ch] = S1[ch]^2 / count, in double: a micro-batch's count * mean^2. */
+/* Q[ch] = count (S1[ch] / count - K[ch])^2 in double: a micro-batch's
+ * squared deviation of its mean from the running mean K, times count. */
 static bool k_bn_moment(Cg *c, const Node *n) {
-    const Value *S1 = n->in[0], *Q = n->out[0];
-    double rn = 1.0 / (double)node_attr_i(n, "count", 0);
+    const Value *S1 = n->in[0], *K = n->in[1], *Q = n->out[0];
+    double count = (double)node_attr_i(n, "count", 0);
     if (!cg_kernel_begin_io(c, n)) return false;
     CgLoop l;
-    LLVMValueRef ch = cg_for(c, &l, cg_i64(c, S1->dims[0].k)), s = to_d(c, cg_load(c, S1, ch));
-    cg_store(c, Q, ch, to_f(c, f_mul(c, f_mul(c, s, s), const_d(c, rn))));
+    LLVMValueRef ch = cg_for(c, &l, cg_i64(c, S1->dims[0].k));
+    LLVMValueRef d = f_sub(c, f_mul(c, to_d(c, cg_load(c, S1, ch)), const_d(c, 1.0 / count)), to_d(c, cg_load(c, K, ch)));
+    cg_store(c, Q, ch, to_f(c, f_mul(c, f_mul(c, d, d), const_d(c, count))));
     cg_for_end(c, &l);
     cg_kernel_end(c);
     return true;
@@ -433,7 +439,8 @@ static bool k_bn_running(Cg *c, const Node *n) {
     LLVMValueRef ch = cg_for(c, &l, cg_i64(c, C)), mean, var;
     stats_of(c, S1, S2, ch, count, &mean, &var);
     if (Q) { /* the micro-batches' deviations about their means, moved to the batch's */
-        LLVMValueRef spread = f_sub(c, to_d(c, cg_load(c, Q, ch)), f_mul(c, f_mul(c, mean, mean), const_d(c, (double)count)));
+        LLVMValueRef shift = f_sub(c, mean, to_d(c, cg_load(c, RM, ch)));
+        LLVMValueRef spread = f_sub(c, to_d(c, cg_load(c, Q, ch)), f_mul(c, f_mul(c, shift, shift), const_d(c, (double)count)));
         var = cg_max(c, f_add(c, var, f_mul(c, spread, const_d(c, 1.0 / (double)count))), const_d(c, 0));
     }
     LLVMValueRef unbiased = f_mul(c, var, const_d(c, (double)count / (double)(count - 1)));
@@ -543,7 +550,8 @@ const OpDef op_BatchNormalization = {"BatchNormalization", "", 1, 0, 5, 5, 1, 5,
 const OpDef op_BatchNormGrad = {"BatchNormGrad", "cleave", 1, 0, 5, 5, 3, 3, attrs_bn_grad, (1u << 3) | (1u << 4), infer_bn_grad, NULL, flops_norm_grad, .cg = k_batchnorm_grad};
 const OpDef op_BatchNormStats = {"BatchNormStats", "cleave", 1, 0, 1, 2, 1, 1, attrs_bn_group, 0, infer_bn_stats, NULL, flops_stats, .cg = k_bn_stats, .cg_eval = k_skip, .replica_sums = 1};
 const OpDef op_BatchNormTrain = {"BatchNormTrain", "cleave", 1, 0, 7, 7, 2, 2, attrs_bn_train, (1u << 5) | (1u << 6), infer_bn_train, NULL, flops_norm, .grad = g_bn_train, .cg = k_bn_train, .cg_eval = k_bn_train_eval};
-const OpDef op_BatchNormMoment = {"BatchNormMoment", "cleave", 1, 0, 1, 1, 1, 1, attrs_bn_count, 0, infer_like_input, NULL, flops_running, .cg = k_bn_moment, .cg_eval = k_skip};
+/* Input 1, the running mean, is state: read here, updated by BatchNormRunning. */
+const OpDef op_BatchNormMoment = {"BatchNormMoment", "cleave", 1, 0, 2, 2, 1, 1, attrs_bn_count, 2, infer_like_input, NULL, flops_running, .cg = k_bn_moment, .cg_eval = k_skip};
 const OpDef op_BatchNormRunning = {"BatchNormRunning", "cleave", 1, 0, 4, 5, 0, 0, attrs_bn_running, 3, infer_none, NULL, flops_running, .cg = k_bn_running, .mutates_inputs = 3};
 const OpDef op_BatchNormGradStats = {"BatchNormGradStats", "cleave", 1, 0, 3, 3, 3, 3, attrs_bn_group, 0, infer_bn_grad_stats, NULL, flops_grad_stats, .cg = k_bn_grad_stats, .replica_sums = 1};
 const OpDef op_BatchNormGradInput = {"BatchNormGradInput", "cleave", 1, 0, 5, 5, 1, 1, attrs_bn_count, 0, infer_bn_grad_input, NULL, flops_grad_input, .cg = k_bn_grad_input};

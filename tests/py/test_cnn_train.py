@@ -116,15 +116,16 @@ def make_data(shape, seed=1):
     return x, y
 
 
-def deferred_running_stats(model, inputs, momentum):
+def deferred_running_stats(inputs, momentum):
     """torchgpipe's deferred batch norm: each BatchNorm's running
     statistics take one update from the whole batch, its micro-batches'
-    inputs (captured in `inputs`) together."""
+    inputs (captured in `inputs`) together, with its own momentum."""
     for bn, xs in inputs.items():
         x = torch.cat(xs).transpose(0, 1).reshape(bn.num_features, -1)
+        m = momentum[bn]
         with torch.no_grad():
-            bn.running_mean.mul_(1 - momentum).add_(x.mean(1), alpha=momentum)
-            bn.running_var.mul_(1 - momentum).add_(x.var(1, unbiased=True), alpha=momentum)
+            bn.running_mean.mul_(1 - m).add_(x.mean(1), alpha=m)
+            bn.running_var.mul_(1 - m).add_(x.var(1, unbiased=True), alpha=m)
 
 
 def sgd_steps(model, x, y, lr, steps, dtype, replicas=1, micro=1):
@@ -138,6 +139,7 @@ def sgd_steps(model, x, y, lr, steps, dtype, replicas=1, micro=1):
     updated once per step from the whole batch's (deferred_running_stats)."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     bns = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    momentum = {bn: bn.momentum for bn in bns}  # mobilenet_v3's are 0.01
     inputs = {bn: [] for bn in bns}
     hooks = [bn.register_forward_pre_hook(lambda m, a: inputs[m].append(a[0].detach())) for bn in bns] \
         if micro > 1 else []
@@ -164,8 +166,8 @@ def sgd_steps(model, x, y, lr, steps, dtype, replicas=1, micro=1):
                 v.copy_(buffers[k])
         if micro > 1:
             for bn in bns:
-                bn.momentum = 0.1
-            deferred_running_stats(model, inputs, 0.1)
+                bn.momentum = momentum[bn]
+            deferred_running_stats(inputs, momentum)
         opt.step()
         losses.append(total)
     for h in hooks:
