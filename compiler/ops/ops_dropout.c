@@ -45,7 +45,23 @@ static double flops_mask(const Node *n) { return flops_per_out_elem(n, 6); }
 
 /* Whether the node drops in training: *ratio is its ratio.  False with the
  * Diag set when its mode or ratio is not a constant. */
-static bool dropout_mode(const Graph *g, Diag *d, const Node *n, bool *training, float *ratio);
+static bool dropout_mode(const Graph *g, Diag *d, const Node *n, bool *training, float *ratio) {
+    int64_t opset = graph_opset(g, "");
+    *ratio = node_attr_f(n, "ratio", 0.5f);
+    *training = opset > 0 && opset < 7 && node_attr_i(n, "is_test", 1) == 0;
+    if (opset >= 12 || opset == 0) {
+        const Value *r = n->n_in > 1 ? n->in[1] : NULL, *t = n->n_in > 2 ? n->in[2] : NULL;
+        if ((r && !(r->konst && r->konst->n == 1)) || (t && !(t->konst && t->konst->n == 1)))
+            return diag_error(d, DIAG_UNSUPPORTED, "%s: node '%s' (Dropout): ratio and training_mode must be "
+                              "constant scalars", g->path, n->name);
+        *ratio = r ? (float)const_get_f(r->konst, 0) : 0.5f;
+        *training = t && const_get_f(t->konst, 0) != 0;
+    }
+    if (*training && !(*ratio >= 0 && *ratio < 1))
+        return diag_error(d, DIAG_UNSUPPORTED, "%s: node '%s' (Dropout): ratio %g; training needs a ratio in "
+                          "[0, 1)", g->path, n->name, (double)*ratio);
+    return true;
+}
 
 /* The identity, as at inference; the mask output (opset 10+) all true.
  * Training mode with a ratio is computed only in training graphs, where
@@ -73,24 +89,6 @@ static bool k_dropout_eval(Cg *c, const Node *n) {
 }
 
 /* ---- the training form ---- */
-
-static bool dropout_mode(const Graph *g, Diag *d, const Node *n, bool *training, float *ratio) {
-    int64_t opset = graph_opset(g, "");
-    *ratio = node_attr_f(n, "ratio", 0.5f);
-    *training = opset > 0 && opset < 7 && node_attr_i(n, "is_test", 1) == 0;
-    if (opset >= 12 || opset == 0) {
-        const Value *r = n->n_in > 1 ? n->in[1] : NULL, *t = n->n_in > 2 ? n->in[2] : NULL;
-        if ((r && !(r->konst && r->konst->n == 1)) || (t && !(t->konst && t->konst->n == 1)))
-            return diag_error(d, DIAG_UNSUPPORTED, "%s: node '%s' (Dropout): ratio and training_mode must be "
-                              "constant scalars", g->path, n->name);
-        *ratio = r ? (float)const_get_f(r->konst, 0) : 0.5f;
-        *training = t && const_get_f(t->konst, 0) != 0;
-    }
-    if (*training && !(*ratio >= 0 && *ratio < 1))
-        return diag_error(d, DIAG_UNSUPPORTED, "%s: node '%s' (Dropout): ratio %g; training needs a ratio in "
-                          "[0, 1)", g->path, n->name, (double)*ratio);
-    return true;
-}
 
 static bool dropout_train_form(GradCtx *c, Node *n) {
     Graph *g = c->g;
