@@ -41,6 +41,8 @@ static int reduce_axes(OpCtx *c, const Node *n, bool *red) {
 
 static bool infer_reduce(OpCtx *c, Node *n) {
     const Value *x = n->in[0];
+    if (n->n_in > 1 && n->in[1] && n->in[1]->dtype != DT_INT64)
+        return op_error(c, n, "axes '%s' are %s; int64 expected", n->in[1]->name, dtype_name(n->in[1]->dtype));
     bool red[MAX_RANK];
     int known = reduce_axes(c, n, red);
     if (known < 0) return false;
@@ -285,7 +287,11 @@ static bool g_reduce_linear(GradCtx *c, Node *n, Value *const *dy, Value **dx, c
     const Value *x = n->in[0];
     OpCtx oc = {c->g, c->d, graph_opset(c->g, "")};
     bool red[MAX_RANK];
-    if (reduce_axes(&oc, n, red) != 1) return false;
+    int known = reduce_axes(&oc, n, red);
+    if (known < 0) return false;
+    if (known == 0)
+        return diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (%s): the gradient needs constant axes, not '%s'",
+                          c->g->path, n->name, n->op_type, n->in[1]->name);
     int64_t axes[MAX_RANK], count = 1;
     int na = 0;
     for (int j = 0; j < x->rank; j++)

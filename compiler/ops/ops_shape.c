@@ -533,6 +533,14 @@ static bool pad_params(OpCtx *c, const Node *n, int r, PadSpec *p, bool *err) {
         if (!norm_axis(c, n, &a, r)) return false;
         if (seen[a]) return op_error(c, n, "axis %lld repeated", (long long)a);
         seen[a] = true;
+        /* Bounded so that negating, adding and comparing pads cannot
+         * overflow; no tensor axis comes near 2^31 elements of padding. */
+        for (int e = 0; e < 2; e++) {
+            int64_t v = pads[i + e * na];
+            if (v < -INT32_MAX || v > INT32_MAX)
+                return op_error(c, n, "pad %lld on axis %lld is out of range (at most 2^31-1 either way)",
+                                (long long)v, (long long)a);
+        }
         p->begin[a] = pads[i];
         p->end[a] = pads[na + i];
     }

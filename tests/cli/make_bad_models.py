@@ -283,6 +283,11 @@ def model_cases(outdir):
         helper.make_node("Pad", ["x", "pads"], ["y"], name="pad_crop_4_of_3"),
     ], [vi("x", F, [2, 3])], [vi("y", F, None)], inits=[const_init("pads", np.array([0, -2, 0, -2], np.int64))]))
 
+    save("pad_int64_min.onnx", model("pad_min", [
+        helper.make_node("Pad", ["x", "pads"], ["y"], name="pad_int64_min"),
+    ], [vi("x", F, [2, 3])], [vi("y", F, None)],
+        inits=[const_init("pads", np.array([0, np.iinfo(np.int64).min, 0, 1], np.int64))]))
+
     save("pad_reflect_too_far.onnx", model("pad_reflect", [
         helper.make_node("Pad", ["x", "pads"], ["y"], name="pad_reflect_3", mode="reflect"),
     ], [vi("x", F, [2, 3])], [vi("y", F, None)], inits=[const_init("pads", np.array([0, 3, 0, 0], np.int64))]))

@@ -260,6 +260,7 @@ if [ "$gen" -eq 0 ]; then
   bad pad_pads_length.onnx "node 'pad_three_pads' \(Pad\): pads has 3 entries; a begin and an end for each of 2 axes \(4\) expected"
   bad pad_unknown_mode.onnx "node 'pad_mirror' \(Pad\): unknown mode 'mirror' \(constant, reflect, edge or wrap\)"
   bad pad_crop_too_much.onnx "node 'pad_crop_4_of_3' \(Pad\): pads -2 and -2 crop more than the 3 elements of axis 1"
+  bad pad_int64_min.onnx "node 'pad_int64_min' \(Pad\): pad -9223372036854775808 on axis 1 is out of range"
   bad pad_reflect_too_far.onnx "node 'pad_reflect_3' \(Pad\): reflect padding by 3 on axis 1 needs more than 3 elements"
   bad pad_attr_missing.onnx "node 'pad_no_pads' \(Pad\): pads are missing"
   bad split_parts_sum.onnx "node 'split_2_2_of_5' \(Split\): the parts sum to 4 but axis 1 has length 5"
