@@ -135,6 +135,12 @@ void cg_gemm_configure(const CgGemmConfig *cfg) {
     else memset(&config, 0, sizeof config);
 }
 
+int cg_gemm_forced(void) { return config.force; }
+
+int cg_vector_floats(void) {
+    return config.w == 4 || config.w == 8 || config.w == 16 ? config.w : target()->w;
+}
+
 bool cg_gemm_applies(const Value *a, const Value *b, const Value *y, int64_t M, int64_t N, int64_t K) {
     if (a->dtype != DT_FLOAT || b->dtype != DT_FLOAT || y->dtype != DT_FLOAT) return false;
     if (M < 1 || N < 1 || K < 1 || config.force < 0) return false;
@@ -225,8 +231,8 @@ static LLVMValueRef min_i64(Cg *c, LLVMValueRef a, int64_t b) {
     return LLVMBuildSelect(c->b, LLVMBuildICmp(c->b, LLVMIntSLT, a, bv, ""), a, bv, "");
 }
 
-static LLVMValueRef intrinsic(Cg *c, const char *name, LLVMTypeRef *over, unsigned n_over, LLVMValueRef *args,
-                              unsigned n_args) {
+LLVMValueRef cg_intrinsic(Cg *c, const char *name, LLVMTypeRef *over, unsigned n_over, LLVMValueRef *args,
+                          unsigned n_args) {
     unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
     LLVMValueRef fn = LLVMGetIntrinsicDeclaration(c->mod, id, over, n_over);
     LLVMTypeRef ty = LLVMIntrinsicGetType(c->ctx, id, over, n_over);
@@ -282,27 +288,25 @@ static LLVMValueRef begin_fn(Cg *c, const char *name, int n_ptr, int n_i64, cons
     return fn;
 }
 
-/* ---- the packing scratch area ---- */
+/* ---- scratch areas ---- */
 
+/* One packing area serves every product (a product split among threads
+ * takes one slice per thread). */
 #define PACK_GLOBAL "cleave.gemm.pack"
 
-/* The module's scratch area with room for at least n floats.  One area
- * serves every product (kernels run one at a time; a product split among
- * threads takes one slice per thread), so it is replaced by a larger one
- * when a product needs more. */
-static LLVMValueRef pack_area(Cg *c, int64_t n) {
-    LLVMValueRef old = LLVMGetNamedGlobal(c->mod, PACK_GLOBAL);
+LLVMValueRef cg_scratch(Cg *c, const char *name, int64_t n) {
+    LLVMValueRef old = LLVMGetNamedGlobal(c->mod, name);
     if (old && (int64_t)LLVMGetArrayLength(LLVMGlobalGetValueType(old)) >= n) return old;
     LLVMTypeRef t = LLVMArrayType(c->t_f32, (unsigned)n);
-    LLVMValueRef g = LLVMAddGlobal(c->mod, t, old ? PACK_GLOBAL ".grown" : PACK_GLOBAL);
+    LLVMValueRef g = LLVMAddGlobal(c->mod, t, "cleave.scratch.grown");
     LLVMSetInitializer(g, LLVMConstNull(t));
     LLVMSetLinkage(g, LLVMInternalLinkage);
     LLVMSetAlignment(g, 64);
     if (old) {
         LLVMReplaceAllUsesWith(old, g);
         LLVMDeleteGlobal(old);
-        LLVMSetValueName2(g, PACK_GLOBAL, strlen(PACK_GLOBAL));
     }
+    LLVMSetValueName2(g, name, strlen(name));
     return g;
 }
 
@@ -362,7 +366,7 @@ static LLVMValueRef load_lanes(Cg *c, LLVMValueRef p, int n, int lanes) {
     if (lanes >= n) return load(c, vt, p, 4);
     LLVMTypeRef over[2] = {vt, c->t_ptr};
     LLVMValueRef args[4] = {p, LLVMConstInt(c->t_i32, 4, 0), lane_mask(c, n, lanes), LLVMConstNull(vt)};
-    return intrinsic(c, "llvm.masked.load", over, 2, args, 4);
+    return cg_intrinsic(c, "llvm.masked.load", over, 2, args, 4);
 }
 
 /* Rows t < R of an operand whose rows are contiguous in k, transposed into
@@ -478,7 +482,7 @@ static void k_step(Cg *c, const Blocking *k, LLVMValueRef ap, LLVMValueRef bp, L
         a = splat(c, a, W);
         for (int v = 0; v < nv; v++) {
             LLVMValueRef args[3] = {a, bv[v], acc[r * nv + v]};
-            acc[r * nv + v] = intrinsic(c, FMA, &vt, 1, args, 3);
+            acc[r * nv + v] = cg_intrinsic(c, FMA, &vt, 1, args, 3);
         }
     }
 }
@@ -511,7 +515,7 @@ static LLVMValueRef micro_kernel(Cg *c, const CgGemm *g, const Blocking *k, int 
             LLVMTypeRef pt = c->t_ptr;
             LLVMValueRef args[4] = {at(c, cp, cg_i64(c, r * g->ldy + e)), LLVMConstInt(c->t_i32, 1, 0),
                                     LLVMConstInt(c->t_i32, 3, 0), LLVMConstInt(c->t_i32, 1, 0)};
-            intrinsic(c, "llvm.prefetch", &pt, 1, args, 4);
+            cg_intrinsic(c, "llvm.prefetch", &pt, 1, args, 4);
             if (e != off) break;
         }
 
@@ -585,20 +589,20 @@ static LLVMValueRef micro_kernel(Cg *c, const CgGemm *g, const Blocking *k, int 
             LLVMValueRef y;
             if (part) {
                 LLVMValueRef args[4] = {p, LLVMConstInt(c->t_i32, 4, 0), mask, zero};
-                y = intrinsic(c, "llvm.masked.load", over, 2, args, 4);
+                y = cg_intrinsic(c, "llvm.masked.load", over, 2, args, 4);
             } else {
                 y = load(c, vt, p, 4);
             }
             LLVMValueRef s = acc[r * nv + v];
             if (alpha) {
                 LLVMValueRef args[3] = {alpha, s, y};
-                y = intrinsic(c, FMA, &vt, 1, args, 3);
+                y = cg_intrinsic(c, FMA, &vt, 1, args, 3);
             } else {
                 y = LLVMBuildFAdd(c->b, y, s, "");
             }
             if (part) {
                 LLVMValueRef args[4] = {y, p, LLVMConstInt(c->t_i32, 4, 0), mask};
-                intrinsic(c, "llvm.masked.store", over, 2, args, 4);
+                cg_intrinsic(c, "llvm.masked.store", over, 2, args, 4);
             } else {
                 store(c, y, p, 4);
             }
@@ -824,7 +828,7 @@ static LLVMValueRef gemm_fn(Cg *c, const CgGemm *g, const Blocking *k) {
     /* one slice of scratch per part, 64-byte aligned so the B panels stay
      * aligned and no two threads write the same cache line */
     int64_t slice = round_up(a_area + k->kc * k->nc, 16);
-    LLVMValueRef area = pack_area(c, s.threads > 1 ? s.threads * slice : a_area + k->kc * k->nc);
+    LLVMValueRef area = cg_scratch(c, PACK_GLOBAL, s.threads > 1 ? s.threads * slice : a_area + k->kc * k->nc);
 
     if (s.threads > 1) {
         char tname[300];

@@ -46,6 +46,14 @@ bool cg_gemm_applies(const Value *a, const Value *b, const Value *y, int64_t M, 
  * are pointers to the first element of each matrix. */
 void cg_gemm(Cg *c, const CgGemm *g, LLVMValueRef a, LLVMValueRef b, LLVMValueRef y);
 
+/* The module's scratch area `name`, with room for at least n floats: a
+ * zero-initialised internal global, 64-byte aligned, shared by every
+ * kernel that asks for the same name (kernels run one at a time).  When a
+ * kernel needs more than an earlier one, the area is replaced by a larger
+ * one for all of them.  The packed products use "cleave.gemm.pack"; the
+ * convolutions' patch matrices have areas of their own. */
+LLVMValueRef cg_scratch(Cg *c, const char *name, int64_t n);
+
 /* Below this many multiply-adds the packing does not pay for itself (see
  * docs/perf.md for the measurement). */
 #define CG_GEMM_MIN_VOLUME (16 * 16 * 32)
@@ -72,6 +80,20 @@ typedef struct CgGemmConfig {
 /* Replaces the settings (NULL restores the defaults).  Not thread-safe:
  * call it before building modules. */
 void cg_gemm_configure(const CgGemmConfig *cfg);
+
+/* The `force` setting in effect: 1 when tests force the packed path on
+ * every float32 product (convolutions of any size included), -1 when
+ * they keep it off, 0 by default. */
+int cg_gemm_forced(void);
+
+/* Floats per vector register of the products (16 with AVX-512, 8 with
+ * AVX): the width other kernels built around them should use. */
+int cg_vector_floats(void);
+
+/* A call of the LLVM intrinsic `name` ("llvm.masked.load"), overloaded on
+ * the types over[0..n_over). */
+LLVMValueRef cg_intrinsic(Cg *c, const char *name, LLVMTypeRef *over, unsigned n_over, LLVMValueRef *args,
+                          unsigned n_args);
 
 /* What the generator would use for a product of this size, as one line
  * ("W=16 MR=8 NR=48 KC=272 NC=960 L1=49152 L2=2097152"). */

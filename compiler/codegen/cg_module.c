@@ -5,6 +5,7 @@
 #include <llvm-c/Analysis.h>
 #include <llvm-c/LLJIT.h>
 #include <llvm-c/Orc.h>
+#include <llvm-c/Support.h>
 #include <llvm-c/Target.h>
 #include <llvm-c/Transforms/PassBuilder.h>
 #include <stdio.h>
@@ -297,6 +298,20 @@ static bool cpu_name_works(LLVMTargetRef target, const char *triple, const char 
 static LLVMTargetMachineRef make_target(const CgOptions *o, Diag *d) {
     LLVMInitializeNativeTarget();
     LLVMInitializeNativeAsmPrinter();
+#if defined(__x86_64__)
+    /* x86's back end turns conditional moves inside loops into branches
+     * when it guesses them predictable.  The kernels' selects depend on
+     * the data (a pooling window's maximum, a ReLU's sign), where a
+     * branch mispredicts about half the time: MaxPool's gradient ran 10x
+     * slower than the forward pass with them.  Options are parsed once
+     * per process. */
+    static bool options_set;
+    if (!options_set) {
+        const char *argv[] = {"cleave", "-x86-cmov-converter=false"};
+        LLVMParseCommandLineOptions(2, argv, NULL);
+        options_set = true;
+    }
+#endif
     char *triple = LLVMGetDefaultTargetTriple(), *err = NULL;
     LLVMTargetRef target;
     if (LLVMGetTargetFromTriple(triple, &target, &err)) {

@@ -13,6 +13,8 @@
 #include "../autodiff/grad.h"
 #include "../codegen/cg.h"
 #include "ops_cg.h"
+#include "ops_conv_gemm.h"
+#include "ops_window.h"
 
 /* Spatial output sizes for Conv and the pools, honouring auto_pad, pads,
  * strides, dilations and ceil_mode.  `kernel` holds the window size per
@@ -331,67 +333,6 @@ static bool infer_layernorm(OpCtx *c, Node *n) {
 
 static double flops_norm(const Node *n) { return flops_per_out_elem(n, 5); }
 
-/* ==== code generation: window geometry ====
- *
- * Conv and the pools slide a window over the spatial dims.  Along spatial
- * axis j, output position o and kernel offset k read input position
- * i = o*s - pb + k*d, which exists when 0 <= i < in; positions outside are
- * padding (skipped: zeros for Conv, excluded for MaxPool and AveragePool).
- * Loops run only over the valid ranges, so no kernel tests bounds per
- * element. */
-
-typedef struct Win {
-    int nsp; /* spatial dims */
-    int64_t in[MAX_RANK], out[MAX_RANK], k[MAX_RANK], s[MAX_RANK], d[MAX_RANK], pb[MAX_RANK], pe[MAX_RANK];
-    int64_t in_sz, out_sz, k_sz; /* elements of one spatial plane / kernel */
-} Win;
-
-/* The sizes, strides and dilations of node n's window between input-shaped
- * x and output-shaped y (both NCHW), no padding yet. */
-static void win_init(const Node *n, const Value *x, const Value *y, const int64_t *kernel, Win *w) {
-    int nsp = x->rank - 2;
-    const int64_t *strides = NULL, *dil = NULL;
-    int ks = node_attr_ints(n, "strides", &strides), kd = node_attr_ints(n, "dilations", &dil);
-    w->nsp = nsp;
-    w->in_sz = w->out_sz = w->k_sz = 1;
-    for (int i = 0; i < nsp; i++) {
-        w->in[i] = x->dims[2 + i].k;
-        w->out[i] = y->dims[2 + i].k;
-        w->k[i] = kernel[i];
-        w->s[i] = ks == nsp ? strides[i] : 1;
-        w->d[i] = kd == nsp ? dil[i] : 1;
-        w->pb[i] = w->pe[i] = 0;
-        w->in_sz *= w->in[i];
-        w->out_sz *= w->out[i];
-        w->k_sz *= w->k[i];
-    }
-}
-
-/* Geometry of node n whose input-shaped value is x and output-shaped value
- * y (both NCHW), with the given kernel sizes: strides, dilations, and the
- * padding auto_pad or pads amount to. */
-static void win_resolve(const Node *n, const Value *x, const Value *y, const int64_t *kernel, Win *w) {
-    win_init(n, x, y, kernel, w);
-    const int64_t *pads = NULL;
-    int kp = node_attr_ints(n, "pads", &pads);
-    const char *ap = node_attr_s(n, "auto_pad", "NOTSET");
-    bool upper = strcmp(ap, "SAME_UPPER") == 0, lower = strcmp(ap, "SAME_LOWER") == 0;
-    if (strcmp(ap, "VALID") == 0 || (!upper && !lower && kp != 2 * w->nsp)) return;
-    for (int i = 0; i < w->nsp; i++) {
-        if (upper || lower) {
-            /* SAME: the total padding that makes out = ceil(in / s), the
-             * odd element at the end (UPPER) or the beginning (LOWER) */
-            int64_t total = (w->out[i] - 1) * w->s[i] + (w->k[i] - 1) * w->d[i] + 1 - w->in[i];
-            if (total < 0) total = 0;
-            w->pb[i] = upper ? total / 2 : total - total / 2;
-            w->pe[i] = total - w->pb[i];
-        } else {
-            w->pb[i] = pads[i];
-            w->pe[i] = pads[w->nsp + i];
-        }
-    }
-}
-
 /* The window of the convolution whose input gradient ConvTranspose node n
  * computes: it reads y, the ConvTranspose's output, and writes x, its
  * input. */
@@ -403,63 +344,6 @@ static bool convt_win(OpCtx *c, const Node *n, const Value *x, const Value *y, c
     }
     return true;
 }
-
-/* Row-major strides of dims[0..r). */
-static void strides_of(const int64_t *dims, int r, int64_t *st) {
-    int64_t s = 1;
-    for (int j = r - 1; j >= 0; j--) {
-        st[j] = s;
-        s *= dims[j];
-    }
-}
-
-static LLVMValueRef imax(Cg *c, LLVMValueRef a, LLVMValueRef b) {
-    return LLVMBuildSelect(c->b, LLVMBuildICmp(c->b, LLVMIntSGT, a, b, ""), a, b, "");
-}
-
-static LLVMValueRef imin(Cg *c, LLVMValueRef a, LLVMValueRef b) {
-    return LLVMBuildSelect(c->b, LLVMBuildICmp(c->b, LLVMIntSLT, a, b, ""), a, b, "");
-}
-
-/* a + x*m for constants a and m. */
-static LLVMValueRef affine(Cg *c, int64_t a, LLVMValueRef x, int64_t m) {
-    return cg_add(c, cg_i64(c, a), cg_mul(c, x, m));
-}
-
-static LLVMValueRef sdiv_k(Cg *c, LLVMValueRef a, int64_t k) {
-    return k == 1 ? a : LLVMBuildSDiv(c->b, a, cg_i64(c, k), "");
-}
-
-/* Smallest j >= 0 with j*div >= t: max(0, ceil(t/div)). */
-static LLVMValueRef lo_bound(Cg *c, LLVMValueRef t, int64_t div) {
-    return sdiv_k(c, cg_add(c, imax(c, t, cg_i64(c, 0)), cg_i64(c, div - 1)), div);
-}
-
-/* One past the largest j < limit with j*div <= u: clamp(floor(u/div)+1,
- * 0, limit); 0 when u < 0. */
-static LLVMValueRef hi_bound(Cg *c, LLVMValueRef u, int64_t div, int64_t limit) {
-    LLVMValueRef v = sdiv_k(c, cg_add(c, imax(c, u, cg_i64(c, -1)), cg_i64(c, div)), div);
-    return imin(c, v, cg_i64(c, limit));
-}
-
-/* Kernel offsets k of axis j that read inside the input at output o. */
-static void kernel_range(Cg *c, const Win *w, int j, LLVMValueRef o, LLVMValueRef *lo, LLVMValueRef *hi) {
-    *lo = lo_bound(c, affine(c, w->pb[j], o, -w->s[j]), w->d[j]);
-    *hi = hi_bound(c, affine(c, w->in[j] - 1 + w->pb[j], o, -w->s[j]), w->d[j], w->k[j]);
-}
-
-/* Output positions o of axis j whose kernel offset k reads inside. */
-static void output_range(Cg *c, const Win *w, int j, LLVMValueRef k, LLVMValueRef *lo, LLVMValueRef *hi) {
-    *lo = lo_bound(c, affine(c, w->pb[j], k, -w->d[j]), w->s[j]);
-    *hi = hi_bound(c, affine(c, w->in[j] - 1 + w->pb[j], k, -w->d[j]), w->s[j], w->out[j]);
-}
-
-/* Input position o*s - pb + k*d of axis j. */
-static LLVMValueRef in_pos(Cg *c, const Win *w, int j, LLVMValueRef o, LLVMValueRef k) {
-    return cg_add(c, affine(c, -w->pb[j], o, w->s[j]), cg_mul(c, k, w->d[j]));
-}
-
-
 
 /* sum over t < len of a[ab + t] * b[bb + t*bs], or of a[ab + t] alone when
  * b is NULL, len known at run time.  When both run contiguously the sum
@@ -632,6 +516,12 @@ static bool k_conv(Cg *c, const Node *n) {
     int64_t N = X->dims[0].k, C = X->dims[1].k, M = Y->dims[1].k, G = node_attr_i(n, "group", 1);
     int64_t Cpg = C / G, Mpg = M / G;
     if (!cg_kernel_begin_io(c, n)) return false;
+    ConvShape cs = {w, N, C, M, G};
+    if (conv_gemm_applies(&cs, X, W, Y)) {
+        conv_gemm_forward(c, &cs, X, W, B, Y);
+        cg_kernel_end(c);
+        return true;
+    }
     Nest ns = {.n = 0};
     LLVMValueRef in = nest_for(c, &ns, cg_i64(c, N)), g = nest_for(c, &ns, cg_i64(c, G));
     LLVMValueRef m = cg_mad(c, g, Mpg, nest_for(c, &ns, cg_i64(c, Mpg)));
@@ -684,6 +574,14 @@ static bool k_conv_grad_input(Cg *c, const Node *n) {
     conv_kernel_sizes(W, kernel);
     Win w;
     win_resolve(n, dX, dY, kernel, &w);
+    conv_flatten_pointwise(&w);
+    ConvShape cs = {w, dX->dims[0].k, dX->dims[1].k, dY->dims[1].k, node_attr_i(n, "group", 1)};
+    if (conv_gemm_applies(&cs, dX, W, dY)) {
+        if (!cg_kernel_begin_io(c, n)) return false;
+        conv_gemm_grad_input(c, &cs, dY, W, dX);
+        cg_kernel_end(c);
+        return true;
+    }
     return conv_transposed(c, n, dY, W, NULL, dX, &w);
 }
 
@@ -712,6 +610,12 @@ static bool k_conv_grad_weight(Cg *c, const Node *n) {
     int64_t Cpg = C / G, Mpg = M / G, E = value_numel(dW);
     const Value *acc = n->n_out > 1 ? n->out[1] : NULL;
     if (!cg_kernel_begin_io(c, n)) return false;
+    ConvShape cs = {w, N, C, M, G};
+    if (conv_gemm_applies(&cs, X, dW, dY)) {
+        conv_gemm_grad_weight(c, &cs, dY, X, dW, acc);
+        cg_kernel_end(c);
+        return true;
+    }
     cg_fill(c, acc ? acc : dW, acc ? 2 * E : E, cg_f32(c, 0)); /* float64 zeros are float32 zeros */
     /* batch outermost: one sample's planes stay in cache while every
      * filter of it accumulates */

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "support.h"
+#include "codegen/cg_gemm.h"
 #include "frontend/onnx.h"
 #include "ir/shapes.h"
 #include "ops/ops.h"
@@ -51,7 +52,7 @@ typedef struct ConvSpec {
     const char *auto_pad;
 } ConvSpec;
 
-static void conv_case(const ConvSpec *cs) {
+static void conv_case_once(const ConvSpec *cs) {
     GradCase k;
     grad_case_init(&k, &rules);
     int nsp = cs->rank - 2;
@@ -66,6 +67,16 @@ static void conv_case(const ConvSpec *cs) {
     grad_check(&k, grad_finish(&k, n), 2e-2);
 }
 
+/* Each Conv case twice: with the kernels the sizes pick (the direct ones,
+ * at these sizes), and with every convolution forced onto the packed
+ * products (ops_conv_gemm.c), in blocks of one and of several samples. */
+static void conv_case(const ConvSpec *cs) {
+    conv_case_once(cs);
+    cg_gemm_configure(&(CgGemmConfig){.force = 1});
+    conv_case_once(cs);
+    cg_gemm_configure(NULL);
+}
+
 START_TEST(conv_padding_stride) {
     /* asymmetric padding, unequal strides, bias */
     conv_case(&(ConvSpec){4, D(2, 3, 7, 6), D(4, 3, 3, 3), true, 1, D(1, 0, 2, 1), D(2, 1), NULL, NULL});
@@ -76,6 +87,10 @@ START_TEST(conv_groups) {
     conv_case(&(ConvSpec){4, D(2, 4, 5, 5), D(6, 2, 3, 3), true, 2, D(1, 1, 1, 1), NULL, NULL, NULL});
     /* depthwise */
     conv_case(&(ConvSpec){4, D(1, 3, 6, 5), D(3, 1, 2, 3), false, 3, D(0, 1, 1, 0), D(2, 2), NULL, NULL});
+    /* pointwise (1x1): one sample, where the packed path reads the image
+     * in place, and grouped over two samples */
+    conv_case(&(ConvSpec){4, D(1, 4, 5, 6), D(6, 4, 1, 1), true, 1, NULL, NULL, NULL, NULL});
+    conv_case(&(ConvSpec){4, D(2, 4, 3, 3), D(4, 2, 1, 1), false, 2, NULL, NULL, NULL, NULL});
 }
 END_TEST
 

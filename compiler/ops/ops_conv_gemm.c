@@ -1,0 +1,387 @@
+/* ops_conv_gemm.c - Conv's training kernels as packed matrix products
+ * (ops_conv_gemm.h).
+ *
+ * For a block of nb samples and one group g, with P output positions per
+ * sample and K = Cpg * kernel elements:
+ *
+ *   forward        Y_g  (Mpg x nb*P)  = W_g (Mpg x K) * cols (K x nb*P)
+ *   input grad     cols (K x nb*P)    = W_g^T * dY_g, scattered onto dX
+ *   weight grad    dW_g (Mpg x K)    += dY_g * cols^T
+ *
+ * where cols holds the block's patches (row (c, kernel offset), column
+ * (sample, output position)).  Samples are blocked so that a product has
+ * at least MIN_COLS columns: the late layers of a CNN have few output
+ * positions, and a product one or two columns wide leaves the
+ * micro-kernel's vectors empty.  With one sample per block the products
+ * read and write Y and dY in place; with more, the rows of each output
+ * channel are regrouped through a scratch matrix, a copy of P floats at a
+ * time.
+ *
+ * Every sum has a fixed order (cg_gemm's, then the blocks in order), so the
+ * bits depend on the shapes alone, as everywhere else. */
+#include <string.h>
+
+#include "../codegen/cg_gemm.h"
+#include "op_util.h"
+#include "ops_cg.h"
+#include "ops_conv_gemm.h"
+
+/* Scratch areas (cg_scratch): the patch matrix, a block's output-channel
+ * rows, and one group's weight gradient before its float64 sum. */
+#define COL_AREA "cleave.conv.cols"
+#define ROWS_AREA "cleave.conv.rows"
+#define DW_AREA "cleave.conv.dw"
+
+/* Products at least this wide fill the micro-kernel's vectors (its tiles
+ * are 48 or 64 columns wide) several times over. */
+enum { MIN_COLS = 256 };
+
+static int64_t k_dim(const ConvShape *s) { return s->C / s->G * s->w.k_sz; }
+static int64_t mpg(const ConvShape *s) { return s->M / s->G; }
+
+/* Samples per block. */
+static int64_t block_of(const ConvShape *s) {
+    int64_t P = s->w.out_sz, nb = (MIN_COLS + P - 1) / P;
+    return nb > s->N ? s->N : nb < 1 ? 1 : nb;
+}
+
+bool conv_gemm_applies(const ConvShape *s, const Value *x, const Value *f, const Value *y) {
+    /* a product with fewer than 8 rows (depthwise and narrow grouped
+     * convolutions) wastes most of the micro-kernel; the direct kernels
+     * serve those better */
+    if (s->w.out_sz < 1 || s->N < 1) return false;
+    if (cg_gemm_forced() == 0 && (mpg(s) < 8 || k_dim(s) < 8)) return false;
+    return cg_gemm_applies(x, f, y, mpg(s), block_of(s) * s->w.out_sz, k_dim(s));
+}
+
+/* ---- pointers ---- */
+
+static LLVMValueRef fptr(Cg *c, LLVMValueRef base, LLVMValueRef i) {
+    return LLVMBuildInBoundsGEP2(c->b, c->t_f32, base, &i, 1, "");
+}
+
+static LLVMValueRef area(Cg *c, const char *name, int64_t n) { return fptr(c, cg_scratch(c, name, n), cg_i64(c, 0)); }
+
+static void zero_floats(Cg *c, LLVMValueRef p, int64_t n) {
+    LLVMBuildMemSet(c->b, p, LLVMConstInt(c->t_i8, 0, 0), cg_i64(c, n * 4), 16);
+}
+
+/* ---- patches ---- */
+
+/* x splatted over the lanes of a vector of w elements. */
+static LLVMValueRef splat(Cg *c, LLVMValueRef x, int w) {
+    LLVMTypeRef vt = LLVMVectorType(LLVMTypeOf(x), (unsigned)w);
+    LLVMValueRef v = LLVMBuildInsertElement(c->b, LLVMGetUndef(vt), x, LLVMConstInt(c->t_i32, 0, 0), "");
+    return LLVMBuildShuffleVector(c->b, v, LLVMGetUndef(vt), LLVMConstNull(LLVMVectorType(c->t_i32, (unsigned)w)),
+                                  "");
+}
+
+/* The vector of W floats at element o0 of a run: gathered from x into
+ * cols, or added from cols into x.  Lanes outside [lo, hi) are padding:
+ * masked loads and stores do not touch them (so x's address may lie
+ * outside its buffer there); tail, when set, masks the lanes past the
+ * run's end. */
+static void vector_at(Cg *c, LLVMValueRef xp, LLVMValueRef cp, LLVMValueRef vlo, LLVMValueRef vhi, int64_t o0,
+                      LLVMValueRef o_iv, LLVMValueRef tail, bool scatter) {
+    int W = cg_vector_floats();
+    LLVMTypeRef vt = LLVMVectorType(c->t_f32, (unsigned)W), over[2] = {vt, c->t_ptr};
+    LLVMValueRef iota[16];
+    for (int i = 0; i < W; i++) iota[i] = cg_i64(c, i);
+    LLVMValueRef o = o_iv ? o_iv : cg_i64(c, o0);
+    LLVMValueRef idx = LLVMBuildAdd(c->b, splat(c, o, W), LLVMConstVector(iota, (unsigned)W), "");
+    LLVMValueRef m = LLVMBuildAnd(c->b, LLVMBuildICmp(c->b, LLVMIntSGE, idx, vlo, ""),
+                                  LLVMBuildICmp(c->b, LLVMIntSLT, idx, vhi, ""), "");
+    if (tail) m = LLVMBuildAnd(c->b, m, tail, "");
+    LLVMValueRef xa = LLVMBuildGEP2(c->b, c->t_f32, xp, &o, 1, ""), ca = fptr(c, cp, o);
+    LLVMValueRef align = LLVMConstInt(c->t_i32, 4, 0), zero = LLVMConstNull(vt);
+    LLVMValueRef xv = cg_intrinsic(c, "llvm.masked.load", over, 2, (LLVMValueRef[]){xa, align, m, zero}, 4);
+    if (!scatter) {
+        if (tail)
+            cg_intrinsic(c, "llvm.masked.store", over, 2, (LLVMValueRef[]){xv, ca, align, tail}, 4);
+        else
+            LLVMSetAlignment(LLVMBuildStore(c->b, xv, ca), 4);
+        return;
+    }
+    LLVMValueRef cv;
+    if (tail) {
+        cv = cg_intrinsic(c, "llvm.masked.load", over, 2, (LLVMValueRef[]){ca, align, tail, zero}, 4);
+    } else {
+        cv = LLVMBuildLoad2(c->b, vt, ca, "");
+        LLVMSetAlignment(cv, 4);
+    }
+    cg_intrinsic(c, "llvm.masked.store", over, 2, (LLVMValueRef[]){LLVMBuildFAdd(c->b, xv, cv, ""), xa, align, m}, 4);
+}
+
+/* A run of `last` floats at stride 1 in vectors: the whole ones in a
+ * loop, then the partial one.  xp is x's element at o = 0 (possibly
+ * outside x), cp the run's start in cols. */
+static void vector_run(Cg *c, LLVMValueRef xp, LLVMValueRef cp, LLVMValueRef lo, LLVMValueRef hi, int64_t last,
+                       bool scatter) {
+    int W = cg_vector_floats();
+    LLVMValueRef vlo = splat(c, lo, W), vhi = splat(c, hi, W);
+    int64_t whole = last / W, rest = last % W;
+    if (whole > 0) {
+        CgLoop l;
+        LLVMValueRef v = cg_for(c, &l, cg_i64(c, whole));
+        vector_at(c, xp, cp, vlo, vhi, 0, cg_mul(c, v, W), NULL, scatter);
+        cg_for_end(c, &l);
+    }
+    if (rest > 0) {
+        LLVMValueRef bits[16];
+        for (int i = 0; i < W; i++) bits[i] = LLVMConstInt(c->t_i1, i < rest, 0);
+        vector_at(c, xp, cp, vlo, vhi, whole * W, NULL, LLVMConstVector(bits, (unsigned)W), scatter);
+    }
+}
+
+/* Walks the patch matrix of samples [n0, n0+nb) of group g of the
+ * input-shaped x: element (ch*ksz + kernel offset, nl*P + p) of cols is
+ * x[n0+nl, g*Cpg+ch] at the input position output p reads through that
+ * offset.  Gathering (im2col) copies x into cols, writing zeros where the
+ * window reads padding; scattering (col2im) adds cols into x.  Each row
+ * of the matrix is walked as runs along the last output dim, whose valid
+ * range is computed once per run, so the inner loops test nothing and run
+ * contiguously at stride 1. */
+static void patch_walk(Cg *c, const ConvShape *s, const Value *x, LLVMValueRef n0, int64_t nb, LLVMValueRef g,
+                       LLVMValueRef cols, bool scatter) {
+    const Win *w = &s->w;
+    int r = w->nsp;
+    int64_t Cpg = s->C / s->G, P = w->out_sz, is[MAX_RANK], os[MAX_RANK];
+    strides_of(w->in, r, is);
+    strides_of(w->out, r, os);
+    Nest ns = {.n = 0};
+    LLVMValueRef nl = nest_for(c, &ns, cg_i64(c, nb)), ch = nest_for(c, &ns, cg_i64(c, Cpg));
+    LLVMValueRef xi = cg_mul(c, cg_add(c, cg_mul(c, cg_add(c, n0, nl), s->C), cg_mad(c, g, Cpg, ch)), w->in_sz);
+    LLVMValueRef row = ch, k[MAX_RANK];
+    for (int j = 0; j < r; j++) {
+        k[j] = nest_for(c, &ns, cg_i64(c, w->k[j]));
+        row = cg_mad(c, row, w->k[j], k[j]);
+    }
+    LLVMValueRef ci = cg_add(c, cg_mul(c, row, nb * P), cg_mul(c, nl, P));
+    LLVMValueRef inside = LLVMConstInt(c->t_i1, 1, 0);
+    for (int j = 0; j < r - 1; j++) {
+        LLVMValueRef o = nest_for(c, &ns, cg_i64(c, w->out[j])), ip = in_pos(c, w, j, o, k[j]);
+        LLVMValueRef in_j = LLVMBuildAnd(c->b, LLVMBuildICmp(c->b, LLVMIntSGE, ip, cg_i64(c, 0), ""),
+                                         LLVMBuildICmp(c->b, LLVMIntSLT, ip, cg_i64(c, w->in[j]), ""), "");
+        inside = LLVMBuildAnd(c->b, inside, in_j, "");
+        xi = cg_add(c, xi, cg_mul(c, ip, is[j]));
+        ci = cg_add(c, ci, cg_mul(c, o, os[j]));
+    }
+    int j = r - 1;
+    int64_t last = w->out[j];
+    LLVMValueRef lo, hi;
+    output_range(c, w, j, k[j], &lo, &hi);
+    /* a run whose outer position reads padding is all padding */
+    lo = LLVMBuildSelect(c->b, inside, lo, cg_i64(c, 0), "");
+    hi = imax(c, LLVMBuildSelect(c->b, inside, hi, cg_i64(c, 0), ""), lo);
+    xi = cg_add(c, xi, affine(c, -w->pb[j], k[j], w->d[j]));
+    LLVMValueRef base = fptr(c, cols, ci);
+    if (w->s[j] == 1) {
+        /* x's run is contiguous: vectors, padding masked off */
+        LLVMValueRef xo = LLVMBuildGEP2(c->b, c->t_f32, cg_buf(c, x), &xi, 1, "");
+        vector_run(c, xo, base, lo, hi, last, scatter);
+        nest_close(c, &ns);
+        return;
+    }
+    if (!scatter) LLVMBuildMemSet(c->b, base, LLVMConstInt(c->t_i8, 0, 0), cg_mul(c, lo, 4), 4);
+    CgLoop l;
+    LLVMValueRef o = for_range(c, &l, lo, hi);
+    LLVMValueRef xo = cg_add(c, xi, cg_mul(c, o, w->s[j])), p = fptr(c, base, o);
+    if (scatter)
+        add_to(c, x, xo, LLVMBuildLoad2(c->b, c->t_f32, p, ""));
+    else
+        LLVMBuildStore(c->b, cg_load(c, x, xo), p);
+    cg_for_end(c, &l);
+    if (!scatter)
+        LLVMBuildMemSet(c->b, fptr(c, base, hi), LLVMConstInt(c->t_i8, 0, 0),
+                        cg_mul(c, LLVMBuildNSWSub(c->b, cg_i64(c, last), hi, ""), 4), 4);
+    nest_close(c, &ns);
+}
+
+/* ---- blocks ---- */
+
+typedef struct Block {
+    const ConvShape *s;
+    LLVMValueRef n0, g; /* first sample, group */
+    int64_t nb, cols;   /* samples, product columns (nb * P) */
+    bool direct;        /* one sample per block: rows read and written in place */
+} Block;
+
+/* Copies the rows of output channels [g*Mpg, (g+1)*Mpg) of the
+ * output-shaped v for the block's samples between v and the scratch
+ * matrix rows (Mpg x cols), in either direction. */
+static void regroup(Cg *c, const Block *b, const Value *v, LLVMValueRef rows, bool into_v) {
+    int64_t P = b->s->w.out_sz, Mpg = mpg(b->s);
+    Nest ns = {.n = 0};
+    LLVMValueRef m = nest_for(c, &ns, cg_i64(c, Mpg)), nl = nest_for(c, &ns, cg_i64(c, b->nb));
+    LLVMValueRef vi = cg_mul(c, cg_add(c, cg_mul(c, cg_add(c, b->n0, nl), b->s->M), cg_mad(c, b->g, Mpg, m)), P);
+    LLVMValueRef vp = fptr(c, cg_buf(c, v), vi), rp = fptr(c, rows, cg_add(c, cg_mul(c, m, b->cols), cg_mul(c, nl, P)));
+    if (into_v)
+        LLVMBuildMemCpy(c->b, vp, 4, rp, 4, cg_i64(c, P * 4));
+    else
+        LLVMBuildMemCpy(c->b, rp, 4, vp, 4, cg_i64(c, P * 4));
+    nest_close(c, &ns);
+}
+
+/* The block's rows of dY as a matrix: in place, or regrouped; *ld gets
+ * its row stride. */
+static LLVMValueRef dy_rows(Cg *c, const Block *b, const Value *dY, int64_t *ld) {
+    int64_t P = b->s->w.out_sz, Mpg = mpg(b->s);
+    if (b->direct) {
+        *ld = P;
+        return fptr(c, cg_buf(c, dY), cg_mul(c, cg_mad(c, b->n0, b->s->M, cg_mul(c, b->g, Mpg)), P));
+    }
+    LLVMValueRef rows = area(c, ROWS_AREA, Mpg * b->cols);
+    regroup(c, b, dY, rows, false);
+    *ld = b->cols;
+    return rows;
+}
+
+/* A pointwise convolution (1x1, stride 1, no padding: ops_nn.c flattens
+ * its planes to one run) has the image itself as its patch matrix. */
+static bool pointwise(const ConvShape *s) {
+    const Win *w = &s->w;
+    return w->nsp == 1 && w->k[0] == 1 && w->s[0] == 1 && w->pb[0] == 0 && w->in[0] == w->out[0];
+}
+
+/* The block's patch matrix and its row stride: the input planes of one
+ * sample in place for a pointwise convolution, else gathered into the
+ * scratch matrix. */
+static LLVMValueRef patches(Cg *c, const Block *b, const Value *X, int64_t *ld) {
+    int64_t Cpg = b->s->C / b->s->G;
+    if (b->direct && pointwise(b->s)) {
+        *ld = b->s->w.in_sz;
+        return fptr(c, cg_buf(c, X), cg_mul(c, cg_mad(c, b->n0, b->s->C, cg_mul(c, b->g, Cpg)), b->s->w.in_sz));
+    }
+    LLVMValueRef cols = area(c, COL_AREA, k_dim(b->s) * b->cols);
+    patch_walk(c, b->s, X, b->n0, b->nb, b->g, cols, false);
+    *ld = b->cols;
+    return cols;
+}
+
+static LLVMValueRef w_group(Cg *c, const Block *b, const Value *W) {
+    return fptr(c, cg_buf(c, W), cg_mul(c, b->g, mpg(b->s) * k_dim(b->s)));
+}
+
+typedef void (*BlockFn)(Cg *c, const Block *b, const Value *const *v);
+
+/* Calls fn for every block of samples and every group: a loop over the
+ * full blocks, then the last, shorter block when N is not a multiple. */
+static void for_blocks(Cg *c, const ConvShape *s, BlockFn fn, const Value *const *v) {
+    int64_t nb = block_of(s), full = s->N / nb, rest = s->N % nb;
+    for (int part = 0; part < 2; part++) {
+        int64_t count = part ? (rest > 0) : full, size = part ? rest : nb;
+        if (count == 0) continue;
+        Nest ns = {.n = 0};
+        LLVMValueRef i = nest_for(c, &ns, cg_i64(c, count));
+        Block b = {s, cg_mad(c, i, nb, cg_i64(c, part ? full * nb : 0)), nest_for(c, &ns, cg_i64(c, s->G)), size,
+                   size * s->w.out_sz, nb == 1};
+        fn(c, &b, v);
+        nest_close(c, &ns);
+    }
+}
+
+/* ---- the three kernels ---- */
+
+/* v: X, W, B, Y */
+static void forward_block(Cg *c, const Block *b, const Value *const *v) {
+    int64_t K = k_dim(b->s), Mpg = mpg(b->s), P = b->s->w.out_sz, ld;
+    LLVMValueRef cols = patches(c, b, v[0], &ld);
+    CgGemm gm = {.M = Mpg, .N = b->cols, .K = K, .a_si = K, .a_sj = 1, .b_si = ld, .b_sj = 1, .alpha = 1};
+    if (b->direct) { /* Y already holds the bias */
+        gm.ldy = P;
+        LLVMValueRef y = fptr(c, cg_buf(c, v[3]), cg_mul(c, cg_mad(c, b->n0, b->s->M, cg_mul(c, b->g, Mpg)), P));
+        cg_gemm(c, &gm, w_group(c, b, v[1]), cols, y);
+        return;
+    }
+    LLVMValueRef rows = area(c, ROWS_AREA, Mpg * b->cols);
+    CgLoop lm, lt;
+    LLVMValueRef m = cg_for(c, &lm, cg_i64(c, Mpg));
+    LLVMValueRef init = v[2] ? cg_load(c, v[2], cg_mad(c, b->g, Mpg, m)) : cg_f32(c, 0);
+    LLVMValueRef t = cg_for(c, &lt, cg_i64(c, b->cols));
+    LLVMBuildStore(c->b, init, fptr(c, rows, cg_mad(c, m, b->cols, t)));
+    cg_for_end(c, &lt);
+    cg_for_end(c, &lm);
+    gm.ldy = b->cols;
+    cg_gemm(c, &gm, w_group(c, b, v[1]), cols, rows);
+    regroup(c, b, v[3], rows, true);
+}
+
+void conv_gemm_forward(Cg *c, const ConvShape *s, const Value *X, const Value *W, const Value *B, const Value *Y) {
+    if (block_of(s) == 1) {
+        int64_t P = s->w.out_sz;
+        Nest ns = {.n = 0};
+        LLVMValueRef nm = nest_for(c, &ns, cg_i64(c, s->N * s->M));
+        LLVMValueRef init = B ? cg_load(c, B, LLVMBuildURem(c->b, nm, cg_i64(c, s->M), "")) : cg_f32(c, 0);
+        LLVMValueRef i = nest_for(c, &ns, cg_i64(c, P));
+        cg_store(c, Y, cg_mad(c, nm, P, i), init);
+        nest_close(c, &ns);
+    }
+    const Value *v[4] = {X, W, B, Y};
+    for_blocks(c, s, forward_block, v);
+}
+
+/* v: dY, W, dX */
+static void grad_input_block(Cg *c, const Block *b, const Value *const *v) {
+    int64_t K = k_dim(b->s), Mpg = mpg(b->s), ld;
+    LLVMValueRef dy = dy_rows(c, b, v[0], &ld);
+    CgGemm gm = {.M = K, .N = b->cols, .K = Mpg, .a_si = 1, .a_sj = K, .b_si = ld, .b_sj = 1, .ldy = b->cols,
+                 .alpha = 1};
+    if (b->direct && pointwise(b->s)) { /* the product lands on dX's planes (zeroed) as is */
+        gm.ldy = b->s->w.in_sz;
+        int64_t Cpg = b->s->C / b->s->G;
+        LLVMValueRef dx = fptr(c, cg_buf(c, v[2]), cg_mul(c, cg_mad(c, b->n0, b->s->C, cg_mul(c, b->g, Cpg)), gm.ldy));
+        cg_gemm(c, &gm, w_group(c, b, v[1]), dy, dx);
+        return;
+    }
+    LLVMValueRef cols = area(c, COL_AREA, K * b->cols);
+    zero_floats(c, cols, K * b->cols);
+    cg_gemm(c, &gm, w_group(c, b, v[1]), dy, cols);
+    patch_walk(c, b->s, v[2], b->n0, b->nb, b->g, cols, true);
+}
+
+void conv_gemm_grad_input(Cg *c, const ConvShape *s, const Value *dY, const Value *W, const Value *dX) {
+    zero_floats(c, cg_buf(c, dX), value_numel(dX));
+    const Value *v[3] = {dY, W, dX};
+    for_blocks(c, s, grad_input_block, v);
+}
+
+/* v: dY, X, dW, acc */
+static void grad_weight_block(Cg *c, const Block *b, const Value *const *v) {
+    int64_t K = k_dim(b->s), Mpg = mpg(b->s), ld, ldc;
+    LLVMValueRef dy = dy_rows(c, b, v[0], &ld), cols = patches(c, b, v[1], &ldc);
+    CgGemm gm = {.M = Mpg, .N = K, .K = b->cols, .a_si = ld, .a_sj = 1, .b_si = 1, .b_sj = ldc, .ldy = K,
+                 .alpha = 1};
+    if (!v[3]) {
+        cg_gemm(c, &gm, dy, cols, w_group(c, b, v[2]));
+        return;
+    }
+    /* the block's sum in float32, the sum over blocks in float64: a
+     * filter followed by batch normalisation has a gradient orthogonal to
+     * itself, a small difference of large terms that a float32 running
+     * sum over the whole batch would round away */
+    LLVMValueRef part = area(c, DW_AREA, Mpg * K);
+    zero_floats(c, part, Mpg * K);
+    cg_gemm(c, &gm, dy, cols, part);
+    LLVMValueRef acc = cg_buf(c, v[3]), base = cg_mul(c, b->g, Mpg * K);
+    CgLoop l;
+    LLVMValueRef i = cg_for(c, &l, cg_i64(c, Mpg * K)), ai = cg_add(c, base, i);
+    LLVMValueRef p = LLVMBuildInBoundsGEP2(c->b, c->t_f64, acc, &ai, 1, "");
+    LLVMValueRef x = LLVMBuildFPExt(c->b, LLVMBuildLoad2(c->b, c->t_f32, fptr(c, part, i), ""), c->t_f64, "");
+    LLVMBuildStore(c->b, LLVMBuildFAdd(c->b, LLVMBuildLoad2(c->b, c->t_f64, p, ""), x, ""), p);
+    cg_for_end(c, &l);
+}
+
+void conv_gemm_grad_weight(Cg *c, const ConvShape *s, const Value *dY, const Value *X, const Value *dW,
+                           const Value *acc) {
+    int64_t E = value_numel(dW);
+    zero_floats(c, cg_buf(c, acc ? acc : dW), acc ? 2 * E : E);
+    const Value *v[4] = {dY, X, dW, acc};
+    for_blocks(c, s, grad_weight_block, v);
+    if (acc) {
+        CgLoop l;
+        LLVMValueRef i = cg_for(c, &l, cg_i64(c, E));
+        LLVMValueRef p = LLVMBuildInBoundsGEP2(c->b, c->t_f64, cg_buf(c, acc), &i, 1, "");
+        cg_store(c, dW, i, LLVMBuildFPTrunc(c->b, LLVMBuildLoad2(c->b, c->t_f64, p, ""), c->t_f32, ""));
+        cg_for_end(c, &l);
+    }
+}

@@ -1,0 +1,36 @@
+/* ops_conv_gemm.h - Conv's three training kernels (forward, input
+ * gradient, weight gradient) as packed matrix products (ops_conv_gemm.c).
+ *
+ * A convolution of one group is the product of its filters, Mpg x K with
+ * K = Cpg * kernel elements, by the patch matrix of its input, K x P with
+ * one column per output position.  The kernels here write the patches of
+ * a block of samples into a scratch matrix (im2col), run cg_gemm on it, and
+ * for the input gradient scatter the product's columns back onto the image
+ * (col2im).  Convolutions with few output channels per group (depthwise)
+ * or too little work keep the direct kernels of ops_nn.c. */
+#ifndef CLEAVE_OPS_CONV_GEMM_H
+#define CLEAVE_OPS_CONV_GEMM_H
+
+#include "ops_window.h"
+
+/* A convolution's sizes: batch N, channels C (input) and M (output),
+ * groups G, and the window w. */
+typedef struct ConvShape {
+    Win w;
+    int64_t N, C, M, G;
+} ConvShape;
+
+/* Whether the convolution takes the product path.  x, f and y are its
+ * input-, filter- and output-shaped values (all three must be float32). */
+bool conv_gemm_applies(const ConvShape *s, const Value *x, const Value *f, const Value *y);
+
+/* Y = B + X (*) W; B may be NULL.  Emitted inside an open kernel. */
+void conv_gemm_forward(Cg *c, const ConvShape *s, const Value *X, const Value *W, const Value *B, const Value *Y);
+/* dX = the transposed convolution of dY by W. */
+void conv_gemm_grad_input(Cg *c, const ConvShape *s, const Value *dY, const Value *W, const Value *dX);
+/* dW = sum over the batch of dY correlated with X; with acc (float64
+ * scratch of dW's elements) the blocks of samples are summed in float64. */
+void conv_gemm_grad_weight(Cg *c, const ConvShape *s, const Value *dY, const Value *X, const Value *dW,
+                           const Value *acc);
+
+#endif
