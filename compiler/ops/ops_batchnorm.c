@@ -31,7 +31,16 @@
  * The variance is a second pass over the centred values, and every sum
  * runs in double within a kernel, as PyTorch's CPU kernels compute float32
  * batch statistics; the sums are stored (and summed over replicas) in
- * float32. */
+ * float32.
+ *
+ * The kernels walk X in memory order (sample, channel, position), not
+ * channel by channel: the late layers of a CNN have one to sixteen
+ * positions per channel, and a channel's values then lie C floats apart,
+ * which no vector reads.  Per-channel coefficients are computed first
+ * into a scratch array; sums go into one double accumulator per
+ * (channel, position), which the walk updates contiguously, and each
+ * channel's accumulators are added up in order at the end.  The order of
+ * every sum depends on the shapes alone. */
 #include <math.h>
 #include <string.h>
 
@@ -39,6 +48,7 @@
 #include "ops_cg.h"
 #include "ops_families.h"
 #include "../autodiff/grad.h"
+#include "../codegen/cg_gemm.h"
 
 /* ==== shapes ==== */
 
@@ -323,6 +333,67 @@ static LLVMValueRef channel_elems(Cg *c, Nest *in, const Value *X, LLVMValueRef 
 
 static int64_t channels(const Value *X) { return X->dims[1].k; }
 
+/* Scratch areas (cg_scratch): per-(channel, position) double sums, and
+ * per-channel coefficients. */
+#define SUMS_AREA "cleave.bn.sums"
+#define COEF_AREA "cleave.bn.coef"
+
+static LLVMValueRef elem(Cg *c, LLVMTypeRef t, LLVMValueRef base, LLVMValueRef i) {
+    return LLVMBuildInBoundsGEP2(c->b, t, base, &i, 1, "");
+}
+
+/* Loops over X ([outer, C, inner]) in memory order; *ch gets the channel,
+ * *j the (channel, position) index ch * inner + i, and the result is the
+ * element's index.  The caller closes `ns`. */
+static LLVMValueRef memory_order(Cg *c, Nest *ns, const Value *X, LLVMValueRef *ch, LLVMValueRef *j) {
+    int64_t outer, C, inner;
+    cg_axis_split(X, 1, &outer, &C, &inner);
+    LLVMValueRef nn = nest_for(c, ns, cg_i64(c, outer));
+    *ch = nest_for(c, ns, cg_i64(c, C));
+    *j = cg_mad(c, *ch, inner, nest_for(c, ns, cg_i64(c, inner)));
+    return cg_add(c, cg_mul(c, nn, C * inner), *j);
+}
+
+static int64_t positions(const Value *X) {
+    int64_t outer, C, inner;
+    cg_axis_split(X, 1, &outer, &C, &inner);
+    return inner;
+}
+
+/* k zeroed double accumulators per (channel, position) of X. */
+static LLVMValueRef sums_area(Cg *c, const Value *X, int k) {
+    int64_t n = (int64_t)k * channels(X) * positions(X);
+    LLVMValueRef a = elem(c, c->t_f64, cg_scratch(c, SUMS_AREA, 2 * n), cg_i64(c, 0));
+    LLVMBuildMemSet(c->b, a, LLVMConstInt(c->t_i8, 0, 0), cg_i64(c, n * 8), 16);
+    return a;
+}
+
+/* acc[j] += x (double) */
+static void acc_add(Cg *c, LLVMValueRef acc, LLVMValueRef j, LLVMValueRef x) {
+    LLVMValueRef p = elem(c, c->t_f64, acc, j);
+    LLVMBuildStore(c->b, f_add(c, LLVMBuildLoad2(c->b, c->t_f64, p, ""), x), p);
+}
+
+/* The sum, in position order, of channel ch's accumulators in block k of
+ * the area (blocks of C * inner). */
+static LLVMValueRef channel_total(Cg *c, const Value *X, LLVMValueRef acc, int k, LLVMValueRef ch) {
+    int64_t inner = positions(X), C = channels(X);
+    LLVMValueRef sum = slot_d(c, 0);
+    CgLoop l;
+    LLVMValueRef i = cg_for(c, &l, cg_i64(c, inner));
+    add_d(c, sum, LLVMBuildLoad2(c->b, c->t_f64, elem(c, c->t_f64, acc, cg_add(c, cg_i64(c, k * C * inner), cg_mad(c, ch, inner, i))), ""));
+    cg_for_end(c, &l);
+    return get_d(c, sum);
+}
+
+/* Per-channel coefficients: n_coef float arrays of C each. */
+static LLVMValueRef coef_area(Cg *c, int64_t C, int n_coef) {
+    return elem(c, c->t_f32, cg_scratch(c, COEF_AREA, n_coef * C), cg_i64(c, 0));
+}
+static LLVMValueRef coef_at(Cg *c, LLVMValueRef coef, int64_t C, int k, LLVMValueRef ch) {
+    return elem(c, c->t_f32, coef, cg_add(c, cg_i64(c, k * C), ch));
+}
+
 /* Y = (X - mean[c]) * (scale[c] / sqrt(var[c] + eps)) + B[c] */
 static bool bn_infer_kernel(Cg *c, const Node *n, const Value *const bufs[6]) {
     const Value *X = bufs[0], *S = bufs[1], *B = bufs[2], *M = bufs[3], *V = bufs[4], *Y = bufs[5];
@@ -355,20 +426,30 @@ static bool k_bn_train_eval(Cg *c, const Node *n) {
  * rank's values of channel ch; the sum runs in double. */
 static bool k_bn_stats(Cg *c, const Node *n) {
     const Value *X = n->in[0], *S1 = n->n_in > 1 ? n->in[1] : NULL, *S = n->out[0];
-    int64_t count = node_attr_i(n, "count", 0);
+    int64_t count = node_attr_i(n, "count", 0), C = channels(X);
     if (!cg_kernel_begin_io(c, n)) return false;
-    LLVMValueRef sum = slot_d(c, 0);
+    LLVMValueRef acc = sums_area(c, X, 1), mean = NULL;
+    if (S1) { /* the means first, as doubles in the coefficient area */
+        mean = coef_area(c, C, 2);
+        CgLoop l;
+        LLVMValueRef ch = cg_for(c, &l, cg_i64(c, C));
+        LLVMValueRef m = f_mul(c, to_d(c, cg_load(c, S1, ch)), const_d(c, 1.0 / (double)count));
+        LLVMBuildStore(c->b, m, elem(c, c->t_f64, mean, ch));
+        cg_for_end(c, &l);
+    }
     Nest ns = {.n = 0};
-    LLVMValueRef ch = nest_for(c, &ns, cg_i64(c, channels(X)));
-    LLVMValueRef mean = S1 ? f_mul(c, to_d(c, cg_load(c, S1, ch)), const_d(c, 1.0 / (double)count)) : NULL;
-    LLVMBuildStore(c->b, const_d(c, 0), sum);
-    Nest in = {.n = 0};
-    LLVMValueRef x = to_d(c, cg_load(c, X, channel_elems(c, &in, X, ch)));
-    if (mean) x = f_sub(c, x, mean);
-    add_d(c, sum, mean ? f_mul(c, x, x) : x);
-    nest_close(c, &in);
-    cg_store(c, S, ch, to_f(c, get_d(c, sum)));
+    LLVMValueRef ch, j, i = memory_order(c, &ns, X, &ch, &j);
+    LLVMValueRef x = to_d(c, cg_load(c, X, i));
+    if (mean) {
+        x = f_sub(c, x, LLVMBuildLoad2(c->b, c->t_f64, elem(c, c->t_f64, mean, ch), ""));
+        x = f_mul(c, x, x);
+    }
+    acc_add(c, acc, j, x);
     nest_close(c, &ns);
+    CgLoop l;
+    ch = cg_for(c, &l, cg_i64(c, C));
+    cg_store(c, S, ch, to_f(c, channel_total(c, X, acc, 0, ch)));
+    cg_for_end(c, &l);
     cg_kernel_end(c);
     return true;
 }
@@ -412,17 +493,22 @@ static bool k_bn_train(Cg *c, const Node *n) {
     double eps = node_attr_f(n, "epsilon", 1e-5f);
     const Value *bufs[7] = {X, Sc, B, S1, S2, Y, MI};
     if (!cg_kernel_begin(c, n, 7, bufs)) return false;
-    Nest ns = {.n = 0};
-    LLVMValueRef ch = nest_for(c, &ns, cg_i64(c, C)), mean, var;
+    LLVMValueRef coef = coef_area(c, C, 2);
+    CgLoop l;
+    LLVMValueRef ch = cg_for(c, &l, cg_i64(c, C)), mean, var;
     stats_of(c, S1, S2, ch, count, &mean, &var);
     LLVMValueRef inv = to_f(c, LLVMBuildFDiv(c->b, const_d(c, 1), sqrt_d(c, f_add(c, var, const_d(c, eps))), ""));
     LLVMValueRef meanf = to_f(c, mean);
     cg_store(c, MI, ch, meanf);
     cg_store(c, MI, cg_add(c, ch, cg_i64(c, C)), inv);
     LLVMValueRef alpha = f_mul(c, cg_load(c, Sc, ch), inv);
-    LLVMValueRef beta = f_sub(c, cg_load(c, B, ch), f_mul(c, meanf, alpha));
-    LLVMValueRef i = channel_elems(c, &ns, X, ch);
-    cg_store(c, Y, i, f_add(c, f_mul(c, cg_load(c, X, i), alpha), beta));
+    LLVMBuildStore(c->b, alpha, coef_at(c, coef, C, 0, ch));
+    LLVMBuildStore(c->b, f_sub(c, cg_load(c, B, ch), f_mul(c, meanf, alpha)), coef_at(c, coef, C, 1, ch));
+    cg_for_end(c, &l);
+    Nest ns = {.n = 0};
+    LLVMValueRef j, i = memory_order(c, &ns, X, &ch, &j);
+    LLVMValueRef a = load_f(c, coef_at(c, coef, C, 0, ch)), b = load_f(c, coef_at(c, coef, C, 1, ch));
+    cg_store(c, Y, i, f_add(c, f_mul(c, cg_load(c, X, i), a), b));
     nest_close(c, &ns);
     cg_kernel_end(c);
     return true;
@@ -458,23 +544,26 @@ static bool k_bn_grad_stats(Cg *c, const Node *n) {
     const Value *dY = n->in[0], *X = n->in[1], *MI = n->in[2], *G = n->out[0], *dS = n->out[1], *dB = n->out[2];
     int64_t C = channels(X);
     if (!cg_kernel_begin_io(c, n)) return false;
-    LLVMValueRef s1 = slot_d(c, 0), s2 = slot_d(c, 0);
+    LLVMValueRef acc = sums_area(c, X, 2), mean = coef_area(c, C, 2);
+    CgLoop l;
+    LLVMValueRef ch = cg_for(c, &l, cg_i64(c, C));
+    LLVMBuildStore(c->b, to_d(c, cg_load(c, MI, ch)), elem(c, c->t_f64, mean, ch));
+    cg_for_end(c, &l);
     Nest ns = {.n = 0};
-    LLVMValueRef ch = nest_for(c, &ns, cg_i64(c, C)), chc = cg_add(c, ch, cg_i64(c, C));
-    LLVMValueRef mean = to_d(c, cg_load(c, MI, ch)), inv = to_d(c, cg_load(c, MI, chc));
-    LLVMBuildStore(c->b, const_d(c, 0), s1);
-    LLVMBuildStore(c->b, const_d(c, 0), s2);
-    Nest in = {.n = 0};
-    LLVMValueRef i = channel_elems(c, &in, X, ch);
+    LLVMValueRef j, i = memory_order(c, &ns, X, &ch, &j);
     LLVMValueRef dy = to_d(c, cg_load(c, dY, i));
-    add_d(c, s1, dy);
-    add_d(c, s2, f_mul(c, dy, f_sub(c, to_d(c, cg_load(c, X, i)), mean)));
-    nest_close(c, &in);
-    cg_store(c, G, ch, to_f(c, get_d(c, s1)));
-    cg_store(c, G, chc, to_f(c, get_d(c, s2)));
-    cg_store(c, dB, ch, to_f(c, get_d(c, s1)));
-    cg_store(c, dS, ch, to_f(c, f_mul(c, get_d(c, s2), inv)));
+    LLVMValueRef xc = f_sub(c, to_d(c, cg_load(c, X, i)), LLVMBuildLoad2(c->b, c->t_f64, elem(c, c->t_f64, mean, ch), ""));
+    acc_add(c, acc, j, dy);
+    acc_add(c, acc, cg_add(c, j, cg_i64(c, C * positions(X))), f_mul(c, dy, xc));
     nest_close(c, &ns);
+    ch = cg_for(c, &l, cg_i64(c, C));
+    LLVMValueRef chc = cg_add(c, ch, cg_i64(c, C)), inv = to_d(c, cg_load(c, MI, chc));
+    LLVMValueRef s1 = channel_total(c, X, acc, 0, ch), s2 = channel_total(c, X, acc, 1, ch);
+    cg_store(c, G, ch, to_f(c, s1));
+    cg_store(c, G, chc, to_f(c, s2));
+    cg_store(c, dB, ch, to_f(c, s1));
+    cg_store(c, dS, ch, to_f(c, f_mul(c, s2, inv)));
+    cg_for_end(c, &l);
     cg_kernel_end(c);
     return true;
 }
@@ -485,17 +574,22 @@ static bool k_bn_grad_input(Cg *c, const Node *n) {
     const Value *dY = n->in[0], *X = n->in[1], *MI = n->in[2], *Sc = n->in[3], *G = n->in[4], *dX = n->out[0];
     int64_t C = channels(X), count = node_attr_i(n, "count", 0);
     if (!cg_kernel_begin_io(c, n)) return false;
-    Nest ns = {.n = 0};
-    LLVMValueRef ch = nest_for(c, &ns, cg_i64(c, C));
-    LLVMValueRef mean = cg_load(c, MI, ch), inv = cg_load(c, MI, cg_add(c, ch, cg_i64(c, C)));
+    LLVMValueRef coef = coef_area(c, C, 4);
+    CgLoop l;
+    LLVMValueRef ch = cg_for(c, &l, cg_i64(c, C));
+    LLVMValueRef inv = cg_load(c, MI, cg_add(c, ch, cg_i64(c, C)));
     LLVMValueRef rn = const_d(c, 1.0 / (double)count), invd = to_d(c, inv);
     LLVMValueRef gmean = to_f(c, f_mul(c, to_d(c, cg_load(c, G, ch)), rn));
     LLVMValueRef gdot = to_d(c, cg_load(c, G, cg_add(c, ch, cg_i64(c, C))));
     LLVMValueRef k = to_f(c, f_mul(c, f_mul(c, f_mul(c, gdot, invd), invd), rn));
-    LLVMValueRef a = f_mul(c, inv, cg_load(c, Sc, ch));
-    LLVMValueRef i = channel_elems(c, &ns, X, ch);
-    LLVMValueRef d = f_sub(c, f_sub(c, cg_load(c, dY, i), gmean), f_mul(c, f_sub(c, cg_load(c, X, i), mean), k));
-    cg_store(c, dX, i, f_mul(c, d, a));
+    LLVMValueRef vals[4] = {cg_load(c, MI, ch), gmean, k, f_mul(c, inv, cg_load(c, Sc, ch))};
+    for (int t = 0; t < 4; t++) LLVMBuildStore(c->b, vals[t], coef_at(c, coef, C, t, ch));
+    cg_for_end(c, &l);
+    Nest ns = {.n = 0};
+    LLVMValueRef j, i = memory_order(c, &ns, X, &ch, &j), v[4];
+    for (int t = 0; t < 4; t++) v[t] = load_f(c, coef_at(c, coef, C, t, ch));
+    LLVMValueRef d = f_sub(c, f_sub(c, cg_load(c, dY, i), v[1]), f_mul(c, f_sub(c, cg_load(c, X, i), v[0]), v[2]));
+    cg_store(c, dX, i, f_mul(c, d, v[3]));
     nest_close(c, &ns);
     cg_kernel_end(c);
     return true;

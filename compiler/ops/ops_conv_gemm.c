@@ -1,5 +1,5 @@
 /* ops_conv_gemm.c - Conv's training kernels as packed matrix products
- * (ops_conv_gemm.h).
+ * (ops_conv.h).
  *
  * For a block of nb samples and one group g, with P output positions per
  * sample and K = Cpg * kernel elements:
@@ -24,7 +24,7 @@
 #include "../codegen/cg_gemm.h"
 #include "op_util.h"
 #include "ops_cg.h"
-#include "ops_conv_gemm.h"
+#include "ops_conv.h"
 
 /* Scratch areas (cg_scratch): the patch matrix, a block's output-channel
  * rows, and one group's weight gradient before its float64 sum. */

@@ -13,7 +13,7 @@
 #include "../autodiff/grad.h"
 #include "../codegen/cg.h"
 #include "ops_cg.h"
-#include "ops_conv_gemm.h"
+#include "ops_conv.h"
 #include "ops_window.h"
 
 /* Spatial output sizes for Conv and the pools, honouring auto_pad, pads,
@@ -517,8 +517,11 @@ static bool k_conv(Cg *c, const Node *n) {
     int64_t Cpg = C / G, Mpg = M / G;
     if (!cg_kernel_begin_io(c, n)) return false;
     ConvShape cs = {w, N, C, M, G};
-    if (conv_gemm_applies(&cs, X, W, Y)) {
-        conv_gemm_forward(c, &cs, X, W, B, Y);
+    if (conv_depthwise_applies(&cs, X, W, Y) || conv_gemm_applies(&cs, X, W, Y)) {
+        if (conv_depthwise_applies(&cs, X, W, Y))
+            conv_depthwise_forward(c, &cs, X, W, B, Y);
+        else
+            conv_gemm_forward(c, &cs, X, W, B, Y);
         cg_kernel_end(c);
         return true;
     }
@@ -576,9 +579,12 @@ static bool k_conv_grad_input(Cg *c, const Node *n) {
     win_resolve(n, dX, dY, kernel, &w);
     conv_flatten_pointwise(&w);
     ConvShape cs = {w, dX->dims[0].k, dX->dims[1].k, dY->dims[1].k, node_attr_i(n, "group", 1)};
-    if (conv_gemm_applies(&cs, dX, W, dY)) {
+    if (conv_depthwise_applies(&cs, dX, W, dY) || conv_gemm_applies(&cs, dX, W, dY)) {
         if (!cg_kernel_begin_io(c, n)) return false;
-        conv_gemm_grad_input(c, &cs, dY, W, dX);
+        if (conv_depthwise_applies(&cs, dX, W, dY))
+            conv_depthwise_grad_input(c, &cs, dY, W, dX);
+        else
+            conv_gemm_grad_input(c, &cs, dY, W, dX);
         cg_kernel_end(c);
         return true;
     }
@@ -611,8 +617,11 @@ static bool k_conv_grad_weight(Cg *c, const Node *n) {
     const Value *acc = n->n_out > 1 ? n->out[1] : NULL;
     if (!cg_kernel_begin_io(c, n)) return false;
     ConvShape cs = {w, N, C, M, G};
-    if (conv_gemm_applies(&cs, X, dW, dY)) {
-        conv_gemm_grad_weight(c, &cs, dY, X, dW, acc);
+    if (conv_depthwise_applies(&cs, X, dW, dY) || conv_gemm_applies(&cs, X, dW, dY)) {
+        if (conv_depthwise_applies(&cs, X, dW, dY))
+            conv_depthwise_grad_weight(c, &cs, dY, X, dW, acc);
+        else
+            conv_gemm_grad_weight(c, &cs, dY, X, dW, acc);
         cg_kernel_end(c);
         return true;
     }

@@ -67,12 +67,16 @@ static void conv_case_once(const ConvSpec *cs) {
     grad_check(&k, grad_finish(&k, n), 2e-2);
 }
 
-/* Each Conv case twice: with the kernels the sizes pick (the direct ones,
- * at these sizes), and with every convolution forced onto the packed
- * products (ops_conv_gemm.c), in blocks of one and of several samples. */
+/* Each Conv case three times: with the kernels the sizes pick (the
+ * depthwise ones for depthwise cases, else the direct ones at these
+ * sizes), with every other convolution forced onto the packed products
+ * (ops_conv_gemm.c, in blocks of one and of several samples), and with
+ * the packed and depthwise paths off (the direct loops). */
 static void conv_case(const ConvSpec *cs) {
     conv_case_once(cs);
     cg_gemm_configure(&(CgGemmConfig){.force = 1});
+    conv_case_once(cs);
+    cg_gemm_configure(&(CgGemmConfig){.force = -1});
     conv_case_once(cs);
     cg_gemm_configure(NULL);
 }

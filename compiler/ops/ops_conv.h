@@ -1,15 +1,18 @@
-/* ops_conv_gemm.h - Conv's three training kernels (forward, input
- * gradient, weight gradient) as packed matrix products (ops_conv_gemm.c).
+/* ops_conv.h - the fast paths of Conv's three training kernels (forward,
+ * input gradient, weight gradient): packed matrix products
+ * (ops_conv_gemm.c) and depthwise vectors (ops_conv_depthwise.c).  What
+ * neither takes runs the direct loops of ops_nn.c.
  *
  * A convolution of one group is the product of its filters, Mpg x K with
  * K = Cpg * kernel elements, by the patch matrix of its input, K x P with
  * one column per output position.  The kernels here write the patches of
  * a block of samples into a scratch matrix (im2col), run cg_gemm on it, and
  * for the input gradient scatter the product's columns back onto the image
- * (col2im).  Convolutions with few output channels per group (depthwise)
- * or too little work keep the direct kernels of ops_nn.c. */
-#ifndef CLEAVE_OPS_CONV_GEMM_H
-#define CLEAVE_OPS_CONV_GEMM_H
+ * (col2im).  Depthwise convolutions (one input channel per group) take
+ * the depthwise kernels; other convolutions with few output channels per
+ * group or too little work keep the direct kernels. */
+#ifndef CLEAVE_OPS_CONV_H
+#define CLEAVE_OPS_CONV_H
 
 #include "ops_window.h"
 
@@ -32,5 +35,14 @@ void conv_gemm_grad_input(Cg *c, const ConvShape *s, const Value *dY, const Valu
  * scratch of dW's elements) the blocks of samples are summed in float64. */
 void conv_gemm_grad_weight(Cg *c, const ConvShape *s, const Value *dY, const Value *X, const Value *dW,
                            const Value *acc);
+
+/* Whether the convolution is depthwise (groups = input channels) and
+ * float32: then the kernels below serve it, with any channel multiplier,
+ * stride, padding and dilation. */
+bool conv_depthwise_applies(const ConvShape *s, const Value *x, const Value *f, const Value *y);
+void conv_depthwise_forward(Cg *c, const ConvShape *s, const Value *X, const Value *W, const Value *B, const Value *Y);
+void conv_depthwise_grad_input(Cg *c, const ConvShape *s, const Value *dY, const Value *W, const Value *dX);
+void conv_depthwise_grad_weight(Cg *c, const ConvShape *s, const Value *dY, const Value *X, const Value *dW,
+                                const Value *acc);
 
 #endif
