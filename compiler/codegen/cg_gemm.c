@@ -488,15 +488,17 @@ static void k_step(Cg *c, const Blocking *k, LLVMValueRef ap, LLVMValueRef bp, L
 }
 
 /* uk(ap, bp, cp, kc): the rows x (nv*W) tile at cp (rows ldy apart) +=
- * alpha * sum over k < kc of ap[k*MR + i] * bp[k*NR + j]; the last vector
- * stores only `lanes` lanes.  The loop runs u k's per iteration with the
+ * alpha * sum over k < kc of ap[k*MR + i] * bp[k*NR + j] (= with
+ * overwrite, y's old values unread); the last vector stores only `lanes`
+ * lanes.  The loop runs u k's per iteration with the
  * accumulators in registers (phis), then the k's left over one at a time. */
-static LLVMValueRef micro_kernel(Cg *c, const CgGemm *g, const Blocking *k, int rows, int nv, int lanes) {
+static LLVMValueRef micro_kernel(Cg *c, const CgGemm *g, const Blocking *k, int rows, int nv, int lanes,
+                                 bool overwrite) {
     uint32_t abits;
     memcpy(&abits, &g->alpha, 4);
     char name[160];
-    snprintf(name, sizeof name, "cleave.gemm.uk.%dx%dx%d.l%d.mr%d.nr%d.ld%lld.a%08x", rows, nv, k->w, lanes, k->mr,
-             k->nr, (long long)g->ldy, abits);
+    snprintf(name, sizeof name, "cleave.gemm.uk.%dx%dx%d.l%d.mr%d.nr%d.ld%lld.a%08x%s", rows, nv, k->w, lanes, k->mr,
+             k->nr, (long long)g->ldy, abits, overwrite ? ".ow" : "");
     LLVMValueRef fn = LLVMGetNamedFunction(c->mod, name);
     if (fn) return fn;
     fn = begin_fn(c, name, 3, 1, k, true);
@@ -586,19 +588,22 @@ static LLVMValueRef micro_kernel(Cg *c, const CgGemm *g, const Blocking *k, int 
         for (int v = 0; v < nv; v++) {
             LLVMValueRef p = at(c, cp, cg_i64(c, r * g->ldy + v * W));
             bool part = mask && v == nv - 1;
-            LLVMValueRef y;
-            if (part) {
-                LLVMValueRef args[4] = {p, LLVMConstInt(c->t_i32, 4, 0), mask, zero};
-                y = cg_intrinsic(c, "llvm.masked.load", over, 2, args, 4);
+            LLVMValueRef y, s = acc[r * nv + v];
+            if (overwrite) { /* the first K block of a product that replaces y */
+                y = alpha ? LLVMBuildFMul(c->b, alpha, s, "") : s;
             } else {
-                y = load(c, vt, p, 4);
-            }
-            LLVMValueRef s = acc[r * nv + v];
-            if (alpha) {
-                LLVMValueRef args[3] = {alpha, s, y};
-                y = cg_intrinsic(c, FMA, &vt, 1, args, 3);
-            } else {
-                y = LLVMBuildFAdd(c->b, y, s, "");
+                if (part) {
+                    LLVMValueRef args[4] = {p, LLVMConstInt(c->t_i32, 4, 0), mask, zero};
+                    y = cg_intrinsic(c, "llvm.masked.load", over, 2, args, 4);
+                } else {
+                    y = load(c, vt, p, 4);
+                }
+                if (alpha) {
+                    LLVMValueRef args[3] = {alpha, s, y};
+                    y = cg_intrinsic(c, FMA, &vt, 1, args, 3);
+                } else {
+                    y = LLVMBuildFAdd(c->b, y, s, "");
+                }
             }
             if (part) {
                 LLVMValueRef args[4] = {y, p, LLVMConstInt(c->t_i32, 4, 0), mask};
@@ -660,6 +665,31 @@ typedef struct Kernels {
     LLVMValueRef full, n_edge, m_edge, corner;
 } Kernels;
 
+/* The micro-kernels of a product (overwrite: the variants that replace
+ * y's tile rather than add to it). */
+static Kernels kernels_of(Cg *c, const CgGemm *g, const Blocking *k, bool overwrite) {
+    const int64_t em = g->M % k->mr, en = g->N % k->nr;
+    const int nv_e = (int)ceil_div(en, k->w), lanes_e = (int)(en - (int64_t)(nv_e - 1) * k->w);
+    Kernels uk = {.full = micro_kernel(c, g, k, k->mr, k->nv, k->w, overwrite)};
+    uk.n_edge = en ? micro_kernel(c, g, k, k->mr, nv_e, lanes_e, overwrite) : NULL;
+    uk.m_edge = em ? micro_kernel(c, g, k, (int)em, k->nv, k->w, overwrite) : NULL;
+    uk.corner = em && en ? micro_kernel(c, g, k, (int)em, nv_e, lanes_e, overwrite) : NULL;
+    return uk;
+}
+
+/* The kernels of K block kb: with an overwriting product, block 0 takes
+ * the overwriting variants (a select between function pointers). */
+static Kernels kernels_at(Cg *c, const Kernels *uk, LLVMValueRef kb) {
+    if (!uk[1].full) return uk[0];
+    LLVMValueRef first = LLVMBuildICmp(c->b, LLVMIntEQ, kb, cg_i64(c, 0), "");
+    Kernels r;
+    LLVMValueRef *out[4] = {&r.full, &r.n_edge, &r.m_edge, &r.corner};
+    const LLVMValueRef add[4] = {uk[0].full, uk[0].n_edge, uk[0].m_edge, uk[0].corner};
+    const LLVMValueRef ow[4] = {uk[1].full, uk[1].n_edge, uk[1].m_edge, uk[1].corner};
+    for (int i = 0; i < 4; i++) *out[i] = add[i] ? LLVMBuildSelect(c->b, first, ow[i], add[i], "") : NULL;
+    return r;
+}
+
 /* Rows [0, m) and columns [0, n) of the product, with a, b and y already
  * pointing at the part's first row and column, packing into ap and bp.
  * m and n are i64 values: the constants M and N for a whole product, run
@@ -667,7 +697,7 @@ typedef struct Kernels {
  * last are whole panels of MR, and its columns whole panels of NR (the
  * split deals out panels), so only a part that ends at M or N has the
  * product's edge tiles. */
-static void emit_part(Cg *c, const CgGemm *g, const Blocking *k, const Kernels *uk, LLVMValueRef A, LLVMValueRef B,
+static void emit_part(Cg *c, const CgGemm *g, const Blocking *k, const Kernels *uks, LLVMValueRef A, LLVMValueRef B,
                       LLVMValueRef Y, LLVMValueRef ap, LLVMValueRef bp, LLVMValueRef m, LLVMValueRef n) {
     const int64_t K = g->K;
     const int64_t em = g->M % k->mr, en = g->N % k->nr; /* rows of the last A panel, columns of the last B panel */
@@ -678,6 +708,7 @@ static void emit_part(Cg *c, const CgGemm *g, const Blocking *k, const Kernels *
     LLVMValueRef nc = min_i64(c, LLVMBuildNSWSub(c->b, n, jc, ""), k->nc);
     LLVMValueRef kb = cg_for(c, &lkb, cg_i64(c, k->nkb));
     LLVMValueRef pc = cg_mul(c, kb, k->kc);
+    const Kernels at_kb = kernels_at(c, uks, kb), *uk = &at_kb;
     LLVMValueRef kc = min_i64(c, LLVMBuildNSWSub(c->b, cg_i64(c, K), pc, ""), k->kc);
 
     /* B[pc.., jc..] into panels of NR columns */
@@ -809,21 +840,17 @@ static LLVMValueRef gemm_fn(Cg *c, const CgGemm *g, const Blocking *k) {
     char name[256], split[32] = "";
     if (s.threads > 1) snprintf(split, sizeof split, ".t%d%s", s.threads, s.rows ? "r" : "c");
     snprintf(name, sizeof name,
-             "cleave.gemm.%lldx%lldx%lld.a%lld_%lld.b%lld_%lld.y%lld.al%08x.%dx%dx%d.kc%lld.nc%lld%s", (long long)g->M,
+             "cleave.gemm.%lldx%lldx%lld.a%lld_%lld.b%lld_%lld.y%lld.al%08x.%dx%dx%d.kc%lld.nc%lld%s%s", (long long)g->M,
              (long long)g->N, (long long)g->K, (long long)g->a_si, (long long)g->a_sj, (long long)g->b_si,
              (long long)g->b_sj, (long long)g->ldy, abits, k->mr, k->nv, k->w, (long long)k->kc, (long long)k->nc,
-             split);
+             split, g->overwrite ? ".ow" : "");
     LLVMValueRef fn = LLVMGetNamedFunction(c->mod, name);
     if (fn) return fn;
 
     const int64_t M = g->M, N = g->N;
-    const int64_t em = M % k->mr, en = N % k->nr;
-    const int nv_e = (int)ceil_div(en, k->w), lanes_e = (int)(en - (int64_t)(nv_e - 1) * k->w);
     /* micro-kernels first: each is a function of its own */
-    Kernels uk = {.full = micro_kernel(c, g, k, k->mr, k->nv, k->w)};
-    uk.n_edge = en ? micro_kernel(c, g, k, k->mr, nv_e, lanes_e) : NULL;
-    uk.m_edge = em ? micro_kernel(c, g, k, (int)em, k->nv, k->w) : NULL;
-    uk.corner = em && en ? micro_kernel(c, g, k, (int)em, nv_e, lanes_e) : NULL;
+    Kernels uk[2] = {kernels_of(c, g, k, false), {0}};
+    if (g->overwrite) uk[1] = kernels_of(c, g, k, true);
     int64_t a_area = round_up((int64_t)k->mr * k->kc, 16);
     /* one slice of scratch per part, 64-byte aligned so the B panels stay
      * aligned and no two threads write the same cache line */
@@ -833,7 +860,7 @@ static LLVMValueRef gemm_fn(Cg *c, const CgGemm *g, const Blocking *k) {
     if (s.threads > 1) {
         char tname[300];
         snprintf(tname, sizeof tname, "%s.task", name);
-        LLVMValueRef task = task_fn(c, g, k, &s, &uk, area, slice, a_area, tname);
+        LLVMValueRef task = task_fn(c, g, k, &s, uk, area, slice, a_area, tname);
         /* the product hands a, b and y to its task through the stack */
         fn = begin_fn(c, name, 3, 0, k, true);
         LLVMValueRef ctx = LLVMBuildAlloca(c->b, LLVMArrayType(c->t_ptr, 3), "ctx");
@@ -847,7 +874,7 @@ static LLVMValueRef gemm_fn(Cg *c, const CgGemm *g, const Blocking *k) {
     }
     fn = begin_fn(c, name, 3, 0, k, true);
     LLVMValueRef ap = at(c, area, cg_i64(c, 0));
-    emit_part(c, g, k, &uk, LLVMGetParam(fn, 0), LLVMGetParam(fn, 1), LLVMGetParam(fn, 2), ap,
+    emit_part(c, g, k, uk, LLVMGetParam(fn, 0), LLVMGetParam(fn, 1), LLVMGetParam(fn, 2), ap,
               at(c, area, cg_i64(c, a_area)), cg_i64(c, M), cg_i64(c, N));
     LLVMBuildRetVoid(c->b);
     return fn;

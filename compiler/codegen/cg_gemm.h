@@ -6,7 +6,7 @@
  *
  *     y[i*ldy + j] += alpha * sum_k a[i*a_si + k*a_sj] * b[k*b_si + j*b_sj]
  *
- * for 0 <= i < M, 0 <= j < N, 0 <= k < K, and calls it.  The function
+ * (= instead of += with CgGemm.overwrite) for 0 <= i < M, 0 <= j < N, 0 <= k < K, and calls it.  The function
  * copies blocks of a and b into a scratch area in the layout its
  * register-blocked micro-kernel reads (transposed operands are transposed
  * while they are copied), then runs the micro-kernel over the blocks.  The
@@ -35,6 +35,7 @@ typedef struct CgGemm {
     int64_t b_si, b_sj; /* element (k, j) of op(B) at b + k*b_si + j*b_sj */
     int64_t ldy;        /* element (i, j) of y at y + i*ldy + j */
     float alpha;
+    bool overwrite;     /* y = alpha * op(A) op(B): y's old values are not read */
 } CgGemm;
 
 /* Whether a product of these float buffers with these sizes takes the

@@ -334,7 +334,7 @@ static void grad_input_block(Cg *c, const Block *b, const Value *const *v) {
         return;
     }
     LLVMValueRef cols = area(c, COL_AREA, K * b->cols);
-    zero_floats(c, cols, K * b->cols);
+    gm.overwrite = true;
     cg_gemm(c, &gm, w_group(c, b, v[1]), dy, cols);
     patch_walk(c, b->s, v[2], b->n0, b->nb, b->g, cols, true);
 }
@@ -360,7 +360,7 @@ static void grad_weight_block(Cg *c, const Block *b, const Value *const *v) {
      * itself, a small difference of large terms that a float32 running
      * sum over the whole batch would round away */
     LLVMValueRef part = area(c, DW_AREA, Mpg * K);
-    zero_floats(c, part, Mpg * K);
+    gm.overwrite = true;
     cg_gemm(c, &gm, dy, cols, part);
     LLVMValueRef acc = cg_buf(c, v[3]), base = cg_mul(c, b->g, Mpg * K);
     CgLoop l;

@@ -109,7 +109,8 @@ static LLVMValueRef mat_ptr(Cg *c, const Value *v, LLVMValueRef base) {
 }
 
 /* y[m, n] (+)= alpha * sum_k a(m,k) b(k,n), y row-major (rows N apart)
- * from element offset ybase.  Float32 products large enough
+ * from element offset ybase; with overwrite (only where the packed path
+ * applies) y's old values are replaced, not added to.  Float32 products large enough
  * for packing to pay go to the packed, register-blocked kernels of
  * codegen/cg_gemm.c, which fold a's and b's strides (transposes) into
  * their packing.  For the other float32 outputs: when b is contiguous
@@ -120,9 +121,9 @@ static LLVMValueRef mat_ptr(Cg *c, const Value *v, LLVMValueRef base) {
  * that y is rounded once, not after every product. */
 
 static void gemm_block(Cg *c, const Mat *a, const Mat *b, const Value *y, LLVMValueRef ybase, int64_t M, int64_t N,
-                       int64_t K, float alpha) {
+                       int64_t K, float alpha, bool overwrite) {
     if (cg_gemm_applies(a->v, b->v, y, M, N, K)) {
-        CgGemm g = {M, N, K, a->si, a->sj, b->si, b->sj, N, alpha};
+        CgGemm g = {M, N, K, a->si, a->sj, b->si, b->sj, N, alpha, overwrite};
         cg_gemm(c, &g, mat_ptr(c, a->v, a->base), mat_ptr(c, b->v, b->base), mat_ptr(c, y, ybase));
         return;
     }
@@ -194,6 +195,14 @@ static bool k_gemm(Cg *c, const Node *n) {
     } else if (C && C->rank == 1) {
         cs1 = C->dims[0].k == 1 ? 0 : 1;
     }
+    Mat a = {A, cg_i64(c, 0), ta ? 1 : K, ta ? M : 1};
+    Mat b = {B, cg_i64(c, 0), tb ? 1 : N, tb ? K : 1};
+    /* without C the packed product writes Y outright */
+    if ((!C || beta == 0.0f) && cg_gemm_applies(A, B, Y, M, N, K)) {
+        gemm_block(c, &a, &b, Y, cg_i64(c, 0), M, N, K, alpha, true);
+        cg_kernel_end(c);
+        return true;
+    }
     CgLoop l0, l1;
     LLVMValueRef i = cg_for(c, &l0, cg_i64(c, M));
     LLVMValueRef j = cg_for(c, &l1, cg_i64(c, N));
@@ -206,9 +215,7 @@ static bool k_gemm(Cg *c, const Node *n) {
     cg_store(c, Y, cg_mad(c, i, N, j), init);
     cg_for_end(c, &l1);
     cg_for_end(c, &l0);
-    Mat a = {A, cg_i64(c, 0), ta ? 1 : K, ta ? M : 1};
-    Mat b = {B, cg_i64(c, 0), tb ? 1 : N, tb ? K : 1};
-    gemm_block(c, &a, &b, Y, cg_i64(c, 0), M, N, K, alpha);
+    gemm_block(c, &a, &b, Y, cg_i64(c, 0), M, N, K, alpha, false);
     cg_kernel_end(c);
     return true;
 }
@@ -236,7 +243,9 @@ static bool k_matmul(Cg *c, const Node *n) {
         sb *= db;
     }
     if (!cg_kernel_begin_io(c, n)) return false;
-    cg_fill(c, Y, value_numel(Y), cg_f32(c, 0));
+    /* a packed product writes Y outright; the other loops add into zeros */
+    bool packed = cg_gemm_applies(A, B, Y, M, N, K);
+    if (!packed) cg_fill(c, Y, value_numel(Y), cg_f32(c, 0));
     CgLoop loops[MAX_RANK];
     LLVMValueRef ao = cg_i64(c, 0), bo = cg_i64(c, 0), yo = cg_i64(c, 0);
     for (int j = 0; j < nb; j++) {
@@ -248,7 +257,7 @@ static bool k_matmul(Cg *c, const Node *n) {
     yo = cg_mul(c, yo, M * N);
     /* element (i, k) of op(A) and (k, j) of op(B) */
     Mat a = {A, ao, ta ? 1 : K, ta ? M : 1}, b = {B, bo, tb ? 1 : N, tb ? K : 1};
-    gemm_block(c, &a, &b, Y, yo, M, N, K, 1.0f);
+    gemm_block(c, &a, &b, Y, yo, M, N, K, 1.0f, packed);
     for (int j = nb - 1; j >= 0; j--) cg_for_end(c, &loops[j]);
     cg_kernel_end(c);
     return true;
