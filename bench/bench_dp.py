@@ -90,10 +90,6 @@ def import_torch():
     np, torch = bt.np, bt.torch
 
 
-def thread_env(env=None):
-    env = dict(os.environ if env is None else env)
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    return env
 
 
 def mpi_env():
@@ -202,7 +198,10 @@ def ddp_worker(job):
 
 
 def ddp_env(rank, port):
-    env = thread_env()
+    """A DDP process's environment: bench_train's torch_env (one thread,
+    OpenBLAS choosing its kernels, malloc keeping its memory) and the
+    rendezvous."""
+    env = bt.torch_env(1)
     env.update(RANK=str(rank), WORLD_SIZE=str(RANKS), MASTER_ADDR=LOOPBACK,
                MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     return env
@@ -425,7 +424,8 @@ def bench_model(args, workdir, name, in_dim, hidden, batch, steps):
             res = run_program(progs[n], x_path, y_path, batch, steps, warm,
                               path("metrics_%s.jsonl" % n), b)
             runs[n].append(res)
-        runs["torch_1"].append(bt.run_torch(script_train, job))
+        # the first run also probes which kernels torch's BLAS and oneDNN use
+        runs["torch_1"].append(bt.run_torch(script_train, dict(job, kernels=r == 0)))
         runs["torch_ddp2"].append(run_ddp(ddp_job_path))
         log("[%s] run %d/%d samples/s: %s" % (
             name, r + 1, args.runs,
@@ -461,7 +461,8 @@ def bench_model(args, workdir, name, in_dim, hidden, batch, steps):
                                                            batch, b))
         commands["run"][n] = shlex.join(dp_program_cmd("./" + rel(progs[n]), "x.npy", "y.npy",
                                                        steps, "metrics.jsonl", b))
-    thr = "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "
+    thr = "env -u OPENBLAS_CORETYPE OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 %s " % " ".join(
+        "%s=%s" % kv for kv in sorted(bt.MALLOC_KEEP.items()))
     commands["run"]["torch_1"] = thr + shlex.join(
         [sys.executable, script_train, "--torch-worker", rel(json.dumps(job))])
     commands["run"]["torch_ddp2"] = (
@@ -493,6 +494,7 @@ def bench_model(args, workdir, name, in_dim, hidden, batch, steps):
         "commands": commands,
         "runs": runs,
         "torch_blas": runs["torch_1"][0].get("blas", []),
+        "torch_kernels": runs["torch_1"][0].get("kernels"),
     }
 
 
@@ -518,6 +520,9 @@ def print_report(report):
     print("torch:   %s, 1 thread per process, DDP over gloo on %s (bucket_cap_mb %g), BLAS %s"
           % (report["torch_version"], LOOPBACK, DDP_BUCKET_MB,
              ", ".join(report["torch_blas"]) or "?"))
+    if report.get("torch_kernels"):
+        for line in bt.kernels_header(report["torch_kernels"]):
+            print(line)
     print("load:    load average (1/5/15 min) %s before, %s after; %.0f s in all"
           % (la(report["load_before"]), la(report["load_after"]), report["total_s"]))
     print("medians of %d alternating runs; samples/s of the global batch over the steps after "
@@ -685,6 +690,7 @@ def main():
     report["total_s"] = time.perf_counter() - t_start
     report["load_after"] = load_averages()
     report["torch_blas"] = report["results"][0]["torch_blas"]
+    report["torch_kernels"] = report["results"][0]["torch_kernels"]
     log("done in %.0f s" % report["total_s"])
 
     print_report(report)

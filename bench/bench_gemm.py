@@ -8,8 +8,8 @@ with `cleave compile --emit obj --emit-plan`, links the object into a
 shared library (`cc -shared`, no runtime: a forward-only program calls
 nothing outside itself) and calls the program's `cleave_eval_step` through
 ctypes on an arena laid out as the plan says.  The eval step is the Gemm
-(which first writes zeros into Y, as Gemm without C does) plus a ReduceSum
-over one float, the scalar loss `--loss model` wants.  OpenBLAS is called
+(without C the packed product writes Y outright, reading nothing of it)
+plus a ReduceSum over one float, the scalar loss `--loss model` wants.  OpenBLAS is called
 through `cblas_sgemm` (row-major, beta 0) on the same matrices from the
 same process, after `openblas_set_num_threads(1)`.
 

@@ -32,7 +32,9 @@ oneDNN is built in and enabled, the ISA it reports, and which oneDNN
 implementation ran each kind of convolution in one training step of the
 model (torch_kernels below, which bench_conv.py shares).  The torch process
 runs with OPENBLAS_CORETYPE removed from its environment, so that OpenBLAS
-picks its kernels for this CPU itself.
+picks its kernels for this CPU itself, and with glibc's malloc keeping the
+memory PyTorch frees (MALLOC_KEEP below), as an allocator such as jemalloc
+would.
 
     /usr/bin/python3 bench/bench_train.py [--cleave PATH] [--runs 5] [--steps N]
                                           [--models NAME|mlp|cnn ...]
@@ -350,13 +352,26 @@ def kernels_convs(k):
     return "oneDNN " + "; ".join(words)
 
 
-def torch_env(threads):
+# glibc's malloc hands large freed blocks back to the kernel (munmap, and
+# trimming the heap's top) and the next step faults them in again, page by
+# page.  PyTorch allocates its activations and gradients afresh every step,
+# so on a machine where page faults are dear (a virtual machine) its steps
+# took up to twice as long and varied from run to run; cleave's programs
+# plan one arena and fault nothing after their first step.  PyTorch's CPU
+# tuning advice is an allocator that keeps its memory (jemalloc, tcmalloc);
+# these glibc settings do the same, so the PyTorch side runs at its best.
+MALLOC_KEEP = {"MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOLD_": "4294967296"}
+
+
+def torch_env(threads, base=None):
     """The environment of a torch worker: T threads for torch's OpenMP and
     the BLAS libraries, OPENBLAS_CORETYPE removed so that OpenBLAS chooses
-    the kernels for this CPU, and oneDNN's verbose switches removed so that
-    no timed step prints."""
+    the kernels for this CPU, malloc keeping its memory (MALLOC_KEEP), and
+    oneDNN's verbose switches removed so that no timed step prints.  base:
+    the environment to start from (default os.environ)."""
     t = str(threads)
-    env = dict(os.environ, OMP_NUM_THREADS=t, MKL_NUM_THREADS=t, OPENBLAS_NUM_THREADS=t)
+    env = dict(os.environ if base is None else base, OMP_NUM_THREADS=t, MKL_NUM_THREADS=t,
+               OPENBLAS_NUM_THREADS=t, **MALLOC_KEEP)
     for k in ("OPENBLAS_CORETYPE", "ONEDNN_VERBOSE", "DNNL_VERBOSE", "MKLDNN_VERBOSE"):
         env.pop(k, None)
     return env
@@ -411,13 +426,11 @@ def torch_worker(job):
 
 
 def run_torch(script, job, env=None):
-    """One torch worker.  env: torch_env()'s, as bench_train.py passes it;
-    without it (bench_dp.py) the caller's environment with the thread
-    counts set, as before torch_env existed, so that bench_dp's single
-    process keeps the environment of its DDP processes."""
+    """One torch worker in the environment env (default torch_env() for the
+    job's thread count, as bench_dp.py's single process and DDP processes
+    get it)."""
     if env is None:
-        t = str(job.get("threads", 1))  # bench_dp.py's jobs say nothing: 1
-        env = dict(os.environ, OMP_NUM_THREADS=t, MKL_NUM_THREADS=t, OPENBLAS_NUM_THREADS=t)
+        env = torch_env(job.get("threads", 1))  # bench_dp.py's jobs say nothing: 1
     cmd = [sys.executable, script, "--torch-worker", json.dumps(job)]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     if p.returncode != 0:

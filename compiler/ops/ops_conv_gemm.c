@@ -6,6 +6,7 @@
  *
  *   forward        Y_g  (Mpg x nb*P)  = W_g (Mpg x K) * cols (K x nb*P)
  *   input grad     cols (K x nb*P)    = W_g^T * dY_g, scattered onto dX
+ *                  (at stride 1: a forward pass over dY, see as_forward)
  *   weight grad    dW_g (Mpg x K)    += dY_g * cols^T
  *
  * where cols holds the block's patches (row (c, kernel offset), column
@@ -27,10 +28,12 @@
 #include "ops_conv.h"
 
 /* Scratch areas (cg_scratch): the patch matrix, a block's output-channel
- * rows, and one group's weight gradient before its float64 sum. */
+ * rows, one group's weight gradient before its float64 sum, and the
+ * flipped filters of an input gradient at stride 1. */
 #define COL_AREA "cleave.conv.cols"
 #define ROWS_AREA "cleave.conv.rows"
 #define DW_AREA "cleave.conv.dw"
+#define WT_AREA "cleave.conv.wt"
 
 /* Products at least this wide fill the micro-kernel's vectors (its tiles
  * are 48 or 64 columns wide) several times over. */
@@ -204,6 +207,7 @@ typedef struct Block {
     LLVMValueRef n0, g; /* first sample, group */
     int64_t nb, cols;   /* samples, product columns (nb * P) */
     bool direct;        /* one sample per block: rows read and written in place */
+    LLVMValueRef wp;    /* the filters, M x K (NULL where the kernel reads none) */
 } Block;
 
 /* Copies the rows of output channels [g*Mpg, (g+1)*Mpg) of the
@@ -258,15 +262,17 @@ static LLVMValueRef patches(Cg *c, const Block *b, const Value *X, int64_t *ld) 
     return cols;
 }
 
-static LLVMValueRef w_group(Cg *c, const Block *b, const Value *W) {
-    return fptr(c, cg_buf(c, W), cg_mul(c, b->g, mpg(b->s) * k_dim(b->s)));
+/* Group g's Mpg x K rows of a filter-shaped matrix at base. */
+static LLVMValueRef w_group(Cg *c, const Block *b, LLVMValueRef base) {
+    return fptr(c, base, cg_mul(c, b->g, mpg(b->s) * k_dim(b->s)));
 }
 
 typedef void (*BlockFn)(Cg *c, const Block *b, const Value *const *v);
 
 /* Calls fn for every block of samples and every group: a loop over the
- * full blocks, then the last, shorter block when N is not a multiple. */
-static void for_blocks(Cg *c, const ConvShape *s, BlockFn fn, const Value *const *v) {
+ * full blocks, then the last, shorter block when N is not a multiple.
+ * wp: the filters the blocks read. */
+static void for_blocks(Cg *c, const ConvShape *s, BlockFn fn, const Value *const *v, LLVMValueRef wp) {
     int64_t nb = block_of(s), full = s->N / nb, rest = s->N % nb;
     for (int part = 0; part < 2; part++) {
         int64_t count = part ? (rest > 0) : full, size = part ? rest : nb;
@@ -274,7 +280,7 @@ static void for_blocks(Cg *c, const ConvShape *s, BlockFn fn, const Value *const
         Nest ns = {.n = 0};
         LLVMValueRef i = nest_for(c, &ns, cg_i64(c, count));
         Block b = {s, cg_mad(c, i, nb, cg_i64(c, part ? full * nb : 0)), nest_for(c, &ns, cg_i64(c, s->G)), size,
-                   size * s->w.out_sz, nb == 1};
+                   size * s->w.out_sz, nb == 1, wp};
         fn(c, &b, v);
         nest_close(c, &ns);
     }
@@ -282,32 +288,36 @@ static void for_blocks(Cg *c, const ConvShape *s, BlockFn fn, const Value *const
 
 /* ---- the three kernels ---- */
 
-/* v: X, W, B, Y */
+/* v: X, B, Y (the filters are b->wp) */
 static void forward_block(Cg *c, const Block *b, const Value *const *v) {
     int64_t K = k_dim(b->s), Mpg = mpg(b->s), P = b->s->w.out_sz, ld;
     LLVMValueRef cols = patches(c, b, v[0], &ld);
     CgGemm gm = {.M = Mpg, .N = b->cols, .K = K, .a_si = K, .a_sj = 1, .b_si = ld, .b_sj = 1, .alpha = 1};
-    if (b->direct) { /* Y already holds the bias */
+    if (b->direct) { /* Y holds the bias already, or the product writes it outright */
         gm.ldy = P;
-        LLVMValueRef y = fptr(c, cg_buf(c, v[3]), cg_mul(c, cg_mad(c, b->n0, b->s->M, cg_mul(c, b->g, Mpg)), P));
-        cg_gemm(c, &gm, w_group(c, b, v[1]), cols, y);
+        gm.overwrite = !v[1];
+        LLVMValueRef y = fptr(c, cg_buf(c, v[2]), cg_mul(c, cg_mad(c, b->n0, b->s->M, cg_mul(c, b->g, Mpg)), P));
+        cg_gemm(c, &gm, w_group(c, b, b->wp), cols, y);
         return;
     }
     LLVMValueRef rows = area(c, ROWS_AREA, Mpg * b->cols);
     CgLoop lm, lt;
     LLVMValueRef m = cg_for(c, &lm, cg_i64(c, Mpg));
-    LLVMValueRef init = v[2] ? cg_load(c, v[2], cg_mad(c, b->g, Mpg, m)) : cg_f32(c, 0);
+    LLVMValueRef init = v[1] ? cg_load(c, v[1], cg_mad(c, b->g, Mpg, m)) : cg_f32(c, 0);
     LLVMValueRef t = cg_for(c, &lt, cg_i64(c, b->cols));
     LLVMBuildStore(c->b, init, fptr(c, rows, cg_mad(c, m, b->cols, t)));
     cg_for_end(c, &lt);
     cg_for_end(c, &lm);
     gm.ldy = b->cols;
-    cg_gemm(c, &gm, w_group(c, b, v[1]), cols, rows);
-    regroup(c, b, v[3], rows, true);
+    cg_gemm(c, &gm, w_group(c, b, b->wp), cols, rows);
+    regroup(c, b, v[2], rows, true);
 }
 
-void conv_gemm_forward(Cg *c, const ConvShape *s, const Value *X, const Value *W, const Value *B, const Value *Y) {
-    if (block_of(s) == 1) {
+/* The forward pass with the filters at wp (W's buffer, or the flipped
+ * filters of an input gradient). */
+static void forward_with(Cg *c, const ConvShape *s, const Value *X, LLVMValueRef wp, const Value *B,
+                         const Value *Y) {
+    if (block_of(s) == 1 && B) {
         int64_t P = s->w.out_sz;
         Nest ns = {.n = 0};
         LLVMValueRef nm = nest_for(c, &ns, cg_i64(c, s->N * s->M));
@@ -316,8 +326,12 @@ void conv_gemm_forward(Cg *c, const ConvShape *s, const Value *X, const Value *W
         cg_store(c, Y, cg_mad(c, nm, P, i), init);
         nest_close(c, &ns);
     }
-    const Value *v[4] = {X, W, B, Y};
-    for_blocks(c, s, forward_block, v);
+    const Value *v[3] = {X, B, Y};
+    for_blocks(c, s, forward_block, v, wp);
+}
+
+void conv_gemm_forward(Cg *c, const ConvShape *s, const Value *X, const Value *W, const Value *B, const Value *Y) {
+    forward_with(c, s, X, cg_buf(c, W), B, Y);
 }
 
 /* v: dY, W, dX */
@@ -330,19 +344,67 @@ static void grad_input_block(Cg *c, const Block *b, const Value *const *v) {
         gm.ldy = b->s->w.in_sz;
         int64_t Cpg = b->s->C / b->s->G;
         LLVMValueRef dx = fptr(c, cg_buf(c, v[2]), cg_mul(c, cg_mad(c, b->n0, b->s->C, cg_mul(c, b->g, Cpg)), gm.ldy));
-        cg_gemm(c, &gm, w_group(c, b, v[1]), dy, dx);
+        cg_gemm(c, &gm, w_group(c, b, b->wp), dy, dx);
         return;
     }
     LLVMValueRef cols = area(c, COL_AREA, K * b->cols);
     gm.overwrite = true;
-    cg_gemm(c, &gm, w_group(c, b, v[1]), dy, cols);
+    cg_gemm(c, &gm, w_group(c, b, b->wp), dy, cols);
     patch_walk(c, b->s, v[2], b->n0, b->nb, b->g, cols, true);
 }
 
+/* At stride 1 the input gradient is a convolution of dY (padded by
+ * d*(k-1) - pb before and d*(k-1) - pe after) with the filters flipped in
+ * space and transposed to [C, M/G]: a forward pass whose product writes dX
+ * directly, with nothing to scatter back.  False (and *t untouched) when
+ * the convolution has another stride or pads beyond the window. */
+static bool as_forward(const ConvShape *s, ConvShape *t) {
+    const Win *w = &s->w;
+    ConvShape f = {*w, s->N, s->M, s->C, s->G};
+    for (int j = 0; j < w->nsp; j++) {
+        int64_t reach = w->d[j] * (w->k[j] - 1);
+        if (w->s[j] != 1 || w->pb[j] > reach || w->pe[j] > reach) return false;
+        f.w.in[j] = w->out[j];
+        f.w.out[j] = w->in[j];
+        f.w.pb[j] = reach - w->pb[j];
+        f.w.pe[j] = reach - w->pe[j];
+    }
+    f.w.in_sz = w->out_sz;
+    f.w.out_sz = w->in_sz;
+    *t = f;
+    return true;
+}
+
+/* Wt[g][c][m][ksz-1-kf] = W[g*Mpg + m][c][kf] into a scratch area:
+ * reversing the flat kernel index flips every spatial dim. */
+static LLVMValueRef flipped_filters(Cg *c, const ConvShape *s, const Value *W) {
+    int64_t Cpg = s->C / s->G, Mpg = mpg(s), ks = s->w.k_sz;
+    LLVMValueRef wt = area(c, WT_AREA, value_numel(W));
+    Nest ns = {.n = 0};
+    LLVMValueRef g = nest_for(c, &ns, cg_i64(c, s->G)), m = nest_for(c, &ns, cg_i64(c, Mpg));
+    LLVMValueRef ch = nest_for(c, &ns, cg_i64(c, Cpg)), kf = nest_for(c, &ns, cg_i64(c, ks));
+    LLVMValueRef src = cg_mad(c, cg_mad(c, cg_mad(c, g, Mpg, m), Cpg, ch), ks, kf);
+    LLVMValueRef dst = cg_mad(c, cg_mad(c, cg_mad(c, g, Cpg, ch), Mpg, m), ks,
+                              LLVMBuildNSWSub(c->b, cg_i64(c, ks - 1), kf, ""));
+    LLVMBuildStore(c->b, cg_load(c, W, src), fptr(c, wt, dst));
+    nest_close(c, &ns);
+    return wt;
+}
+
+/* Below this many output positions over the batch, flipping the filters
+ * (a strided copy of every weight, each call) costs more than the scatter
+ * it saves: the late layers of a CNN keep col2im. */
+enum { FLIP_MIN_POSITIONS = 512 };
+
 void conv_gemm_grad_input(Cg *c, const ConvShape *s, const Value *dY, const Value *W, const Value *dX) {
+    ConvShape t;
+    if (s->N * s->w.out_sz >= FLIP_MIN_POSITIONS && as_forward(s, &t) && conv_gemm_applies(&t, dY, W, dX)) {
+        forward_with(c, &t, dY, flipped_filters(c, s, W), NULL, dX);
+        return;
+    }
     zero_floats(c, cg_buf(c, dX), value_numel(dX));
     const Value *v[3] = {dY, W, dX};
-    for_blocks(c, s, grad_input_block, v);
+    for_blocks(c, s, grad_input_block, v, cg_buf(c, W));
 }
 
 /* v: dY, X, dW, acc */
@@ -352,7 +414,7 @@ static void grad_weight_block(Cg *c, const Block *b, const Value *const *v) {
     CgGemm gm = {.M = Mpg, .N = K, .K = b->cols, .a_si = ld, .a_sj = 1, .b_si = 1, .b_sj = ldc, .ldy = K,
                  .alpha = 1};
     if (!v[3]) {
-        cg_gemm(c, &gm, dy, cols, w_group(c, b, v[2]));
+        cg_gemm(c, &gm, dy, cols, w_group(c, b, cg_buf(c, v[2])));
         return;
     }
     /* the block's sum in float32, the sum over blocks in float64: a
@@ -376,7 +438,7 @@ void conv_gemm_grad_weight(Cg *c, const ConvShape *s, const Value *dY, const Val
     int64_t E = value_numel(dW);
     zero_floats(c, cg_buf(c, acc ? acc : dW), acc ? 2 * E : E);
     const Value *v[4] = {dY, X, dW, acc};
-    for_blocks(c, s, grad_weight_block, v);
+    for_blocks(c, s, grad_weight_block, v, NULL);
     if (acc) {
         CgLoop l;
         LLVMValueRef i = cg_for(c, &l, cg_i64(c, E));

@@ -164,6 +164,11 @@ END_TEST
 
 START_TEST(conv_dilation) {
     conv_case(&(ConvSpec){4, D(1, 2, 8, 7), D(3, 2, 3, 2), false, 1, D(2, 1, 1, 2), D(1, 2), D(2, 3), NULL});
+    /* stride 1, where the packed input gradient is a convolution of dY
+     * with the flipped filters: dilation and uneven pads, and pads beyond
+     * the window's reach (which keep the scatter) */
+    conv_case(&(ConvSpec){4, D(2, 3, 7, 6), D(4, 3, 3, 2), true, 1, D(2, 0, 1, 1), NULL, D(2, 1), NULL});
+    conv_case(&(ConvSpec){4, D(1, 2, 4, 4), D(3, 2, 2, 2), false, 1, D(2, 2, 2, 2), NULL, NULL, NULL});
 }
 END_TEST
 
