@@ -843,7 +843,7 @@ static LLVMValueRef gemm_fn(Cg *c, const CgGemm *g, const Blocking *k) {
              "cleave.gemm.%lldx%lldx%lld.a%lld_%lld.b%lld_%lld.y%lld.al%08x.%dx%dx%d.kc%lld.nc%lld%s%s", (long long)g->M,
              (long long)g->N, (long long)g->K, (long long)g->a_si, (long long)g->a_sj, (long long)g->b_si,
              (long long)g->b_sj, (long long)g->ldy, abits, k->mr, k->nv, k->w, (long long)k->kc, (long long)k->nc,
-             split, g->overwrite ? ".ow" : "");
+             g->overwrite ? ".ow" : "", split);
     LLVMValueRef fn = LLVMGetNamedFunction(c->mod, name);
     if (fn) return fn;
 

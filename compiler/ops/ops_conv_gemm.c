@@ -85,7 +85,7 @@ static LLVMValueRef splat(Cg *c, LLVMValueRef x, int w) {
  * outside its buffer there); tail, when set, masks the lanes past the
  * run's end. */
 static void vector_at(Cg *c, LLVMValueRef xp, LLVMValueRef cp, LLVMValueRef vlo, LLVMValueRef vhi, int64_t o0,
-                      LLVMValueRef o_iv, LLVMValueRef tail, bool scatter) {
+                      LLVMValueRef o_iv, LLVMValueRef tail, int64_t stride, bool scatter) {
     int W = cg_vector_floats();
     LLVMTypeRef vt = LLVMVectorType(c->t_f32, (unsigned)W), over[2] = {vt, c->t_ptr};
     LLVMValueRef iota[16];
@@ -97,7 +97,15 @@ static void vector_at(Cg *c, LLVMValueRef xp, LLVMValueRef cp, LLVMValueRef vlo,
     if (tail) m = LLVMBuildAnd(c->b, m, tail, "");
     LLVMValueRef xa = LLVMBuildGEP2(c->b, c->t_f32, xp, &o, 1, ""), ca = fptr(c, cp, o);
     LLVMValueRef align = LLVMConstInt(c->t_i32, 4, 0), zero = LLVMConstNull(vt);
-    LLVMValueRef xv = cg_intrinsic(c, "llvm.masked.load", over, 2, (LLVMValueRef[]){xa, align, m, zero}, 4);
+    LLVMValueRef xv;
+    if (stride == 1) {
+        xv = cg_intrinsic(c, "llvm.masked.load", over, 2, (LLVMValueRef[]){xa, align, m, zero}, 4);
+    } else { /* gathering only: lane t reads x at (o + t) * stride */
+        LLVMValueRef at = LLVMBuildMul(c->b, idx, splat(c, cg_i64(c, stride), W), "");
+        LLVMValueRef ps = LLVMBuildGEP2(c->b, c->t_f32, xp, &at, 1, "");
+        LLVMTypeRef gover[2] = {vt, LLVMTypeOf(ps)};
+        xv = cg_intrinsic(c, "llvm.masked.gather", gover, 2, (LLVMValueRef[]){ps, align, m, zero}, 4);
+    }
     if (!scatter) {
         if (tail)
             cg_intrinsic(c, "llvm.masked.store", over, 2, (LLVMValueRef[]){xv, ca, align, tail}, 4);
@@ -115,24 +123,25 @@ static void vector_at(Cg *c, LLVMValueRef xp, LLVMValueRef cp, LLVMValueRef vlo,
     cg_intrinsic(c, "llvm.masked.store", over, 2, (LLVMValueRef[]){LLVMBuildFAdd(c->b, xv, cv, ""), xa, align, m}, 4);
 }
 
-/* A run of `last` floats at stride 1 in vectors: the whole ones in a
- * loop, then the partial one.  xp is x's element at o = 0 (possibly
- * outside x), cp the run's start in cols. */
+/* A run of `last` floats in vectors: the whole ones in a loop, then the
+ * partial one.  xp is x's element at o = 0 (possibly outside x), cp the
+ * run's start in cols; x is read at `stride` (gathers where it is not 1,
+ * which only the gathering direction takes). */
 static void vector_run(Cg *c, LLVMValueRef xp, LLVMValueRef cp, LLVMValueRef lo, LLVMValueRef hi, int64_t last,
-                       bool scatter) {
+                       int64_t stride, bool scatter) {
     int W = cg_vector_floats();
     LLVMValueRef vlo = splat(c, lo, W), vhi = splat(c, hi, W);
     int64_t whole = last / W, rest = last % W;
     if (whole > 0) {
         CgLoop l;
         LLVMValueRef v = cg_for(c, &l, cg_i64(c, whole));
-        vector_at(c, xp, cp, vlo, vhi, 0, cg_mul(c, v, W), NULL, scatter);
+        vector_at(c, xp, cp, vlo, vhi, 0, cg_mul(c, v, W), NULL, stride, scatter);
         cg_for_end(c, &l);
     }
     if (rest > 0) {
         LLVMValueRef bits[16];
         for (int i = 0; i < W; i++) bits[i] = LLVMConstInt(c->t_i1, i < rest, 0);
-        vector_at(c, xp, cp, vlo, vhi, whole * W, NULL, LLVMConstVector(bits, (unsigned)W), scatter);
+        vector_at(c, xp, cp, vlo, vhi, whole * W, NULL, LLVMConstVector(bits, (unsigned)W), stride, scatter);
     }
 }
 
@@ -178,10 +187,12 @@ static void patch_walk(Cg *c, const ConvShape *s, const Value *x, LLVMValueRef n
     hi = imax(c, LLVMBuildSelect(c->b, inside, hi, cg_i64(c, 0), ""), lo);
     xi = cg_add(c, xi, affine(c, -w->pb[j], k[j], w->d[j]));
     LLVMValueRef base = fptr(c, cols, ci);
-    if (w->s[j] == 1) {
-        /* x's run is contiguous: vectors, padding masked off */
+    if (w->s[j] == 1 || !scatter) {
+        /* vectors, padding masked off: x's run is contiguous at stride 1,
+         * gathered at other strides (col2im keeps the scalar loop there,
+         * its adds being read-modify-writes of x) */
         LLVMValueRef xo = LLVMBuildGEP2(c->b, c->t_f32, cg_buf(c, x), &xi, 1, "");
-        vector_run(c, xo, base, lo, hi, last, scatter);
+        vector_run(c, xo, base, lo, hi, last, w->s[j], scatter);
         nest_close(c, &ns);
         return;
     }
