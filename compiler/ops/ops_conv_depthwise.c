@@ -103,23 +103,6 @@ static LLVMValueRef vslot(Cg *c, const Vec *v, LLVMValueRef x) {
 
 /* ---- the window along the outer dims ---- */
 
-/* Opens loops over the outer output dims (all but the last) and, for
- * kernel offsets k[], returns whether every outer input position is inside
- * (i1) and the outer parts of the input and output offsets. */
-static LLVMValueRef outer_inside(Cg *c, const Win *w, const LLVMValueRef *o, const LLVMValueRef *k, LLVMValueRef *xoff) {
-    int64_t is[MAX_RANK];
-    strides_of(w->in, w->nsp, is);
-    LLVMValueRef ok = LLVMConstInt(c->t_i1, 1, 0);
-    *xoff = cg_i64(c, 0);
-    for (int j = 0; j < w->nsp - 1; j++) {
-        LLVMValueRef ip = in_pos(c, w, j, o[j], k[j]);
-        ok = vand(c, ok, vand(c, LLVMBuildICmp(c->b, LLVMIntSGE, ip, cg_i64(c, 0), ""),
-                              LLVMBuildICmp(c->b, LLVMIntSLT, ip, cg_i64(c, w->in[j]), "")));
-        *xoff = cg_add(c, *xoff, cg_mul(c, ip, is[j]));
-    }
-    return ok;
-}
-
 /* Opens one loop per kernel dim into k[] and returns the flat offset. */
 static LLVMValueRef kernel_loops(Cg *c, const Win *w, Nest *ns, LLVMValueRef *k) {
     LLVMValueRef kf = cg_i64(c, 0);
@@ -130,16 +113,30 @@ static LLVMValueRef kernel_loops(Cg *c, const Win *w, Nest *ns, LLVMValueRef *k)
     return kf;
 }
 
-/* The lanes of the last input dim that output lanes ov read through
- * kernel offset k: indices (relative to the row) and the mask of those
- * inside the row, and within the outputs when `valid` is given. */
-static LLVMValueRef last_in(Cg *c, const Vec *v, const Win *w, LLVMValueRef ov, LLVMValueRef k, LLVMValueRef *mask) {
+/* The input values that the output lanes o0 + [0, W) of the plane at xp
+ * (its offset in X) read through kernel offsets k[], at outer output
+ * positions o[]: zeros where the window reads padding or the lanes run
+ * past the row.  A masked load at stride 1, else a gather. */
+static LLVMValueRef window_read(Cg *c, const Vec *v, const Win *w, const Value *X, LLVMValueRef xp,
+                                const LLVMValueRef *o, const LLVMValueRef *k, LLVMValueRef o0) {
+    int64_t is[MAX_RANK];
+    strides_of(w->in, w->nsp, is);
     int j = w->nsp - 1;
+    LLVMValueRef ok = LLVMConstInt(c->t_i1, 1, 0);
+    for (int t = 0; t < j; t++) { /* the outer dims: inside or not, for the whole run */
+        LLVMValueRef ip = in_pos(c, w, t, o[t], k[t]);
+        ok = vand(c, ok, vand(c, LLVMBuildICmp(c->b, LLVMIntSGE, ip, cg_i64(c, 0), ""),
+                              LLVMBuildICmp(c->b, LLVMIntSLT, ip, cg_i64(c, w->in[t]), "")));
+        xp = cg_add(c, xp, cg_mul(c, ip, is[t]));
+    }
+    LLVMValueRef ov = LLVMBuildAdd(c->b, splat(c, v, o0), v->iota, "");
     LLVMValueRef iv = LLVMBuildAdd(c->b, LLVMBuildMul(c->b, ov, vsplat_i(c, v, w->s[j]), ""),
-                                   splat(c, v, affine(c, -w->pb[j], k, w->d[j])), "");
-    *mask = vand(c, within(c, iv, vsplat_i(c, v, 0), vsplat_i(c, v, w->in[j])),
-                 LLVMBuildICmp(c->b, LLVMIntSLT, ov, vsplat_i(c, v, w->out[j]), ""));
-    return iv;
+                                   splat(c, v, affine(c, -w->pb[j], k[j], w->d[j])), "");
+    LLVMValueRef mask = vand(c, within(c, iv, vsplat_i(c, v, 0), vsplat_i(c, v, w->in[j])),
+                             LLVMBuildICmp(c->b, LLVMIntSLT, ov, vsplat_i(c, v, w->out[j]), ""));
+    mask = vand(c, mask, splat(c, v, ok));
+    LLVMValueRef first = cg_add(c, xp, cg_add(c, cg_mul(c, o0, w->s[j]), affine(c, -w->pb[j], k[j], w->d[j])));
+    return vread(c, v, X, first, LLVMBuildAdd(c->b, splat(c, v, xp), iv, ""), w->s[j] == 1, mask);
 }
 
 /* ---- the three kernels ---- */
@@ -163,13 +160,8 @@ void conv_depthwise_forward(Cg *c, const ConvShape *s, const Value *X, const Val
     LLVMValueRef ov = LLVMBuildAdd(c->b, splat(c, &v, o0), v.iota, "");
     LLVMValueRef acc = vslot(c, &v, bias);
     Nest kn = {.n = 0};
-    LLVMValueRef k[MAX_RANK], kf = kernel_loops(c, w, &kn, k), xoff, mask;
-    LLVMValueRef ok = outer_inside(c, w, o, k, &xoff);
-    LLVMValueRef iv = last_in(c, &v, w, ov, k[r - 1], &mask);
-    mask = vand(c, mask, splat(c, &v, ok));
-    LLVMValueRef base = cg_add(c, xp, xoff);
-    LLVMValueRef first = cg_add(c, base, cg_add(c, cg_mul(c, o0, w->s[r - 1]), affine(c, -w->pb[r - 1], k[r - 1], w->d[r - 1])));
-    LLVMValueRef xv = vread(c, &v, X, first, LLVMBuildAdd(c->b, splat(c, &v, base), iv, ""), w->s[r - 1] == 1, mask);
+    LLVMValueRef k[MAX_RANK], kf = kernel_loops(c, w, &kn, k);
+    LLVMValueRef xv = window_read(c, &v, w, X, xp, o, k, o0);
     LLVMValueRef wv = splat(c, &v, cg_load(c, W, cg_mad(c, m, w->k_sz, kf)));
     LLVMBuildStore(c->b, vfma(c, &v, wv, xv, LLVMBuildLoad2(c->b, v.vf, acc, "")), acc);
     nest_close(c, &kn);
@@ -266,13 +258,8 @@ void conv_depthwise_grad_weight(Cg *c, const ConvShape *s, const Value *dY, cons
         yp = cg_add(c, yp, cg_mul(c, o[t], os[t]));
     }
     LLVMValueRef o0 = cg_mul(c, nest_for(c, &on, cg_i64(c, (last + v.w - 1) / v.w)), v.w);
-    LLVMValueRef ov = LLVMBuildAdd(c->b, splat(c, &v, o0), v.iota, ""), xoff, mask;
-    LLVMValueRef ok = outer_inside(c, w, o, k, &xoff);
-    LLVMValueRef iv = last_in(c, &v, w, ov, k[j], &mask);
-    mask = vand(c, mask, splat(c, &v, ok));
-    LLVMValueRef base = cg_add(c, xp, xoff);
-    LLVMValueRef first = cg_add(c, base, cg_add(c, cg_mul(c, o0, w->s[j]), affine(c, -w->pb[j], k[j], w->d[j])));
-    LLVMValueRef xv = vread(c, &v, X, first, LLVMBuildAdd(c->b, splat(c, &v, base), iv, ""), w->s[j] == 1, mask);
+    LLVMValueRef ov = LLVMBuildAdd(c->b, splat(c, &v, o0), v.iota, "");
+    LLVMValueRef xv = window_read(c, &v, w, X, xp, o, k, o0);
     LLVMValueRef dyv = vread(c, &v, dY, cg_add(c, yp, o0), NULL, true,
                              LLVMBuildICmp(c->b, LLVMIntSLT, ov, vsplat_i(c, &v, last), ""));
     LLVMBuildStore(c->b, vfma(c, &v, dyv, xv, LLVMBuildLoad2(c->b, v.vf, sum, "")), sum);
