@@ -239,15 +239,7 @@ class Kernel:
         # cleave.gemm.*; without one the kernel is cleave's direct loops
         syms = run_checked(["nm", obj], "nm").stdout
         self.code = "packed GEMM" if re.search(r"cleave\.gemm\.", syms) else "loops"
-        run_checked(["cc", "-shared", "-o", so, obj], "cc -shared")
-        rp = json.load(open(plan))["rank_plans"][0]
-        self.lib = ctypes.CDLL(so)
-        size = rp["arena_bytes"]
-        self.raw = np.zeros(size + 128, np.uint8)
-        off = (-self.raw.ctypes.data) % 64
-        self.arena = self.raw[off:off + size]
-        init = (ctypes.c_ubyte * rp["persistent_bytes"]).in_dll(self.lib, "cleave_init")
-        self.arena[:rp["persistent_bytes"]] = np.frombuffer(init, np.uint8)
+        self.lib, self.raw, self.arena, rp = bg.load_program(obj, so, plan)
         b = next(b for b in rp["buffers"] if b["name"] == out_name)
         self.out = self.arena[b["offset"]:b["offset"] + b["bytes"]].view(np.float32).reshape(b["shape"])
         self.step = self.lib.cleave_eval_step

@@ -113,6 +113,24 @@ def run_checked(cmd, what, env=None):
     return p
 
 
+
+def load_program(obj, so, plan):
+    """Links the program object obj into the shared library so and loads
+    it with its arena: (library, the numpy buffer, its 64-byte aligned
+    arena, the rank's plan), the arena's persistent part initialised from
+    the program's cleave_init as the runtime does.  bench_conv.py shares
+    it."""
+    import numpy  # the caller's process may not have run this module's worker
+    run_checked(["cc", "-shared", "-o", so, obj], "cc -shared")
+    rp = json.load(open(plan))["rank_plans"][0]
+    lib = ctypes.CDLL(so)
+    size = rp["arena_bytes"]
+    raw = numpy.zeros(size + 128, numpy.uint8)
+    arena = raw[(-raw.ctypes.data) % 64:][:size]
+    init = (ctypes.c_ubyte * rp["persistent_bytes"]).in_dll(lib, "cleave_init")
+    arena[:rp["persistent_bytes"]] = numpy.frombuffer(init, numpy.uint8)
+    return lib, raw, arena, rp
+
 class Generated:
     """A compiled one-Gemm program, loaded, with its arena."""
 
@@ -136,15 +154,7 @@ class Generated:
             self.path = "packed %dx%d KC %d NC %d" % (mr, nv * w, kc, nc)
         else:
             self.path = "loops"
-        run_checked(["cc", "-shared", "-o", so, obj], "cc -shared")
-        rp = json.load(open(plan))["rank_plans"][0]
-        self.lib = ctypes.CDLL(so)
-        size = rp["arena_bytes"]
-        self.raw = np.zeros(size + 128, np.uint8)
-        off = (-self.raw.ctypes.data) % 64
-        self.arena = self.raw[off:off + size]
-        init = (ctypes.c_ubyte * rp["persistent_bytes"]).in_dll(self.lib, "cleave_init")
-        self.arena[:rp["persistent_bytes"]] = np.frombuffer(init, np.uint8)
+        self.lib, self.raw, self.arena, rp = load_program(obj, so, plan)
         y = next(b for b in rp["buffers"] if b["name"] == "Y")
         self.y = self.arena[y["offset"]:y["offset"] + y["bytes"]].view(np.float32).reshape(m, n)
         self.step = self.lib.cleave_eval_step
