@@ -101,7 +101,7 @@ static LLVMValueRef vslot(Cg *c, const Vec *v, LLVMValueRef x) {
     return s;
 }
 
-/* ---- the window along the outer dims ---- */
+/* ---- the window ---- */
 
 /* Opens one loop per kernel dim into k[] and returns the flat offset. */
 static LLVMValueRef kernel_loops(Cg *c, const Win *w, Nest *ns, LLVMValueRef *k) {
