@@ -283,17 +283,6 @@ def onednn_impl(fn):
     return "+".join(impls) if impls else "PyTorch native"
 
 
-def rate(fn, fl, min_time):
-    fn()
-    calls, t0 = 0, time.perf_counter()
-    while True:
-        fn()
-        calls += 1
-        t = time.perf_counter() - t0
-        if t >= min_time:
-            return fl * calls / t * 1e-9
-
-
 def rel_err(got, want):
     return float(np.max(np.abs(got.astype(np.float64) - want)) / (np.max(np.abs(want)) + 1e-30))
 
@@ -368,8 +357,8 @@ def worker(job):
                 row["tag"] = k.tag
                 row["cleave_gflops"], row["torch_gflops"] = [], []
                 for _ in range(job["runs"]):
-                    row["cleave_gflops"].append(rate(k, fl, job["min_time"]))
-                    row["torch_gflops"].append(rate(calls[d], fl, job["min_time"]))
+                    row["cleave_gflops"].append(bg.rate(k, fl, job["min_time"]))
+                    row["torch_gflops"].append(bg.rate(calls[d], fl, job["min_time"]))
                 results.append(row)
                 shape_rows.append(row)
             # The same kernels inside a training step: the one-convolution

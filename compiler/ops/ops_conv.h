@@ -45,4 +45,18 @@ void conv_depthwise_grad_input(Cg *c, const ConvShape *s, const Value *dY, const
 void conv_depthwise_grad_weight(Cg *c, const ConvShape *s, const Value *dY, const Value *X, const Value *dW,
                                 const Value *acc);
 
+/* Which kernels serve a convolution: depthwise ones for depthwise
+ * convolutions, else packed products where they pay, else the direct
+ * loops of ops_nn.c.  x, f and y are its input-, filter- and
+ * output-shaped values. */
+typedef enum { CONV_DIRECT, CONV_DEPTHWISE, CONV_PACKED } ConvPath;
+ConvPath conv_path(const ConvShape *s, const Value *x, const Value *f, const Value *y);
+
+/* The three kernels on path p (not CONV_DIRECT), inside an open kernel. */
+void conv_fast_forward(Cg *c, ConvPath p, const ConvShape *s, const Value *X, const Value *W, const Value *B,
+                       const Value *Y);
+void conv_fast_grad_input(Cg *c, ConvPath p, const ConvShape *s, const Value *dY, const Value *W, const Value *dX);
+void conv_fast_grad_weight(Cg *c, ConvPath p, const ConvShape *s, const Value *dY, const Value *X, const Value *dW,
+                           const Value *acc);
+
 #endif

@@ -458,3 +458,33 @@ void conv_gemm_grad_weight(Cg *c, const ConvShape *s, const Value *dY, const Val
         cg_for_end(c, &l);
     }
 }
+
+/* ---- which path ---- */
+
+ConvPath conv_path(const ConvShape *s, const Value *x, const Value *f, const Value *y) {
+    if (conv_depthwise_applies(s, x, f, y)) return CONV_DEPTHWISE;
+    return conv_gemm_applies(s, x, f, y) ? CONV_PACKED : CONV_DIRECT;
+}
+
+void conv_fast_forward(Cg *c, ConvPath p, const ConvShape *s, const Value *X, const Value *W, const Value *B,
+                       const Value *Y) {
+    if (p == CONV_DEPTHWISE)
+        conv_depthwise_forward(c, s, X, W, B, Y);
+    else
+        conv_gemm_forward(c, s, X, W, B, Y);
+}
+
+void conv_fast_grad_input(Cg *c, ConvPath p, const ConvShape *s, const Value *dY, const Value *W, const Value *dX) {
+    if (p == CONV_DEPTHWISE)
+        conv_depthwise_grad_input(c, s, dY, W, dX);
+    else
+        conv_gemm_grad_input(c, s, dY, W, dX);
+}
+
+void conv_fast_grad_weight(Cg *c, ConvPath p, const ConvShape *s, const Value *dY, const Value *X, const Value *dW,
+                           const Value *acc) {
+    if (p == CONV_DEPTHWISE)
+        conv_depthwise_grad_weight(c, s, dY, X, dW, acc);
+    else
+        conv_gemm_grad_weight(c, s, dY, X, dW, acc);
+}

@@ -517,11 +517,9 @@ static bool k_conv(Cg *c, const Node *n) {
     int64_t Cpg = C / G, Mpg = M / G;
     if (!cg_kernel_begin_io(c, n)) return false;
     ConvShape cs = {w, N, C, M, G};
-    if (conv_depthwise_applies(&cs, X, W, Y) || conv_gemm_applies(&cs, X, W, Y)) {
-        if (conv_depthwise_applies(&cs, X, W, Y))
-            conv_depthwise_forward(c, &cs, X, W, B, Y);
-        else
-            conv_gemm_forward(c, &cs, X, W, B, Y);
+    ConvPath path = conv_path(&cs, X, W, Y);
+    if (path != CONV_DIRECT) {
+        conv_fast_forward(c, path, &cs, X, W, B, Y);
         cg_kernel_end(c);
         return true;
     }
@@ -579,12 +577,10 @@ static bool k_conv_grad_input(Cg *c, const Node *n) {
     win_resolve(n, dX, dY, kernel, &w);
     conv_flatten_pointwise(&w);
     ConvShape cs = {w, dX->dims[0].k, dX->dims[1].k, dY->dims[1].k, node_attr_i(n, "group", 1)};
-    if (conv_depthwise_applies(&cs, dX, W, dY) || conv_gemm_applies(&cs, dX, W, dY)) {
+    ConvPath path = conv_path(&cs, dX, W, dY);
+    if (path != CONV_DIRECT) {
         if (!cg_kernel_begin_io(c, n)) return false;
-        if (conv_depthwise_applies(&cs, dX, W, dY))
-            conv_depthwise_grad_input(c, &cs, dY, W, dX);
-        else
-            conv_gemm_grad_input(c, &cs, dY, W, dX);
+        conv_fast_grad_input(c, path, &cs, dY, W, dX);
         cg_kernel_end(c);
         return true;
     }
@@ -617,11 +613,9 @@ static bool k_conv_grad_weight(Cg *c, const Node *n) {
     const Value *acc = n->n_out > 1 ? n->out[1] : NULL;
     if (!cg_kernel_begin_io(c, n)) return false;
     ConvShape cs = {w, N, C, M, G};
-    if (conv_depthwise_applies(&cs, X, dW, dY) || conv_gemm_applies(&cs, X, dW, dY)) {
-        if (conv_depthwise_applies(&cs, X, dW, dY))
-            conv_depthwise_grad_weight(c, &cs, dY, X, dW, acc);
-        else
-            conv_gemm_grad_weight(c, &cs, dY, X, dW, acc);
+    ConvPath path = conv_path(&cs, X, dW, dY);
+    if (path != CONV_DIRECT) {
+        conv_fast_grad_weight(c, path, &cs, dY, X, dW, acc);
         cg_kernel_end(c);
         return true;
     }
