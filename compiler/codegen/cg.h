@@ -127,6 +127,20 @@ bool cg_elementwise(Cg *c, const Node *n, CgScalarFn fn);
  * broadcasting of ins against y).  cg_elementwise and fused chains use it. */
 typedef void (*CgEwBody)(Cg *c, void *ctx, LLVMValueRef out_idx, const LLVMValueRef *in_idx);
 void cg_ew_nest(Cg *c, const Value *y, int n_in, const Value *const *ins, CgEwBody body, void *ctx);
+/* The same over the elements of y whose first index lies in [row0,
+ * row0 + rows) (y of rank 1 or more). */
+void cg_ew_nest_rows(Cg *c, const Value *y, LLVMValueRef row0, int64_t rows, int n_in, const Value *const *ins,
+                     CgEwBody body, void *ctx);
+
+/* ---- epilogues ---- */
+/* Work a kernel runs on its output 0 each time it finishes a block of it
+ * (rows [row0, row0 + rows) of the first axis), while the block is still
+ * in cache: a convolution runs the element-wise chain that follows it
+ * this way (cg_fuse.c, OpDef.cg_blocks). */
+typedef struct CgEpilogue {
+    void (*fn)(Cg *c, void *ctx, LLVMValueRef row0, int64_t rows);
+    void *ctx;
+} CgEpilogue;
 /* Row decomposition of an axis: [outer, len, inner] of v around axis. */
 void cg_axis_split(const Value *v, int axis, int64_t *outer, int64_t *len, int64_t *inner);
 

@@ -30,8 +30,13 @@ enum { MAX_CHAIN = 32, FUSE_MAX_BUFS = 16 };
 typedef struct Chain {
     int n;
     const Node *nodes[MAX_CHAIN];
-    /* kernel buffers: the outside inputs, then the stored outputs */
-    int n_in, n_out;
+    /* nodes[0] is a kernel finishing its output in blocks of rows (a
+     * convolution, OpDef.cg_blocks) and the rest of the chain runs on each
+     * block as it is done */
+    bool head;
+    /* kernel buffers: the outside inputs of the element-wise nodes, the
+     * stored outputs, then the head's inputs */
+    int n_in, n_out, n_hin;
     const Value *bufs[FUSE_MAX_BUFS];
     bool bcast[FUSE_MAX_BUFS];    /* input read through broadcasting by some node */
     int first_reader[FUSE_MAX_BUFS], last_reader[FUSE_MAX_BUFS]; /* chain positions reading input i */
@@ -66,6 +71,14 @@ static bool fusable(const Cg *c, const Node *n) {
     return true;
 }
 
+/* A node that can head a chain: its kernel finishes float32 output 0 a
+ * block of rows at a time, the same kernel in the train and eval steps. */
+static bool heads(Cg *c, const Node *n) {
+    if (!n->def || !n->def->cg_blocks || n->def->cg_eval || !c->kernels[n->id].fn) return false;
+    if (n->n_out != 1 || !n->out[0] || n->out[0]->dtype != DT_FLOAT || n->out[0]->rank < 1) return false;
+    return value_shape_known(n->out[0]) && n->def->cg_blocks(c, n, NULL);
+}
+
 static int chain_pos(const Chain *ch, const Value *v) {
     for (int j = 0; j < ch->n; j++)
         if (ch->nodes[j]->out[0] == v) return j;
@@ -94,8 +107,8 @@ static bool internal(const Cg *c, const CgFuse *f, const Chain *ch, int j) {
  * are more than a kernel takes. */
 static bool chain_buffers(const Cg *c, const CgFuse *f, Chain *ch) {
     const Value *dom = ch->nodes[0]->out[0];
-    ch->n_in = ch->n_out = 0;
-    for (int j = 0; j < ch->n; j++) {
+    ch->n_in = ch->n_out = ch->n_hin = 0;
+    for (int j = ch->head; j < ch->n; j++) {
         const Node *nd = ch->nodes[j];
         for (int i = 0; i < nd->n_in; i++) {
             const Value *x = nd->in[i];
@@ -113,23 +126,45 @@ static bool chain_buffers(const Cg *c, const CgFuse *f, Chain *ch) {
         }
     }
     for (int j = 0; j < ch->n; j++) {
-        if (internal(c, f, ch, j)) continue;
+        /* the head's kernel stores its output whoever reads it */
+        if (!(ch->head && j == 0) && internal(c, f, ch, j)) continue;
         if (ch->n_in + ch->n_out == FUSE_MAX_BUFS) return false;
         ch->bufs[ch->n_in + ch->n_out] = ch->nodes[j]->out[0];
         ch->maker[ch->n_in + ch->n_out] = j;
         ch->n_out++;
     }
+    const Node *h = ch->nodes[0];
+    for (int i = 0; ch->head && i < h->n_in; i++) {
+        int at = ch->n_in + ch->n_out;
+        if (!h->in[i] || buf_index(ch, h->in[i], at, at + ch->n_hin) >= 0) continue;
+        if (at + ch->n_hin == FUSE_MAX_BUFS) return false;
+        ch->bufs[at + ch->n_hin++] = h->in[i];
+    }
     return true;
+}
+
+/* Whether buffers a and b (a stored output among them) may share bytes
+ * in a call: an outside input may share its bytes with an output only
+ * exactly (in place), when every node reading it reads element i at step
+ * i and comes no later than the node storing the output: element i is
+ * then read before it is overwritten, and never again.  The head's output
+ * may share exactly with another output, which is stored after the head's
+ * element has been read.  Nothing may land on the head's inputs, which
+ * the head's kernel reads again for later blocks. */
+static bool may_overlap(const Chain *ch, int a, int b, bool exact) {
+    int outs = ch->n_in + ch->n_out;
+    bool a_out = a >= ch->n_in && a < outs, b_out = b >= ch->n_in && b < outs;
+    if (a_out && b_out) return exact && ch->head && (ch->maker[a] == 0 || ch->maker[b] == 0);
+    int in = a_out ? b : a, out = a_out ? a : b;
+    if (in >= outs) return false;
+    return exact && !ch->bcast[in] && ch->last_reader[in] <= ch->maker[out];
 }
 
 /* One call of the chain with its buffers where this program has them:
  * marks overlapping buffers shared, and the chain unsafe when a store can
- * land on bytes the loop reads afterwards.  An outside input may share its
- * bytes with an output only exactly (in place), when every node reading it
- * reads element i at step i and comes no later than the node storing the
- * output: element i is then read before it is overwritten, and never again. */
+ * land on bytes the kernel reads afterwards (may_overlap). */
 static void check_call(const Cg *c, Chain *ch, const RankPlan *rp, int micro) {
-    int nb = ch->n_in + ch->n_out;
+    int nb = ch->n_in + ch->n_out + ch->n_hin, outs = ch->n_in + ch->n_out;
     int64_t off[FUSE_MAX_BUFS], len[FUSE_MAX_BUFS];
     for (int i = 0; i < nb; i++) {
         off[i] = pipeline_buffer(c->plan, rp, ch->bufs[i], micro);
@@ -141,13 +176,9 @@ static void check_call(const Cg *c, Chain *ch, const RankPlan *rp, int micro) {
             bool overlap = off[a] < off[b] + len[b] && off[b] < off[a] + len[a];
             if (!overlap) continue;
             ch->shared[a] = ch->shared[b] = true;
-            if (b < ch->n_in) continue; /* two inputs: both only read */
-            if (a >= ch->n_in) { /* two stored outputs */
-                ch->unsafe = true;
-                break;
-            }
-            bool exact = off[a] == off[b] && len[a] == len[b];
-            if (!exact || ch->bcast[a] || ch->last_reader[a] > ch->maker[b]) {
+            bool a_read = a < ch->n_in || a >= outs, b_read = b < ch->n_in || b >= outs;
+            if (a_read && b_read) continue; /* both only read */
+            if (!may_overlap(ch, a, b, off[a] == off[b] && len[a] == len[b])) {
                 ch->unsafe = true;
                 break;
             }
@@ -165,11 +196,14 @@ static int find_chain(const CgFuse *f, const Chain *ch) {
 /* The chain starting at step s of a program's sequence, if any: its
  * length in *len.  Staged plans keep a chain inside one unit of work (one
  * micro-batch's forward or backward), which the traces time. */
-static bool chain_at(const Cg *c, const CgFuse *f, const PlanStep *steps, int n, int s, Chain *ch) {
+static bool chain_at(Cg *c, const CgFuse *f, const PlanStep *steps, int n, int s, Chain *ch) {
     const PlanStep *st0 = &steps[s];
-    if (st0->kind != STEP_COMPUTE || !fusable(c, st0->node)) return false;
+    if (st0->kind != STEP_COMPUTE) return false;
+    bool head = !fusable(c, st0->node) && heads(c, st0->node);
+    if (!head && !fusable(c, st0->node)) return false;
     const Plan *p = c->plan;
     memset(ch, 0, sizeof *ch);
+    ch->head = head;
     ch->nodes[0] = st0->node;
     ch->n = 1;
     const Value *dom = st0->node->out[0];
@@ -221,7 +255,8 @@ static bool scan_seq(Cg *c, CgFuse *f, const RankPlan *rp, const PlanStep *steps
 static void chain_body(Cg *c, void *ctx, LLVMValueRef out_idx, const LLVMValueRef *in_idx) {
     const Chain *ch = ctx;
     LLVMValueRef val[MAX_CHAIN];
-    for (int j = 0; j < ch->n; j++) {
+    if (ch->head) val[0] = cg_load(c, ch->nodes[0]->out[0], out_idx); /* stored by the head */
+    for (int j = ch->head; j < ch->n; j++) {
         const Node *nd = ch->nodes[j];
         LLVMValueRef x[FUSE_MAX_BUFS];
         int k = 0;
@@ -242,12 +277,25 @@ static void chain_body(Cg *c, void *ctx, LLVMValueRef out_idx, const LLVMValueRe
     }
 }
 
+/* The element-wise part of a headed chain over the rows the head has
+ * just finished. */
+static void chain_block(Cg *c, void *ctx, LLVMValueRef row0, int64_t rows) {
+    Chain *ch = ctx;
+    cg_ew_nest_rows(c, ch->nodes[0]->out[0], row0, rows, ch->n_in, ch->bufs, chain_body, ch);
+}
+
 static bool build_chain(Cg *c, Chain *ch) {
     char name[96];
-    snprintf(name, sizeof name, "f%d_%s_x%d", ch->nodes[0]->id, ch->nodes[0]->op_type, ch->n);
-    if (!cg_kernel_begin_as(c, &ch->k, name, ch->nodes[0], ch->n_in + ch->n_out, ch->bufs, ch->shared))
+    const Node *h = ch->nodes[0];
+    snprintf(name, sizeof name, "f%d_%s_x%d", h->id, h->op_type, ch->n);
+    if (!cg_kernel_begin_as(c, &ch->k, name, h, ch->n_in + ch->n_out + ch->n_hin, ch->bufs, ch->shared))
         return false;
-    cg_ew_nest(c, ch->nodes[0]->out[0], ch->n_in, ch->bufs, chain_body, ch);
+    if (ch->head) {
+        CgEpilogue epi = {chain_block, ch};
+        h->def->cg_blocks(c, h, &epi);
+    } else {
+        cg_ew_nest(c, h->out[0], ch->n_in, ch->bufs, chain_body, ch);
+    }
     cg_kernel_end(c);
     return !diag_failed(c->d);
 }
@@ -290,8 +338,8 @@ const CgKernel *cg_fused_at(const Cg *c, int prog, int pass, int s, int *n_steps
     return &f->chains[i].k;
 }
 
-void cg_fuse_stats(const Cg *c, int *chains, int *nodes, int *unfused) {
-    *chains = *nodes = *unfused = 0;
+void cg_fuse_stats(const Cg *c, int *chains, int *nodes, int *headed, int *unfused) {
+    *chains = *nodes = *headed = *unfused = 0;
     const CgFuse *f = c->fuse;
     for (int i = 0; f && i < f->n_chains; i++) {
         if (f->chains[i].unsafe) {
@@ -300,6 +348,7 @@ void cg_fuse_stats(const Cg *c, int *chains, int *nodes, int *unfused) {
         }
         (*chains)++;
         *nodes += f->chains[i].n;
+        *headed += f->chains[i].head;
     }
 }
 

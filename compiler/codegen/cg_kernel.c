@@ -313,6 +313,17 @@ void cg_axis_split(const Value *v, int axis, int64_t *outer, int64_t *len, int64
  * instructions, so int64 arithmetic stays exact; otherwise it receives
  * float32 (cg_load).  Its result is converted by cg_store. */
 void cg_ew_nest(Cg *c, const Value *y, int n_in, const Value *const *ins, CgEwBody body, void *ctx) {
+    if (y->rank == 0) {
+        LLVMValueRef zero[CG_MAX_BUFS];
+        for (int i = 0; i < n_in; i++) zero[i] = cg_i64(c, 0);
+        body(c, ctx, cg_i64(c, 0), zero);
+        return;
+    }
+    cg_ew_nest_rows(c, y, cg_i64(c, 0), y->dims[0].k, n_in, ins, body, ctx);
+}
+
+void cg_ew_nest_rows(Cg *c, const Value *y, LLVMValueRef row0, int64_t rows, int n_in, const Value *const *ins,
+                     CgEwBody body, void *ctx) {
     enum { MAXIN = CG_MAX_BUFS };
     int r = y->rank;
     /* strides[i][j]: input i's stride along output dim j */
@@ -347,7 +358,13 @@ void cg_ew_nest(Cg *c, const Value *y, int n_in, const Value *const *ins, CgEwBo
     LLVMValueRef out_idx = cg_i64(c, 0), in_idx[MAXIN];
     for (int i = 0; i < n_in; i++) in_idx[i] = cg_i64(c, 0);
     for (int j = 0; j < mr; j++) {
-        LLVMValueRef iv = cg_for(c, &loops[j], cg_i64(c, md[j]));
+        LLVMValueRef iv;
+        if (j == 0) { /* the rows asked for: dims merged into the first scale them */
+            int64_t inner = ydims[0] ? md[0] / ydims[0] : 0;
+            iv = cg_add(c, cg_mul(c, row0, inner), cg_for(c, &loops[0], cg_i64(c, rows * inner)));
+        } else {
+            iv = cg_for(c, &loops[j], cg_i64(c, md[j]));
+        }
         out_idx = cg_mad(c, out_idx, md[j], iv);
         for (int i = 0; i < n_in; i++)
             if (ms[i][j]) in_idx[i] = cg_add(c, in_idx[i], cg_mul(c, iv, ms[i][j]));

@@ -29,6 +29,7 @@ typedef struct OpCtx {
 
 typedef struct GradCtx GradCtx; /* autodiff/grad.h */
 typedef struct Cg Cg;           /* codegen/cg.h */
+struct CgEpilogue;              /* codegen/cg.h */
 
 /* Result of a fold rule. */
 typedef enum { FOLD_NO = 0, FOLD_DONE = 1, FOLD_ERROR = 2 } FoldResult;
@@ -75,6 +76,14 @@ typedef struct OpDef {
      * function: codegen may fuse a chain of such nodes into one loop
      * (codegen/cg_fuse.c).  NULL: the node's kernel always runs alone. */
     struct LLVMOpaqueValue *(*scalar)(Cg *c, const Node *n, struct LLVMOpaqueValue **x);
+    /* Kernels that finish their output a block of rows (samples) at a
+     * time, as Conv's fast paths do: emits the kernel's work inside an
+     * open kernel, running epi after each block, so that a chain of
+     * element-wise nodes reading the output runs while the block is in
+     * cache (codegen/cg_fuse.c).  With epi NULL it only answers, emitting
+     * nothing.  false: this node's kernel has no such blocks (it heads no
+     * chain).  NULL: none of the op's kernels do. */
+    bool (*cg_blocks)(Cg *c, const Node *n, const struct CgEpilogue *epi);
     /* Ops that compute differently in training (BatchNormalization with
      * batch statistics, Dropout): replaces node n, before the backward
      * sweep, with the nodes that train it (built with the grad.h

@@ -27,8 +27,10 @@ typedef struct ConvShape {
  * input-, filter- and output-shaped values (all three must be float32). */
 bool conv_gemm_applies(const ConvShape *s, const Value *x, const Value *f, const Value *y);
 
-/* Y = B + X (*) W; B may be NULL.  Emitted inside an open kernel. */
-void conv_gemm_forward(Cg *c, const ConvShape *s, const Value *X, const Value *W, const Value *B, const Value *Y);
+/* Y = B + X (*) W; B may be NULL.  Emitted inside an open kernel; epi
+ * (or NULL) runs after each block of samples is complete (cg.h). */
+void conv_gemm_forward(Cg *c, const ConvShape *s, const Value *X, const Value *W, const Value *B, const Value *Y,
+                       const CgEpilogue *epi);
 /* dX = the transposed convolution of dY by W. */
 void conv_gemm_grad_input(Cg *c, const ConvShape *s, const Value *dY, const Value *W, const Value *dX);
 /* dW = sum over the batch of dY correlated with X; with acc (float64
@@ -40,7 +42,8 @@ void conv_gemm_grad_weight(Cg *c, const ConvShape *s, const Value *dY, const Val
  * float32: then the kernels below serve it, with any channel multiplier,
  * stride, padding and dilation. */
 bool conv_depthwise_applies(const ConvShape *s, const Value *x, const Value *f, const Value *y);
-void conv_depthwise_forward(Cg *c, const ConvShape *s, const Value *X, const Value *W, const Value *B, const Value *Y);
+void conv_depthwise_forward(Cg *c, const ConvShape *s, const Value *X, const Value *W, const Value *B, const Value *Y,
+                            const CgEpilogue *epi);
 void conv_depthwise_grad_input(Cg *c, const ConvShape *s, const Value *dY, const Value *W, const Value *dX);
 void conv_depthwise_grad_weight(Cg *c, const ConvShape *s, const Value *dY, const Value *X, const Value *dW,
                                 const Value *acc);
@@ -52,9 +55,10 @@ void conv_depthwise_grad_weight(Cg *c, const ConvShape *s, const Value *dY, cons
 typedef enum { CONV_DIRECT, CONV_DEPTHWISE, CONV_PACKED } ConvPath;
 ConvPath conv_path(const ConvShape *s, const Value *x, const Value *f, const Value *y);
 
-/* The three kernels on path p (not CONV_DIRECT), inside an open kernel. */
+/* The three kernels on path p (not CONV_DIRECT), inside an open kernel;
+ * the forward pass runs epi (or NULL) after each block of samples. */
 void conv_fast_forward(Cg *c, ConvPath p, const ConvShape *s, const Value *X, const Value *W, const Value *B,
-                       const Value *Y);
+                       const Value *Y, const CgEpilogue *epi);
 void conv_fast_grad_input(Cg *c, ConvPath p, const ConvShape *s, const Value *dY, const Value *W, const Value *dX);
 void conv_fast_grad_weight(Cg *c, ConvPath p, const ConvShape *s, const Value *dY, const Value *X, const Value *dW,
                            const Value *acc);

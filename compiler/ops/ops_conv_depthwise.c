@@ -141,14 +141,17 @@ static LLVMValueRef window_read(Cg *c, const Vec *v, const Win *w, const Value *
 
 /* ---- the three kernels ---- */
 
-void conv_depthwise_forward(Cg *c, const ConvShape *s, const Value *X, const Value *W, const Value *B, const Value *Y) {
+void conv_depthwise_forward(Cg *c, const ConvShape *s, const Value *X, const Value *W, const Value *B, const Value *Y,
+                            const CgEpilogue *epi) {
     const Win *w = &s->w;
     Vec v = vec_init(c);
     int r = w->nsp;
     int64_t Mpg = s->M / s->G, os[MAX_RANK], last = w->out[r - 1];
     strides_of(w->out, r, os);
+    CgLoop ln;
+    LLVMValueRef n = cg_for(c, &ln, cg_i64(c, s->N));
     Nest ns = {.n = 0};
-    LLVMValueRef n = nest_for(c, &ns, cg_i64(c, s->N)), m = nest_for(c, &ns, cg_i64(c, s->M));
+    LLVMValueRef m = nest_for(c, &ns, cg_i64(c, s->M));
     LLVMValueRef xp = cg_mul(c, cg_mad(c, n, s->C, sdiv_k(c, m, Mpg)), w->in_sz);
     LLVMValueRef yp = cg_mul(c, cg_mad(c, n, s->M, m), w->out_sz), o[MAX_RANK];
     LLVMValueRef bias = B ? splat(c, &v, cg_load(c, B, m)) : NULL;
@@ -168,6 +171,8 @@ void conv_depthwise_forward(Cg *c, const ConvShape *s, const Value *X, const Val
     LLVMValueRef store_mask = LLVMBuildICmp(c->b, LLVMIntSLT, ov, vsplat_i(c, &v, last), "");
     vwrite(c, &v, Y, cg_add(c, yp, o0), LLVMBuildLoad2(c->b, v.vf, acc, ""), store_mask);
     nest_close(c, &ns);
+    if (epi) epi->fn(c, epi->ctx, n, 1); /* sample n is complete */
+    cg_for_end(c, &ln);
 }
 
 /* dX[n, g] = sum over the group's Mpg output channels m and kernel

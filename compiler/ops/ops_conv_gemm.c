@@ -282,18 +282,21 @@ typedef void (*BlockFn)(Cg *c, const Block *b, const Value *const *v);
 
 /* Calls fn for every block of samples and every group: a loop over the
  * full blocks, then the last, shorter block when N is not a multiple.
- * wp: the filters the blocks read. */
-static void for_blocks(Cg *c, const ConvShape *s, BlockFn fn, const Value *const *v, LLVMValueRef wp) {
+ * wp: the filters the blocks read; epi (or NULL) runs after each block's
+ * groups, when the block's samples are complete. */
+static void for_blocks(Cg *c, const ConvShape *s, BlockFn fn, const Value *const *v, LLVMValueRef wp,
+                       const CgEpilogue *epi) {
     int64_t nb = block_of(s), full = s->N / nb, rest = s->N % nb;
     for (int part = 0; part < 2; part++) {
         int64_t count = part ? (rest > 0) : full, size = part ? rest : nb;
         if (count == 0) continue;
-        Nest ns = {.n = 0};
-        LLVMValueRef i = nest_for(c, &ns, cg_i64(c, count));
-        Block b = {s, cg_mad(c, i, nb, cg_i64(c, part ? full * nb : 0)), nest_for(c, &ns, cg_i64(c, s->G)), size,
-                   size * s->w.out_sz, nb == 1, wp};
+        CgLoop li, lg;
+        LLVMValueRef n0 = cg_mad(c, cg_for(c, &li, cg_i64(c, count)), nb, cg_i64(c, part ? full * nb : 0));
+        Block b = {s, n0, cg_for(c, &lg, cg_i64(c, s->G)), size, size * s->w.out_sz, nb == 1, wp};
         fn(c, &b, v);
-        nest_close(c, &ns);
+        cg_for_end(c, &lg);
+        if (epi) epi->fn(c, epi->ctx, n0, size);
+        cg_for_end(c, &li);
     }
 }
 
@@ -304,10 +307,18 @@ static void forward_block(Cg *c, const Block *b, const Value *const *v) {
     int64_t K = k_dim(b->s), Mpg = mpg(b->s), P = b->s->w.out_sz, ld;
     LLVMValueRef cols = patches(c, b, v[0], &ld);
     CgGemm gm = {.M = Mpg, .N = b->cols, .K = K, .a_si = K, .a_sj = 1, .b_si = ld, .b_sj = 1, .alpha = 1};
-    if (b->direct) { /* Y holds the bias already, or the product writes it outright */
+    if (b->direct) { /* the product adds to the bias, or writes Y outright */
         gm.ldy = P;
         gm.overwrite = !v[1];
         LLVMValueRef y = fptr(c, cg_buf(c, v[2]), cg_mul(c, cg_mad(c, b->n0, b->s->M, cg_mul(c, b->g, Mpg)), P));
+        if (v[1]) {
+            Nest ns = {.n = 0};
+            LLVMValueRef m = nest_for(c, &ns, cg_i64(c, Mpg));
+            LLVMValueRef init = cg_load(c, v[1], cg_mad(c, b->g, Mpg, m));
+            LLVMValueRef t = nest_for(c, &ns, cg_i64(c, P));
+            LLVMBuildStore(c->b, init, fptr(c, y, cg_mad(c, m, P, t)));
+            nest_close(c, &ns);
+        }
         cg_gemm(c, &gm, w_group(c, b, b->wp), cols, y);
         return;
     }
@@ -326,23 +337,15 @@ static void forward_block(Cg *c, const Block *b, const Value *const *v) {
 
 /* The forward pass with the filters at wp (W's buffer, or the flipped
  * filters of an input gradient). */
-static void forward_with(Cg *c, const ConvShape *s, const Value *X, LLVMValueRef wp, const Value *B,
-                         const Value *Y) {
-    if (block_of(s) == 1 && B) {
-        int64_t P = s->w.out_sz;
-        Nest ns = {.n = 0};
-        LLVMValueRef nm = nest_for(c, &ns, cg_i64(c, s->N * s->M));
-        LLVMValueRef init = B ? cg_load(c, B, LLVMBuildURem(c->b, nm, cg_i64(c, s->M), "")) : cg_f32(c, 0);
-        LLVMValueRef i = nest_for(c, &ns, cg_i64(c, P));
-        cg_store(c, Y, cg_mad(c, nm, P, i), init);
-        nest_close(c, &ns);
-    }
+static void forward_with(Cg *c, const ConvShape *s, const Value *X, LLVMValueRef wp, const Value *B, const Value *Y,
+                         const CgEpilogue *epi) {
     const Value *v[3] = {X, B, Y};
-    for_blocks(c, s, forward_block, v, wp);
+    for_blocks(c, s, forward_block, v, wp, epi);
 }
 
-void conv_gemm_forward(Cg *c, const ConvShape *s, const Value *X, const Value *W, const Value *B, const Value *Y) {
-    forward_with(c, s, X, cg_buf(c, W), B, Y);
+void conv_gemm_forward(Cg *c, const ConvShape *s, const Value *X, const Value *W, const Value *B, const Value *Y,
+                       const CgEpilogue *epi) {
+    forward_with(c, s, X, cg_buf(c, W), B, Y, epi);
 }
 
 /* v: dY, W, dX */
@@ -410,12 +413,12 @@ enum { FLIP_MIN_POSITIONS = 512 };
 void conv_gemm_grad_input(Cg *c, const ConvShape *s, const Value *dY, const Value *W, const Value *dX) {
     ConvShape t;
     if (s->N * s->w.out_sz >= FLIP_MIN_POSITIONS && as_forward(s, &t) && conv_gemm_applies(&t, dY, W, dX)) {
-        forward_with(c, &t, dY, flipped_filters(c, s, W), NULL, dX);
+        forward_with(c, &t, dY, flipped_filters(c, s, W), NULL, dX, NULL);
         return;
     }
     zero_floats(c, cg_buf(c, dX), value_numel(dX));
     const Value *v[3] = {dY, W, dX};
-    for_blocks(c, s, grad_input_block, v, cg_buf(c, W));
+    for_blocks(c, s, grad_input_block, v, cg_buf(c, W), NULL);
 }
 
 /* v: dY, X, dW, acc */
@@ -449,7 +452,7 @@ void conv_gemm_grad_weight(Cg *c, const ConvShape *s, const Value *dY, const Val
     int64_t E = value_numel(dW);
     zero_floats(c, cg_buf(c, acc ? acc : dW), acc ? 2 * E : E);
     const Value *v[4] = {dY, X, dW, acc};
-    for_blocks(c, s, grad_weight_block, v, NULL);
+    for_blocks(c, s, grad_weight_block, v, NULL, NULL);
     if (acc) {
         CgLoop l;
         LLVMValueRef i = cg_for(c, &l, cg_i64(c, E));
@@ -467,11 +470,11 @@ ConvPath conv_path(const ConvShape *s, const Value *x, const Value *f, const Val
 }
 
 void conv_fast_forward(Cg *c, ConvPath p, const ConvShape *s, const Value *X, const Value *W, const Value *B,
-                       const Value *Y) {
+                       const Value *Y, const CgEpilogue *epi) {
     if (p == CONV_DEPTHWISE)
-        conv_depthwise_forward(c, s, X, W, B, Y);
+        conv_depthwise_forward(c, s, X, W, B, Y, epi);
     else
-        conv_gemm_forward(c, s, X, W, B, Y);
+        conv_gemm_forward(c, s, X, W, B, Y, epi);
 }
 
 void conv_fast_grad_input(Cg *c, ConvPath p, const ConvShape *s, const Value *dY, const Value *W, const Value *dX) {

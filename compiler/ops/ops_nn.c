@@ -505,21 +505,37 @@ static void conv_flatten_pointwise(Win *w) {
                .in_sz = w->in_sz, .out_sz = w->out_sz, .k_sz = 1};
 }
 
-/* Y[n,m] = B[m] + sum_{c in m's group} X[n,c] (*) W[m,c] */
-static bool k_conv(Cg *c, const Node *n) {
-    const Value *X = n->in[0], *W = n->in[1], *B = n->n_in > 2 ? n->in[2] : NULL, *Y = n->out[0];
+/* Conv node n's sizes and window, and the path its kernels take. */
+static ConvPath conv_shape(const Node *n, ConvShape *cs) {
+    const Value *X = n->in[0], *W = n->in[1], *Y = n->out[0];
     int64_t kernel[MAX_RANK];
     conv_kernel_sizes(W, kernel);
     Win w;
     win_resolve(n, X, Y, kernel, &w);
     conv_flatten_pointwise(&w);
-    int64_t N = X->dims[0].k, C = X->dims[1].k, M = Y->dims[1].k, G = node_attr_i(n, "group", 1);
-    int64_t Cpg = C / G, Mpg = M / G;
+    *cs = (ConvShape){w, X->dims[0].k, X->dims[1].k, Y->dims[1].k, node_attr_i(n, "group", 1)};
+    return conv_path(cs, X, W, Y);
+}
+
+/* The forward pass on a fast path, a sample block at a time (OpDef.cg_blocks). */
+static bool k_conv_blocks(Cg *c, const Node *n, const CgEpilogue *epi) {
+    ConvShape cs;
+    ConvPath path = conv_shape(n, &cs);
+    if (path == CONV_DIRECT) return false;
+    if (epi) conv_fast_forward(c, path, &cs, n->in[0], n->in[1], n->n_in > 2 ? n->in[2] : NULL, n->out[0], epi);
+    return true;
+}
+
+/* Y[n,m] = B[m] + sum_{c in m's group} X[n,c] (*) W[m,c] */
+static bool k_conv(Cg *c, const Node *n) {
+    const Value *X = n->in[0], *W = n->in[1], *B = n->n_in > 2 ? n->in[2] : NULL, *Y = n->out[0];
+    ConvShape cs;
+    ConvPath path = conv_shape(n, &cs);
+    const Win w = cs.w;
+    int64_t N = cs.N, C = cs.C, M = cs.M, G = cs.G, Cpg = C / G, Mpg = M / G;
     if (!cg_kernel_begin_io(c, n)) return false;
-    ConvShape cs = {w, N, C, M, G};
-    ConvPath path = conv_path(&cs, X, W, Y);
     if (path != CONV_DIRECT) {
-        conv_fast_forward(c, path, &cs, X, W, B, Y);
+        conv_fast_forward(c, path, &cs, X, W, B, Y, NULL);
         cg_kernel_end(c);
         return true;
     }
@@ -1327,7 +1343,7 @@ static const AttrSpec attrs_conv_transpose[] = {
     {"kernel_shape", ATTR_INTS}, {"output_padding", ATTR_INTS}, {"output_shape", ATTR_INTS}, {"pads", ATTR_INTS},
     {"strides", ATTR_INTS}, {0}};
 
-const OpDef op_Conv = {"Conv", "", 1, 0, 2, 3, 1, 1, attrs_conv, 0, infer_conv, NULL, flops_conv, .grad = g_conv, .cg = k_conv, .dense = DENSE_CONV};
+const OpDef op_Conv = {"Conv", "", 1, 0, 2, 3, 1, 1, attrs_conv, 0, infer_conv, NULL, flops_conv, .grad = g_conv, .cg = k_conv, .dense = DENSE_CONV, .cg_blocks = k_conv_blocks};
 const OpDef op_ConvTranspose = {"ConvTranspose", "", 1, 0, 2, 3, 1, 1, attrs_conv_transpose, 0, infer_conv_transpose, NULL, flops_conv_transpose, .grad = g_conv_transpose, .cg = k_conv_transpose, .dense = DENSE_CONV};
 const OpDef op_MaxPool = {"MaxPool", "", 1, 0, 1, 1, 1, 2, attrs_maxpool, 0, infer_pool, NULL, flops_pool, .grad = g_maxpool, .cg = k_maxpool};
 const OpDef op_AveragePool = {"AveragePool", "", 1, 0, 1, 1, 1, 1, attrs_avgpool, 0, infer_pool, NULL, flops_pool, .grad = g_avgpool, .cg = k_avgpool};

@@ -2,11 +2,16 @@
 """Fused element-wise chains, and kernels shared by twin nodes, change no bit.
 
 cleave compiles chains of element-wise nodes into one loop (compiler/
-codegen/cg_fuse.c); `--no-fuse` runs every node as its own loop.  For the
-transformer sample (layer norms written out as Sub/Pow/Div/Mul/Add) and a
-model made of activation chains with a broadcast parameter, each under
-single-process, data-parallel and pipeline plans, this checks that the
-fused program reports fused chains (and nodes reusing a twin's kernel,
+codegen/cg_fuse.c), and runs a chain that follows a convolution on each
+block of samples the convolution finishes; `--no-fuse` runs every node as
+its own loop.  For the transformer sample (layer norms written out as
+Sub/Pow/Div/Mul/Add), a model made of activation chains with a broadcast
+parameter, and a small CNN whose packed and depthwise convolutions are
+followed by chains (ReLU; a per-channel scale, Clip and a residual Add; a
+leaky ReLU after a convolution whose batch does not split into whole
+blocks), each under single-process, data-parallel and pipeline plans,
+this checks that the fused program reports fused chains (for the CNN,
+chains run on a convolution's blocks; and nodes reusing a twin's kernel,
 cg_share.c), and that it trains to exactly the losses and the weights of
 the unfused one.
 
@@ -61,6 +66,36 @@ def export_chains(path):
                       dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
 
 
+def export_convs(path):
+    """Convolutions heading chains: a packed 3x3 convolution then ReLU; a
+    depthwise one then a per-channel scale, Clip and a residual Add (whose
+    other operand a later node reads too); a strided one without bias at
+    5x5 outputs (blocks of 11 samples: a batch of 16 ends in a short
+    block) then a leaky ReLU."""
+    import torch
+    from torch import nn
+
+    class Convs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1 = nn.Conv2d(3, 16, 3, padding=1)
+            self.dw = nn.Conv2d(16, 16, 3, padding=1, groups=16)
+            self.scale = nn.Parameter(torch.linspace(0.5, 1.5, 16).view(16, 1, 1))
+            self.c2 = nn.Conv2d(16, 24, 3, stride=2, padding=1, bias=False)
+            self.fc = nn.Linear(24 * 25, 10)
+
+        def forward(self, x):
+            h = torch.relu(self.c1(x))
+            h = torch.clamp(self.dw(h) * self.scale, -1.0, 1.0) + h
+            h = nn.functional.leaky_relu(self.c2(h), 0.1)
+            return self.fc(h.flatten(1))
+
+    torch.manual_seed(0)
+    torch.onnx.export(Convs(), torch.randn(BATCH, 3, 10, 10), path, input_names=["input"], output_names=["output"],
+                      opset_version=13, do_constant_folding=False,
+                      dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
+
+
 def data(work, name, x_shape, y):
     import numpy as np
     rng = np.random.default_rng(7)
@@ -76,7 +111,8 @@ def data(work, name, x_shape, y):
 
 
 def train(rep, args, work, label, model, loss, flags, fuse, xp, yp):
-    """Compiles and trains; (losses, weights, fused chain count) or None."""
+    """Compiles and trains; (losses, weights, fused chain count, chains
+    run on a convolution's blocks) or None."""
     tag = "%s_%s" % (label, "fused" if fuse else "apart")
     prog = os.path.join(work, tag + ".train")
     cmd = [args.cleave, "compile", model, "--batch", str(BATCH), "--loss", loss, "--optimizer", "adam",
@@ -84,8 +120,8 @@ def train(rep, args, work, label, model, loss, flags, fuse, xp, yp):
     p, _ = harness.run(cmd, timeout=600)
     if not rep.check("%s: compiles" % tag, p.returncode == 0, harness.failure(cmd, p)):
         return None
-    m = re.search(r"fused (\d+) element-wise chains", p.stderr)
-    chains = int(m.group(1)) if m else -1
+    m = re.search(r"fused (\d+) element-wise chains \(\d+ nodes; (\d+) run on a convolution's blocks\)", p.stderr)
+    chains, headed = (int(m.group(1)), int(m.group(2))) if m else (-1, -1)
     m = re.search(r"(\d+) nodes share a twin's kernel", p.stderr)
     rep.check("%s: repeated layers share kernels (%s)" % (tag, m.group(1) if m else "?"), m and int(m.group(1)) > 0,
               p.stderr.strip()[-300:])
@@ -99,10 +135,10 @@ def train(rep, args, work, label, model, loss, flags, fuse, xp, yp):
     p, _ = harness.run(run, env=harness.mpi_env(), timeout=600)
     if not rep.check("%s: trains" % tag, p.returncode == 0, harness.failure(run, p)):
         return None
-    return harness.read_losses(metrics), harness.read_weights(saved), chains
+    return harness.read_losses(metrics), harness.read_weights(saved), chains, headed
 
 
-def check_model(rep, args, work, name, model, loss, x_shape):
+def check_model(rep, args, work, name, model, loss, x_shape, headed=0):
     import numpy as np
     xp, yp = data(work, name, x_shape, loss)
     for layout, flags in LAYOUTS.items():
@@ -112,6 +148,9 @@ def check_model(rep, args, work, name, model, loss, x_shape):
         if not fused or not apart:
             continue
         rep.check("%s: chains fused (%d)" % (label, fused[2]), fused[2] > 0, "verbose output reports none")
+        if headed:
+            rep.check("%s: at least %d chains run on a convolution's blocks (%d)" % (label, headed, fused[3]),
+                      fused[3] >= headed, "verbose output reports fewer")
         rep.equal("%s: --no-fuse fuses nothing" % label, apart[2], 0)
         rep.check("%s: the same %d losses, bit for bit" % (label, STEPS),
                   len(fused[0]) == STEPS and fused[0] == apart[0], "fused %r, apart %r" % (fused[0], apart[0]))
@@ -137,6 +176,9 @@ def main():
         chains = os.path.join(work, "chains.onnx")
         if rep.guarded("export the chains model", lambda: export_chains(chains) or True):
             check_model(rep, args, work, "chains", chains, "ce", (24,))
+        convs = os.path.join(work, "convs.onnx")
+        if rep.guarded("export the convolutions model", lambda: export_convs(convs) or True):
+            check_model(rep, args, work, "convs", convs, "ce", (3, 10, 10), headed=2)
         check_model(rep, args, work, "transformer", os.path.join(ROOT, "samples", "transformer.onnx"), "mse",
                     (16, 32))
     return rep.summary()
