@@ -172,6 +172,20 @@ START_TEST(conv_dilation) {
 }
 END_TEST
 
+/* Strided convolutions on planes narrower than a vector, whose packed
+ * patches gather whole vectors of (sample, position) columns: 2x2 and 1x1
+ * outputs (several samples per vector, the batch ending mid-vector),
+ * 5x5 (two vectors per sample, the second partly empty), a 1-D row, and
+ * dilation. */
+START_TEST(conv_small_planes) {
+    conv_case(&(ConvSpec){4, D(3, 4, 4, 4), D(8, 4, 3, 3), true, 1, D(1, 1, 1, 1), D(2, 2), NULL, NULL});
+    conv_case(&(ConvSpec){4, D(5, 4, 4, 4), D(8, 4, 3, 3), false, 1, D(1, 1, 1, 1), D(2, 2), NULL, NULL});
+    conv_case(&(ConvSpec){4, D(5, 2, 3, 3), D(8, 2, 3, 3), true, 1, NULL, D(2, 2), NULL, NULL});
+    conv_case(&(ConvSpec){4, D(2, 3, 10, 9), D(8, 3, 3, 3), true, 1, D(1, 1, 1, 0), D(2, 2), NULL, NULL});
+    conv_case(&(ConvSpec){3, D(3, 4, 11), D(8, 4, 3), false, 1, D(2, 1), D(2), D(2), NULL});
+}
+END_TEST
+
 START_TEST(conv_auto_pad_and_ranks) {
     conv_case(&(ConvSpec){4, D(1, 2, 7, 6), D(2, 2, 3, 2), true, 1, NULL, D(2, 2), NULL, "SAME_UPPER"});
     conv_case(&(ConvSpec){3, D(2, 3, 9), D(4, 3, 4), true, 1, NULL, D(2), D(2), "SAME_LOWER"});
@@ -629,6 +643,7 @@ int main(void) {
     tcase_add_test(tc, resize_fractional_scales_and_sizes);
     tcase_add_test(tc, upsample_nearest_and_linear);
     tcase_add_test(tc, conv_auto_pad_and_ranks);
+    tcase_add_test(tc, conv_small_planes);
     tcase_add_test(tc, maxpool_padding_stride);
     tcase_add_test(tc, averagepool_count_include_pad);
     tcase_add_test(tc, global_average_pool);
