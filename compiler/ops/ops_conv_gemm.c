@@ -153,38 +153,49 @@ static void vector_run(Cg *c, LLVMValueRef xp, LLVMValueRef cp, LLVMValueRef lo,
 /* Where the output rows are shorter than a vector (the late layers of a
  * CNN: 8x8, 4x4, 2x2 and 1x1 planes), runs along the last dim would leave
  * most lanes of every vector empty.  A patch row is then walked as whole
- * vectors of its columns (sample, output position), each lane gathering
- * its own input position through 32-bit indices, so that every lane but
- * those past the row's end works.  Lane t of a vector stands for output
- * position p_t of sample offset n_t, both fixed at compile time: when P
- * divides the vector width a vector spans W/P samples and every vector of
- * the row has the same pattern; otherwise each sample's P positions take
- * ceil(P/W) vectors of their own.  For kernel offset k the lane reads
- * input position o_j(p_t)*s_j - pb_j + k_j*d_j along each dim j, padding
- * where outside [0, in_j). */
+ * vectors of its columns (sample, output position), lane t standing for
+ * output position p_t of sample offset n_t, both fixed at compile time.
+ * For kernel offset k the lane reads input position o_j(p_t)*s_j - pb_j +
+ * k_j*d_j along each dim j, padding where outside [0, in_j).
+ *
+ * At stride 1 with the input's inner dims equal to the output's (a 3x3
+ * convolution padded by 1, and its input gradient) the positions a row
+ * reads are contiguous: p + a constant.  A sample's P positions are then
+ * ceil(P/W) masked vector loads.  Otherwise, at strides above 1, each
+ * lane gathers through a 32-bit offset; when P divides W a vector spans
+ * W/P samples and every vector of a row has the same pattern, else each
+ * sample takes ceil(P/W) vectors of its own.  At stride 1 without
+ * contiguity the runs' masked loads beat gathers (resnet18's 8x8 and 4x4
+ * layers, measured: 143 against 109 GFLOP/s), and col2im keeps its runs
+ * and scalar loops: a vector scatter at stride 2 ran at 130 GFLOP/s
+ * against 149, and masked loads and stores at stride 1 on 2x2 and 1x1
+ * planes at half the speed (each row's masked stores land where the next
+ * row's loads read). */
 
 typedef struct Plane {
     int W;           /* lanes */
-    bool spans;      /* P divides W: a vector spans W/P samples */
+    bool contig;     /* a sample's positions are contiguous in x */
+    bool spans;      /* gathering, P divides W: a vector spans W/P samples */
     int64_t vecs;    /* vectors per pattern: ceil(P/W), or 1 when spans */
     int64_t sample;  /* floats between two samples of x (C * in_sz) */
 } Plane;
 
-/* Whether the small-plane walk serves this convolution: gathering at a
- * stride above 1 along the last dim (where the runs are gathers anyway),
- * rows shorter than a vector, 32-bit offsets within a block of x, and at
- * most 8 vectors of unrolled code per sample.  At stride 1 the runs'
- * masked loads beat gathers even when half their lanes are empty, and so
- * does col2im's scalar loop a vector scatter (resnet18's 8x8 and 4x4
- * layers, measured: 143 against 109 GFLOP/s, 149 against 130). */
+/* Whether the small-plane walk serves this convolution (see above): rows
+ * shorter than a vector, at most 8 vectors of unrolled code per sample,
+ * 32-bit offsets within a block of x. */
 static bool plane_walk(const ConvShape *s, int64_t nb, bool scatter, Plane *pl) {
     int W = cg_vector_floats();
     const Win *w = &s->w;
+    int r = w->nsp;
     int64_t P = w->out_sz;
-    if (scatter || w->s[w->nsp - 1] == 1) return false;
-    if (w->out[w->nsp - 1] >= W || P > 8 * W || nb * s->C * w->in_sz >= INT32_MAX) return false;
+    bool contig = true;
+    for (int j = 0; j < r; j++) contig &= w->s[j] == 1 && (j == 0 || w->in[j] == w->out[j]);
+    /* contiguous 2x2 planes ran 10% slower than their runs of 2 */
+    if (scatter || (!contig && w->s[r - 1] == 1) || (contig && 2 * P < W)) return false;
+    if (w->out[r - 1] >= W || P > 8 * W || nb * s->C * w->in_sz >= INT32_MAX) return false;
     pl->W = W;
-    pl->spans = W % P == 0;
+    pl->contig = contig;
+    pl->spans = !contig && W % P == 0;
     pl->vecs = pl->spans ? 1 : (P + W - 1) / W;
     pl->sample = s->C * w->in_sz;
     return true;
@@ -196,10 +207,11 @@ static LLVMValueRef i32_vector(Cg *c, const int64_t *v, int W) {
     return LLVMConstVector(e, (unsigned)W);
 }
 
-/* Vector v of a pattern at kernel offsets k[]: *idx gets each lane's
- * offset from the sample block's x at channel ch (sample offset and
- * position), *mask the lanes reading inside x (and inside the row). */
-static void plane_lanes(Cg *c, const Win *w, const Plane *pl, int64_t v, const LLVMValueRef *k, LLVMValueRef *idx,
+/* Vector v of a pattern at kernel offsets k[]: *mask gets the lanes that
+ * read inside x (and inside the row), and *at where they read, from the
+ * sample block's x at channel ch: a vector of lane offsets when
+ * gathering, the first lane's offset when contiguous. */
+static void plane_lanes(Cg *c, const Win *w, const Plane *pl, int64_t v, const LLVMValueRef *k, LLVMValueRef *at,
                         LLVMValueRef *mask) {
     int W = pl->W, r = w->nsp;
     int64_t P = w->out_sz, is[MAX_RANK], os[MAX_RANK], off[16], pos[16], live[16];
@@ -208,14 +220,16 @@ static void plane_lanes(Cg *c, const Win *w, const Plane *pl, int64_t v, const L
     LLVMTypeRef vi = LLVMVectorType(c->t_i32, (unsigned)W);
     LLVMValueRef kofs = cg_i64(c, 0);
     for (int j = 0; j < r; j++) kofs = cg_add(c, kofs, cg_mul(c, k[j], w->d[j] * is[j]));
-    LLVMValueRef ks = splat(c, LLVMBuildTrunc(c->b, kofs, c->t_i32, ""), W);
     for (int t = 0; t < W; t++) {
         int64_t q = pl->spans ? t : v * W + t, p = q % P;
         live[t] = pl->spans || q < P;
         off[t] = (pl->spans ? q / P * pl->sample : 0);
         for (int j = 0; j < r; j++) off[t] += ((p / os[j]) % w->out[j] * w->s[j] - w->pb[j]) * is[j];
     }
-    *idx = LLVMBuildAdd(c->b, i32_vector(c, off, W), ks, "");
+    if (pl->contig) /* off[t] = off[0] + t: the inner strides of x and of the output agree */
+        *at = cg_add(c, kofs, cg_i64(c, off[0]));
+    else
+        *at = LLVMBuildAdd(c->b, i32_vector(c, off, W), splat(c, LLVMBuildTrunc(c->b, kofs, c->t_i32, ""), W), "");
     LLVMValueRef m = LLVMBuildICmp(c->b, LLVMIntNE, i32_vector(c, live, W), LLVMConstNull(vi), "");
     for (int j = 0; j < r; j++) {
         for (int t = 0; t < W; t++) {
@@ -232,32 +246,25 @@ static void plane_lanes(Cg *c, const Win *w, const Plane *pl, int64_t v, const L
     *mask = m;
 }
 
-/* One vector of a patch row: lanes gathered from x (base xb, offsets idx)
- * into cols at cp, zeros where masked off; or, scattering, cols added
- * into x.  The lanes of one vector read distinct input positions (one
- * kernel offset maps distinct outputs to distinct inputs), so the
- * scatter's read-modify-write loses no lane. */
-static void plane_vector(Cg *c, const Plane *pl, LLVMValueRef xb, LLVMValueRef cp, LLVMValueRef idx,
-                         LLVMValueRef mask, LLVMValueRef store_mask, bool scatter) {
+/* One vector of a patch row: lanes read from x (base xb, at as
+ * plane_lanes gives it) into cols at cp, zeros where masked off.
+ * Masked-off lanes touch no memory, so their addresses may lie outside
+ * x. */
+static void plane_vector(Cg *c, const Plane *pl, LLVMValueRef xb, LLVMValueRef cp, LLVMValueRef at,
+                         LLVMValueRef mask, LLVMValueRef store_mask) {
     LLVMTypeRef vt = LLVMVectorType(c->t_f32, (unsigned)pl->W), over[2] = {vt, c->t_ptr};
-    LLVMValueRef ps = LLVMBuildGEP2(c->b, c->t_f32, xb, &idx, 1, "");
-    LLVMTypeRef gover[2] = {vt, LLVMTypeOf(ps)};
     LLVMValueRef align = LLVMConstInt(c->t_i32, 4, 0), zero = LLVMConstNull(vt);
-    LLVMValueRef xv = cg_intrinsic(c, "llvm.masked.gather", gover, 2, (LLVMValueRef[]){ps, align, mask, zero}, 4);
-    if (!scatter) {
-        if (store_mask)
-            cg_intrinsic(c, "llvm.masked.store", over, 2, (LLVMValueRef[]){xv, cp, align, store_mask}, 4);
-        else
-            LLVMSetAlignment(LLVMBuildStore(c->b, xv, cp), 4);
-        return;
+    LLVMValueRef ps = LLVMBuildGEP2(c->b, c->t_f32, xb, &at, 1, ""), xv;
+    if (pl->contig) {
+        xv = cg_intrinsic(c, "llvm.masked.load", over, 2, (LLVMValueRef[]){ps, align, mask, zero}, 4);
+    } else {
+        LLVMTypeRef gover[2] = {vt, LLVMTypeOf(ps)};
+        xv = cg_intrinsic(c, "llvm.masked.gather", gover, 2, (LLVMValueRef[]){ps, align, mask, zero}, 4);
     }
-    LLVMValueRef cv = store_mask
-        ? cg_intrinsic(c, "llvm.masked.load", over, 2, (LLVMValueRef[]){cp, align, store_mask, zero}, 4)
-        : LLVMBuildLoad2(c->b, vt, cp, "");
-    if (!store_mask) LLVMSetAlignment(cv, 4);
-    LLVMTypeRef sover[2] = {vt, LLVMTypeOf(ps)};
-    cg_intrinsic(c, "llvm.masked.scatter", sover, 2,
-                 (LLVMValueRef[]){LLVMBuildFAdd(c->b, xv, cv, ""), ps, align, mask}, 4);
+    if (store_mask)
+        cg_intrinsic(c, "llvm.masked.store", over, 2, (LLVMValueRef[]){xv, cp, align, store_mask}, 4);
+    else
+        LLVMSetAlignment(LLVMBuildStore(c->b, xv, cp), 4);
 }
 
 /* The first n lanes of W. */
@@ -267,10 +274,10 @@ static LLVMValueRef lanes_below(Cg *c, int W, int64_t n) {
     return LLVMConstVector(bits, (unsigned)W);
 }
 
-/* patch_walk for small planes (see above): rows (ch, kernel offset) in
+/* im2col for small planes (see above): rows (ch, kernel offset) in
  * order, each as whole vectors of its nb*P columns. */
-static void plane_patch_walk(Cg *c, const ConvShape *s, const Plane *pl, const Value *x, LLVMValueRef n0, int64_t nb,
-                             LLVMValueRef g, LLVMValueRef cols, bool scatter) {
+static void plane_patches(Cg *c, const ConvShape *s, const Plane *pl, const Value *x, LLVMValueRef n0, int64_t nb,
+                          LLVMValueRef g, LLVMValueRef cols) {
     const Win *w = &s->w;
     int r = w->nsp, W = pl->W;
     int64_t Cpg = s->C / s->G, P = w->out_sz;
@@ -285,8 +292,8 @@ static void plane_patch_walk(Cg *c, const ConvShape *s, const Plane *pl, const V
     LLVMValueRef rowp = fptr(c, cols, cg_mul(c, row, nb * P));
     if (pl->spans) { /* every vector of the row: W/P samples, one pattern */
         int64_t per = W / P, whole = nb / per, rest = nb % per;
-        LLVMValueRef idx, mask;
-        plane_lanes(c, w, pl, 0, k, &idx, &mask);
+        LLVMValueRef at, mask;
+        plane_lanes(c, w, pl, 0, k, &at, &mask);
         for (int part = 0; part < 2; part++) {
             int64_t count = part ? (rest > 0) : whole;
             if (count == 0) continue;
@@ -295,17 +302,18 @@ static void plane_patch_walk(Cg *c, const ConvShape *s, const Plane *pl, const V
             LLVMValueRef xv = fptr(c, xb, cg_mul(c, v, per * pl->sample));
             LLVMValueRef tail = part ? lanes_below(c, W, rest * P) : NULL;
             LLVMValueRef m = tail ? LLVMBuildAnd(c->b, mask, tail, "") : mask;
-            plane_vector(c, pl, xv, fptr(c, rowp, cg_mul(c, v, W)), idx, m, tail, scatter);
+            plane_vector(c, pl, xv, fptr(c, rowp, cg_mul(c, v, W)), at, m, tail);
             cg_for_end(c, &l);
         }
     } else { /* each sample's P positions in vecs vectors */
+        LLVMValueRef at[8], mask[8];
+        for (int64_t v = 0; v < pl->vecs; v++) plane_lanes(c, w, pl, v, k, &at[v], &mask[v]);
         CgLoop l;
         LLVMValueRef nl = cg_for(c, &l, cg_i64(c, nb));
         LLVMValueRef xv = fptr(c, xb, cg_mul(c, nl, pl->sample)), cp = fptr(c, rowp, cg_mul(c, nl, P));
         for (int64_t v = 0; v < pl->vecs; v++) {
-            LLVMValueRef idx, mask, tail = (v + 1) * W > P ? lanes_below(c, W, P - v * W) : NULL;
-            plane_lanes(c, w, pl, v, k, &idx, &mask);
-            plane_vector(c, pl, xv, fptr(c, cp, cg_i64(c, v * W)), idx, mask, tail, scatter);
+            LLVMValueRef tail = (v + 1) * W > P ? lanes_below(c, W, P - v * W) : NULL;
+            plane_vector(c, pl, xv, fptr(c, cp, cg_i64(c, v * W)), at[v], mask[v], tail);
         }
         cg_for_end(c, &l);
     }
@@ -324,7 +332,7 @@ static void patch_walk(Cg *c, const ConvShape *s, const Value *x, LLVMValueRef n
                        LLVMValueRef cols, bool scatter) {
     Plane pl;
     if (plane_walk(s, nb, scatter, &pl)) {
-        plane_patch_walk(c, s, &pl, x, n0, nb, g, cols, scatter);
+        plane_patches(c, s, &pl, x, n0, nb, g, cols);
         return;
     }
     const Win *w = &s->w;

@@ -172,12 +172,16 @@ START_TEST(conv_dilation) {
 }
 END_TEST
 
-/* Strided convolutions on planes narrower than a vector, whose packed
- * patches gather whole vectors of (sample, position) columns: 2x2 and 1x1
- * outputs (several samples per vector, the batch ending mid-vector),
- * 5x5 (two vectors per sample, the second partly empty), a 1-D row, and
- * dilation. */
+/* Planes narrower than a vector, whose packed patches are whole vectors
+ * of (sample, position) columns.  Strided: 2x2 and 1x1 outputs (several
+ * samples per vector, the batch ending mid-vector), 5x5 (two vectors per
+ * sample, the second partly empty), a 1-D row, and dilation.  At stride 1
+ * with same-size planes (masked loads of contiguous positions, and col2im
+ * by masked stores): 4x4, 2x2, 5x5 dilated. */
 START_TEST(conv_small_planes) {
+    conv_case(&(ConvSpec){4, D(3, 4, 4, 4), D(8, 4, 3, 3), true, 1, D(1, 1, 1, 1), NULL, NULL, NULL});
+    conv_case(&(ConvSpec){4, D(2, 8, 2, 2), D(8, 8, 3, 3), false, 1, D(1, 1, 1, 1), NULL, NULL, NULL});
+    conv_case(&(ConvSpec){4, D(2, 3, 5, 5), D(8, 3, 3, 3), true, 1, D(2, 2, 2, 2), NULL, D(2, 2), NULL});
     conv_case(&(ConvSpec){4, D(3, 4, 4, 4), D(8, 4, 3, 3), true, 1, D(1, 1, 1, 1), D(2, 2), NULL, NULL});
     conv_case(&(ConvSpec){4, D(5, 4, 4, 4), D(8, 4, 3, 3), false, 1, D(1, 1, 1, 1), D(2, 2), NULL, NULL});
     conv_case(&(ConvSpec){4, D(5, 2, 3, 3), D(8, 2, 3, 3), true, 1, NULL, D(2, 2), NULL, NULL});
