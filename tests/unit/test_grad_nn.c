@@ -296,6 +296,13 @@ START_TEST(maxpool_padding_stride) {
     pool_case(&(PoolSpec){"MaxPool", 4, D(2, 3, 7, 7), D(3, 3), D(1, 1, 1, 1), D(2, 2), NULL, 0, 0});
     pool_case(&(PoolSpec){"MaxPool", 4, D(1, 2, 8, 7), D(2, 3), D(1, 0, 0, 1), D(2, 2), D(2, 1), 0, 1});
     pool_case(&(PoolSpec){"MaxPool", 3, D(2, 2, 9), D(3), D(1, 1), D(2), NULL, 0, 0});
+    /* rows wider than a vector (the vector kernels' interior loop and
+     * edges), overlapping windows at stride 1; one plane each, as the
+     * distinct values grow with the elements and a large loss leaves the
+     * finite differences too coarse */
+    pool_case(&(PoolSpec){"MaxPool", 4, D(1, 1, 3, 40), D(3, 3), NULL, NULL, NULL, 0, 0});
+    pool_case(&(PoolSpec){"MaxPool", 4, D(1, 1, 5, 37), D(3, 3), D(1, 1, 1, 1), D(2, 2), NULL, 0, 0});
+    pool_case(&(PoolSpec){"MaxPool", 4, D(1, 1, 4, 35), D(2, 2), NULL, D(2, 2), NULL, 0, 1});
 }
 END_TEST
 
