@@ -84,7 +84,9 @@ void cg_gemm_configure(const CgGemmConfig *cfg);
 
 /* The `force` setting in effect: 1 when tests force the packed path on
  * every float32 product (convolutions of any size included), -1 when
- * they keep it off, 0 by default. */
+ * they keep it off (and with it the vector kernels of depthwise
+ * convolutions and of MaxPool, so that their scalar loops run), 0 by
+ * default. */
 int cg_gemm_forced(void);
 
 /* Floats per vector register of the products (16 with AVX-512, 8 with

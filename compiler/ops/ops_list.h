@@ -16,7 +16,8 @@ X(SoftmaxCrossEntropyLoss)
 /* cleave's own ops (domain "cleave"): gradients and optimizer updates */
 X(SoftmaxCrossEntropyLossGrad) X(SumTo) X(ReluGrad) X(LeakyReluGrad) X(SigmoidGrad)
 X(TanhGrad) X(SoftmaxGrad) X(LogSoftmaxGrad) X(ReduceGrad) X(SGD) X(Adam) X(MatMulT)
-/* gradients of convolution, pooling and normalisation (ops_nn.c) */
+/* gradients of convolution and normalisation (ops_nn.c, ops_batchnorm.c) and
+ * of the pools (ops_pool.c) */
 X(ConvGradInput) X(ConvGradWeight) X(ConvGradBias) X(MaxPoolGrad) X(AveragePoolGrad) X(BatchNormGrad) X(LayerNormGrad)
 /* gradients of Clip, HardSigmoid and HardSwish (ops_elementwise.c), Slice
  * and Pad (ops_shape.c) */

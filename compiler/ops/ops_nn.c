@@ -1,10 +1,9 @@
-/* ops_nn.c - convolution (and its transpose), pooling and normalisation
- * layers (NCHW): shape rules, forward kernels, gradient rules, and the
- * internal ops of domain "cleave" those gradients are built from
- * (ConvGradInput, ConvGradWeight, ConvGradBias, MaxPoolGrad,
- * AveragePoolGrad, LayerNormGrad).  Batch normalisation is in
- * ops_batchnorm.c.  Forward and gradient kernels walk the same window
- * geometry, so they live together. */
+/* ops_nn.c - convolution (and its transpose) and layer normalisation
+ * (NCHW): shape rules, forward kernels, gradient rules, and the internal
+ * ops of domain "cleave" those gradients are built from (ConvGradInput,
+ * ConvGradWeight, ConvGradBias, LayerNormGrad).  Forward and gradient
+ * kernels walk the same window geometry, so they live together.  The
+ * pools are in ops_pool.c, batch normalisation in ops_batchnorm.c. */
 #include <math.h>
 #include <string.h>
 
@@ -15,54 +14,6 @@
 #include "ops_cg.h"
 #include "ops_conv.h"
 #include "ops_window.h"
-
-/* Spatial output sizes for Conv and the pools, honouring auto_pad, pads,
- * strides, dilations and ceil_mode.  `kernel` holds the window size per
- * spatial axis; out[] receives spatial dims. */
-static bool window_out(OpCtx *c, const Node *n, const Value *x, const int64_t *kernel, int nsp, bool ceil_mode,
-                       Dim *out) {
-    const int64_t *strides = NULL, *pads = NULL, *dil = NULL;
-    int ks = node_attr_ints(n, "strides", &strides), kp = node_attr_ints(n, "pads", &pads),
-        kd = node_attr_ints(n, "dilations", &dil);
-    if ((ks >= 0 && ks != nsp) || (kp >= 0 && kp != 2 * nsp) || (kd >= 0 && kd != nsp))
-        return op_error((OpCtx *)c, n, "strides/pads/dilations do not match %d spatial dimensions", nsp);
-    const char *auto_pad = node_attr_s(n, "auto_pad", "NOTSET");
-    for (int i = 0; i < nsp; i++) {
-        Dim in = x->dims[2 + i];
-        int64_t s = ks >= 0 ? strides[i] : 1, d = kd >= 0 ? dil[i] : 1;
-        if (s <= 0 || d <= 0 || kernel[i] <= 0)
-            return op_error(c, n, "strides, dilations and kernel sizes must be positive");
-        /* Bounds that keep every sum below in 64-bit range. */
-        const int64_t big = (int64_t)1 << 40;
-        if (kp >= 0 && (pads[i] < 0 || pads[i + nsp] < 0)) return op_error(c, n, "negative padding");
-        if (s > big || d > big || kernel[i] > big || (kp >= 0 && (pads[i] > big || pads[i + nsp] > big)))
-            return op_error(c, n, "strides, dilations, kernel sizes or pads beyond 2^40 on spatial axis %d", i);
-        if (!dim_is_const(in)) { out[i] = dim_unknown(); continue; }
-        if (in.k > big) return op_error(c, n, "spatial dimension %lld is beyond 2^40", (long long)in.k);
-        int64_t ek; /* effective kernel extent (kernel - 1) * d + 1 */
-        if (__builtin_mul_overflow(kernel[i] - 1, d, &ek) || ek > big)
-            return op_error(c, n, "kernel extent on spatial axis %d is beyond 2^40", i);
-        ek += 1;
-        int64_t o;
-        if (strcmp(auto_pad, "SAME_UPPER") == 0 || strcmp(auto_pad, "SAME_LOWER") == 0) {
-            o = (in.k + s - 1) / s;
-        } else if (strcmp(auto_pad, "VALID") == 0) {
-            o = in.k >= ek ? (in.k - ek) / s + 1 : 0;
-        } else {
-            int64_t p = kp >= 0 ? pads[i] + pads[i + nsp] : 0;
-            if (kp >= 0 && (pads[i] < 0 || pads[i + nsp] < 0)) return op_error(c, n, "negative padding");
-            int64_t span = in.k + p - ek;
-            if (span < 0) return op_error(c, n, "kernel extent %lld exceeds padded input %lld on spatial axis %d",
-                                          (long long)ek, (long long)(in.k + p), i);
-            o = (ceil_mode ? (span + s - 1) / s : span / s) + 1;
-            /* With ceil_mode the last window must start inside the input
-             * or left padding, as the reference implementations do. */
-            if (ceil_mode && (o - 1) * s >= in.k + (kp >= 0 ? pads[i] : 0)) o--;
-        }
-        out[i] = dim_const(o);
-    }
-    return true;
-}
 
 static bool infer_conv(OpCtx *c, Node *n) {
     const Value *x = n->in[0], *w = n->in[1];
@@ -265,47 +216,6 @@ static bool infer_conv_transpose(OpCtx *c, Node *n) {
 
 static double flops_conv_transpose(const Node *n) { return conv_flops(n->in[0], n->in[1]) + bias_flops(n); }
 
-static bool infer_pool(OpCtx *c, Node *n) {
-    const Value *x = n->in[0];
-    if (x->rank < 3) return op_error(c, n, "input rank %d; at least 3 (N, C, spatial...) required", x->rank);
-    int nsp = x->rank - 2;
-    const int64_t *ks;
-    int nk = node_attr_ints(n, "kernel_shape", &ks);
-    if (nk != nsp) return op_error(c, n, "kernel_shape must have %d entries", nsp);
-    Dim out[MAX_RANK];
-    out[0] = x->dims[0];
-    out[1] = x->dims[1];
-    if (!window_out(c, n, x, ks, nsp, node_attr_i(n, "ceil_mode", 0) != 0, out + 2)) return false;
-    set_out(n, 0, x->dtype, x->rank, out);
-    set_out(n, 1, DT_INT64, x->rank, out); /* MaxPool's Indices */
-    return true;
-}
-
-static double flops_pool(const Node *n) {
-    const int64_t *ks;
-    int nk = node_attr_ints(n, "kernel_shape", &ks);
-    double per = 1;
-    for (int i = 0; i < nk; i++) per *= (double)ks[i];
-    return flops_per_out_elem(n, per);
-}
-
-static bool infer_global_pool(OpCtx *c, Node *n) {
-    const Value *x = n->in[0];
-    if (x->rank < 3) return op_error(c, n, "input rank %d; at least 3 required", x->rank);
-    Dim out[MAX_RANK];
-    out[0] = x->dims[0];
-    out[1] = x->dims[1];
-    for (int i = 2; i < x->rank; i++) out[i] = dim_const(1);
-    set_out(n, 0, x->dtype, x->rank, out);
-    return true;
-}
-
-static double flops_global_pool(const Node *n) {
-    int64_t e = value_numel(n->in[0]);
-    return e < 0 ? 0 : (double)e;
-}
-
-
 static bool infer_layernorm(OpCtx *c, Node *n) {
     const Value *x = n->in[0];
     int64_t axis = node_attr_i(n, "axis", -1);
@@ -343,56 +253,6 @@ static bool convt_win(OpCtx *c, const Node *n, const Value *x, const Value *y, c
         if (!convt_axis(c, n, j, w->out[j], w->k[j], &len, &w->pb[j], &w->pe[j])) return false;
     }
     return true;
-}
-
-/* sum over t < len of a[ab + t] * b[bb + t*bs], or of a[ab + t] alone when
- * b is NULL, len known at run time.  When both run contiguously the sum
- * is kept in 8 vector lanes combined in a fixed order at the end (as
- * cg_dot does); otherwise it is a scalar loop. */
-static LLVMValueRef dot_rt(Cg *c, const Value *a, LLVMValueRef ab, const Value *b, LLVMValueRef bb, int64_t bs,
-                           LLVMValueRef len) {
-    enum { W = 8 };
-    LLVMTypeRef vt = LLVMVectorType(c->t_f32, W);
-    LLVMValueRef tail = cg_alloca(c, c->t_f32), vacc = NULL;
-    LLVMBuildStore(c->b, cg_f32(c, 0), tail);
-    len = imax(c, len, cg_i64(c, 0));
-    LLVMValueRef done = cg_i64(c, 0);
-    if (!b || bs == 1) {
-        vacc = cg_alloca(c, vt);
-        LLVMBuildStore(c->b, LLVMConstNull(vt), vacc);
-        LLVMValueRef nv = LLVMBuildLShr(c->b, len, cg_i64(c, 3), "");
-        CgLoop l;
-        LLVMValueRef off = cg_mul(c, cg_for(c, &l, nv), W);
-        LLVMValueRef ia = cg_add(c, ab, off);
-        LLVMValueRef va = LLVMBuildLoad2(c->b, vt, LLVMBuildInBoundsGEP2(c->b, c->t_f32, cg_buf(c, a), &ia, 1, ""), "");
-        LLVMSetAlignment(va, 4);
-        if (b) {
-            LLVMValueRef ib = cg_add(c, bb, off);
-            LLVMValueRef vb =
-                LLVMBuildLoad2(c->b, vt, LLVMBuildInBoundsGEP2(c->b, c->t_f32, cg_buf(c, b), &ib, 1, ""), "");
-            LLVMSetAlignment(vb, 4);
-            va = f_mul(c, va, vb);
-        }
-        LLVMBuildStore(c->b, f_add(c, LLVMBuildLoad2(c->b, vt, vacc, ""), va), vacc);
-        cg_for_end(c, &l);
-        done = cg_mul(c, nv, W);
-    }
-    CgLoop l;
-    LLVMValueRef t = cg_add(c, done, cg_for(c, &l, LLVMBuildNSWSub(c->b, len, done, "")));
-    LLVMValueRef x = cg_load(c, a, cg_add(c, ab, t));
-    if (b) x = f_mul(c, x, cg_load(c, b, cg_add(c, bb, cg_mul(c, t, bs))));
-    LLVMBuildStore(c->b, f_add(c, load_f(c, tail), x), tail);
-    cg_for_end(c, &l);
-    LLVMValueRef sum = load_f(c, tail);
-    if (vacc) {
-        LLVMValueRef v = LLVMBuildLoad2(c->b, vt, vacc, ""), lanes[W];
-        for (int i = 0; i < W; i++)
-            lanes[i] = LLVMBuildExtractElement(c->b, v, LLVMConstInt(c->t_i32, (unsigned)i, 0), "");
-        for (int n = W; n > 1; n /= 2)
-            for (int i = 0; i < n / 2; i++) lanes[i] = f_add(c, lanes[2 * i], lanes[2 * i + 1]);
-        sum = f_add(c, lanes[0], sum);
-    }
-    return sum;
 }
 
 /* ==== Conv and its gradients ====
@@ -676,229 +536,6 @@ static bool k_conv_grad_bias(Cg *c, const Node *n) {
     return true;
 }
 
-/* ==== pools ==== */
-
-/* Opens one loop per output spatial dim; o[] gets the positions, the
- * result is the flat spatial output offset. */
-static LLVMValueRef open_out_loops(Cg *c, const Win *w, Nest *ns, LLVMValueRef *o) {
-    LLVMValueRef off = cg_i64(c, 0);
-    for (int j = 0; j < w->nsp; j++) {
-        o[j] = nest_for(c, ns, cg_i64(c, w->out[j]));
-        off = cg_mad(c, off, w->out[j], o[j]);
-    }
-    return off;
-}
-
-/* Valid kernel ranges at output position o[]. */
-static void window_ranges(Cg *c, const Win *w, const LLVMValueRef *o, LLVMValueRef *lo, LLVMValueRef *hi) {
-    for (int j = 0; j < w->nsp; j++) kernel_range(c, w, j, o[j], &lo[j], &hi[j]);
-}
-
-/* Opens the loops over the valid window positions, in row-major kernel
- * order; returns the flat spatial input offset. */
-static LLVMValueRef open_window_loops(Cg *c, const Win *w, const LLVMValueRef *o, const LLVMValueRef *lo,
-                                      const LLVMValueRef *hi, Nest *ns) {
-    LLVMValueRef off = cg_i64(c, 0);
-    for (int j = 0; j < w->nsp; j++) {
-        LLVMValueRef k = nest_range(c, ns, lo[j], hi[j]);
-        off = cg_mad(c, off, w->in[j], in_pos(c, w, j, o[j], k));
-    }
-    return off;
-}
-
-/* Divisor of AveragePool at output o[]: the valid positions, or with
- * count_include_pad the positions inside the padded input (a window that
- * ceil_mode lets run past the end padding counts only what it covers). */
-static LLVMValueRef avg_count(Cg *c, const Win *w, const LLVMValueRef *o, const LLVMValueRef *lo,
-                              const LLVMValueRef *hi, bool include_pad) {
-    LLVMValueRef cnt = cg_i64(c, 1);
-    for (int j = 0; j < w->nsp; j++) {
-        LLVMValueRef len;
-        if (include_pad)
-            len = hi_bound(c, affine(c, w->in[j] + w->pb[j] + w->pe[j] - 1, o[j], -w->s[j]), w->d[j], w->k[j]);
-        else
-            len = imax(c, LLVMBuildNSWSub(c->b, hi[j], lo[j], ""), cg_i64(c, 0));
-        cnt = LLVMBuildNSWMul(c->b, cnt, len, "");
-    }
-    return LLVMBuildSIToFP(c->b, cnt, c->t_f32, "");
-}
-
-/* Elements of MaxPool's input and output: uint8 needs unsigned
- * conversions, which cg_load and cg_store do not make. */
-static LLVMValueRef pool_load(Cg *c, const Value *v, LLVMValueRef i) {
-    if (v->dtype != DT_UINT8) return cg_load(c, v, i);
-    LLVMValueRef p = LLVMBuildInBoundsGEP2(c->b, c->t_i8, cg_buf(c, v), &i, 1, "");
-    return LLVMBuildUIToFP(c->b, LLVMBuildLoad2(c->b, c->t_i8, p, ""), c->t_f32, "");
-}
-
-static void pool_store(Cg *c, const Value *v, LLVMValueRef i, LLVMValueRef x) {
-    if (v->dtype != DT_UINT8) {
-        cg_store(c, v, i, x);
-        return;
-    }
-    LLVMValueRef p = LLVMBuildInBoundsGEP2(c->b, c->t_i8, cg_buf(c, v), &i, 1, "");
-    LLVMBuildStore(c->b, LLVMBuildFPToUI(c->b, x, c->t_i8, ""), p);
-}
-
-/* The first maximum of the window at output o[] of the plane at xb, in
- * window order, NaN winning as in torch: *best gets its value and *arg its
- * flat spatial input offset (-1 for an empty window). */
-static void window_argmax(Cg *c, const Win *w, const Value *x, LLVMValueRef xb, const LLVMValueRef *o,
-                          LLVMValueRef best, LLVMValueRef arg) {
-    LLVMValueRef lo[MAX_RANK], hi[MAX_RANK];
-    window_ranges(c, w, o, lo, hi);
-    LLVMBuildStore(c->b, cg_f32(c, -INFINITY), best);
-    LLVMBuildStore(c->b, cg_i64(c, -1), arg);
-    Nest ns = {.n = 0};
-    LLVMValueRef off = open_window_loops(c, w, o, lo, hi, &ns);
-    LLVMValueRef v = pool_load(c, x, cg_add(c, xb, off));
-    LLVMValueRef cur = load_f(c, best), ca = LLVMBuildLoad2(c->b, c->t_i64, arg, "");
-    LLVMValueRef first = LLVMBuildICmp(c->b, LLVMIntSLT, ca, cg_i64(c, 0), "");
-    LLVMValueRef gt = LLVMBuildFCmp(c->b, LLVMRealOGT, v, cur, "");
-    LLVMValueRef nan = LLVMBuildAnd(c->b, LLVMBuildFCmp(c->b, LLVMRealUNO, v, v, ""),
-                                    LLVMBuildFCmp(c->b, LLVMRealORD, cur, cur, ""), "");
-    LLVMValueRef take = LLVMBuildOr(c->b, first, LLVMBuildOr(c->b, gt, nan, ""), "");
-    LLVMBuildStore(c->b, LLVMBuildSelect(c->b, take, v, cur, ""), best);
-    LLVMBuildStore(c->b, LLVMBuildSelect(c->b, take, off, ca, ""), arg);
-    nest_close(c, &ns);
-}
-
-/* Spatial offset a (row-major) in column-major order, for MaxPool's
- * Indices with storage_order=1. */
-static LLVMValueRef col_major(Cg *c, const Win *w, LLVMValueRef a) {
-    int64_t cs[MAX_RANK], s = 1;
-    for (int j = 0; j < w->nsp; j++) {
-        cs[j] = s;
-        s *= w->in[j];
-    }
-    LLVMValueRef r = cg_i64(c, 0);
-    for (int j = w->nsp - 1; j >= 0; j--) {
-        LLVMValueRef pos = LLVMBuildSRem(c->b, a, cg_i64(c, w->in[j]), "");
-        r = cg_add(c, r, cg_mul(c, pos, cs[j]));
-        a = sdiv_k(c, a, w->in[j]);
-    }
-    return r;
-}
-
-/* MaxPool; Indices (when requested) are flat indices into X, batch and
- * channel included, with the spatial part row-major (storage_order 0) or
- * column-major (1), as ONNX defines them. */
-static bool k_maxpool(Cg *c, const Node *n) {
-    const Value *X = n->in[0], *Y = n->out[0], *I = n->n_out > 1 ? n->out[1] : NULL;
-    const int64_t *ks;
-    node_attr_ints(n, "kernel_shape", &ks);
-    Win w;
-    win_resolve(n, X, Y, ks, &w);
-    int64_t NC = X->dims[0].k * X->dims[1].k;
-    if (!cg_kernel_begin_io(c, n)) return false;
-    LLVMValueRef best = cg_alloca(c, c->t_f32), arg = cg_alloca(c, c->t_i64);
-    Nest ns = {.n = 0};
-    LLVMValueRef nc = nest_for(c, &ns, cg_i64(c, NC)), o[MAX_RANK];
-    LLVMValueRef xb = cg_mul(c, nc, w.in_sz), yi = cg_add(c, cg_mul(c, nc, w.out_sz), open_out_loops(c, &w, &ns, o));
-    window_argmax(c, &w, X, xb, o, best, arg);
-    pool_store(c, Y, yi, load_f(c, best));
-    if (I) {
-        LLVMValueRef a = LLVMBuildLoad2(c->b, c->t_i64, arg, "");
-        if (node_attr_i(n, "storage_order", 0) != 0) a = col_major(c, &w, a);
-        cg_store(c, I, yi, cg_add(c, xb, a));
-    }
-    nest_close(c, &ns);
-    cg_kernel_end(c);
-    return true;
-}
-
-/* MaxPoolGrad(dY, X) -> dX: dY routed to the window's first maximum. */
-static bool k_maxpool_grad(Cg *c, const Node *n) {
-    const Value *dY = n->in[0], *X = n->in[1], *dX = n->out[0];
-    const int64_t *ks;
-    node_attr_ints(n, "kernel_shape", &ks);
-    Win w;
-    win_resolve(n, X, dY, ks, &w);
-    int64_t NC = X->dims[0].k * X->dims[1].k;
-    if (!cg_kernel_begin_io(c, n)) return false;
-    cg_fill(c, dX, value_numel(dX), cg_f32(c, 0));
-    LLVMValueRef best = cg_alloca(c, c->t_f32), arg = cg_alloca(c, c->t_i64);
-    Nest ns = {.n = 0};
-    LLVMValueRef nc = nest_for(c, &ns, cg_i64(c, NC)), o[MAX_RANK];
-    LLVMValueRef xb = cg_mul(c, nc, w.in_sz), yi = cg_add(c, cg_mul(c, nc, w.out_sz), open_out_loops(c, &w, &ns, o));
-    window_argmax(c, &w, X, xb, o, best, arg);
-    LLVMValueRef a = LLVMBuildLoad2(c->b, c->t_i64, arg, "");
-    LLVMValueRef found = LLVMBuildICmp(c->b, LLVMIntSGE, a, cg_i64(c, 0), "");
-    LLVMValueRef g = LLVMBuildSelect(c->b, found, cg_load(c, dY, yi), cg_f32(c, 0), "");
-    add_to(c, dX, cg_add(c, xb, imax(c, a, cg_i64(c, 0))), g);
-    nest_close(c, &ns);
-    cg_kernel_end(c);
-    return true;
-}
-
-static bool k_avgpool(Cg *c, const Node *n) {
-    const Value *X = n->in[0], *Y = n->out[0];
-    const int64_t *ks;
-    node_attr_ints(n, "kernel_shape", &ks);
-    Win w;
-    win_resolve(n, X, Y, ks, &w);
-    bool include_pad = node_attr_i(n, "count_include_pad", 0) != 0;
-    int64_t NC = X->dims[0].k * X->dims[1].k;
-    if (!cg_kernel_begin_io(c, n)) return false;
-    LLVMValueRef sum = cg_alloca(c, c->t_f32);
-    Nest ns = {.n = 0};
-    LLVMValueRef nc = nest_for(c, &ns, cg_i64(c, NC)), o[MAX_RANK], lo[MAX_RANK], hi[MAX_RANK];
-    LLVMValueRef xb = cg_mul(c, nc, w.in_sz), yi = cg_add(c, cg_mul(c, nc, w.out_sz), open_out_loops(c, &w, &ns, o));
-    window_ranges(c, &w, o, lo, hi);
-    LLVMValueRef cnt = avg_count(c, &w, o, lo, hi, include_pad);
-    LLVMBuildStore(c->b, cg_f32(c, 0), sum);
-    Nest wn = {.n = 0};
-    LLVMValueRef off = open_window_loops(c, &w, o, lo, hi, &wn);
-    LLVMBuildStore(c->b, f_add(c, load_f(c, sum), cg_load(c, X, cg_add(c, xb, off))), sum);
-    nest_close(c, &wn);
-    cg_store(c, Y, yi, f_div(c, load_f(c, sum), cnt));
-    nest_close(c, &ns);
-    cg_kernel_end(c);
-    return true;
-}
-
-/* AveragePoolGrad(dY) -> dX: dY / count spread over each window. */
-static bool k_avgpool_grad(Cg *c, const Node *n) {
-    const Value *dY = n->in[0], *dX = n->out[0];
-    const int64_t *ks;
-    node_attr_ints(n, "kernel_shape", &ks);
-    Win w;
-    win_resolve(n, dX, dY, ks, &w);
-    bool include_pad = node_attr_i(n, "count_include_pad", 0) != 0;
-    int64_t NC = dX->dims[0].k * dX->dims[1].k;
-    if (!cg_kernel_begin_io(c, n)) return false;
-    cg_fill(c, dX, value_numel(dX), cg_f32(c, 0));
-    Nest ns = {.n = 0};
-    LLVMValueRef nc = nest_for(c, &ns, cg_i64(c, NC)), o[MAX_RANK], lo[MAX_RANK], hi[MAX_RANK];
-    LLVMValueRef xb = cg_mul(c, nc, w.in_sz), yi = cg_add(c, cg_mul(c, nc, w.out_sz), open_out_loops(c, &w, &ns, o));
-    window_ranges(c, &w, o, lo, hi);
-    LLVMValueRef g = f_div(c, cg_load(c, dY, yi), avg_count(c, &w, o, lo, hi, include_pad));
-    Nest wn = {.n = 0};
-    LLVMValueRef off = open_window_loops(c, &w, o, lo, hi, &wn);
-    add_to(c, dX, cg_add(c, xb, off), g);
-    nest_close(c, &wn);
-    nest_close(c, &ns);
-    cg_kernel_end(c);
-    return true;
-}
-
-/* Y[n,c] = mean of the plane X[n,c] */
-static bool k_global_avgpool(Cg *c, const Node *n) {
-    const Value *X = n->in[0], *Y = n->out[0];
-    int64_t NC = X->dims[0].k * X->dims[1].k, P = 1;
-    for (int j = 2; j < X->rank; j++) P *= X->dims[j].k;
-    if (!cg_kernel_begin_io(c, n)) return false;
-    CgLoop l;
-    LLVMValueRef nc = cg_for(c, &l, cg_i64(c, NC));
-    LLVMValueRef s = dot_rt(c, X, cg_mul(c, nc, P), NULL, NULL, 1, cg_i64(c, P));
-    cg_store(c, Y, nc, f_div(c, s, cg_f32(c, (double)(P ? P : 1))));
-    cg_for_end(c, &l);
-    cg_kernel_end(c);
-    return true;
-}
-
-
-
 /* ==== LayerNormalization ==== */
 
 /* Index of a parameter p (Scale or B) broadcast over the normalised dims
@@ -1044,31 +681,6 @@ static bool k_layernorm_grad(Cg *c, const Node *n) {
 
 /* ==== gradient rules ==== */
 
-static bool grad_refuse(GradCtx *c, const Node *n, const char *why) {
-    return diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (%s): %s", c->g->path, n->name, n->op_type, why);
-}
-
-/* The geometry of a windowed node as explicit attributes of a gradient
- * node: strides, pads (auto_pad resolved), dilations, kernel_shape. */
-static void win_attrs(GradCtx *c, Node *g, const Win *w) {
-    int64_t pads[2 * MAX_RANK];
-    for (int i = 0; i < w->nsp; i++) {
-        pads[i] = w->pb[i];
-        pads[w->nsp + i] = w->pe[i];
-    }
-    gb_attr_ints(c, g, "kernel_shape", w->k, w->nsp);
-    gb_attr_ints(c, g, "strides", w->s, w->nsp);
-    gb_attr_ints(c, g, "pads", pads, 2 * w->nsp);
-    gb_attr_ints(c, g, "dilations", w->d, w->nsp);
-}
-
-static bool spatial_known(const Value *v) {
-    if (v->rank < 3) return false;
-    for (int j = 2; j < v->rank; j++)
-        if (!dim_is_const(v->dims[j])) return false;
-    return true;
-}
-
 /* cleave.<op>(a, b) over window w with the given group, for the caller to
  * add what else it needs and finish. */
 static Node *conv_grad_node(GradCtx *c, const char *op, Value *a, Value *b, const Win *w, int64_t group) {
@@ -1153,57 +765,6 @@ static bool g_conv_transpose(GradCtx *c, Node *n, Value *const *dy, Value **dx, 
     return true;
 }
 
-static bool g_maxpool(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
-    Value *X = n->in[0], *Y = n->out[0];
-    if (!need[0] || !dy[0]) return true;
-    if (!spatial_known(X) || !spatial_known(Y)) return grad_refuse(c, n, "the gradient needs static spatial shapes");
-    const int64_t *ks;
-    node_attr_ints(n, "kernel_shape", &ks);
-    Win w;
-    win_resolve(n, X, Y, ks, &w);
-    Value *in[2] = {dy[0], X};
-    Node *g = gb_start(c, "cleave", "MaxPoolGrad", 2, in, 1);
-    win_attrs(c, g, &w);
-    dx[0] = gb_finish(c, g);
-    return true;
-}
-
-static bool g_avgpool(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
-    Value *X = n->in[0], *Y = n->out[0];
-    if (!need[0]) return true;
-    if (!spatial_known(X) || !spatial_known(Y)) return grad_refuse(c, n, "the gradient needs static spatial shapes");
-    const int64_t *ks;
-    node_attr_ints(n, "kernel_shape", &ks);
-    Win w;
-    win_resolve(n, X, Y, ks, &w);
-    Value *in[1] = {dy[0]};
-    Node *g = gb_start(c, "cleave", "AveragePoolGrad", 1, in, 1);
-    win_attrs(c, g, &w);
-    gb_attr_i(c, g, "count_include_pad", node_attr_i(n, "count_include_pad", 0));
-    gb_attr_ints(c, g, "spatial", w.in, w.nsp);
-    dx[0] = gb_finish(c, g);
-    return true;
-}
-
-/* dX = dY broadcast over the plane, divided by its size (ReduceGrad). */
-static bool g_global_avgpool(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
-    Value *X = n->in[0];
-    if (!need[0]) return true;
-    if (!spatial_known(X)) return grad_refuse(c, n, "the gradient needs static spatial shapes");
-    int64_t axes[MAX_RANK], P = 1;
-    for (int j = 2; j < X->rank; j++) {
-        axes[j - 2] = j;
-        P *= X->dims[j].k;
-    }
-    Value *in[2] = {dy[0], X};
-    Node *g = gb_start(c, "cleave", "ReduceGrad", 2, in, 1);
-    gb_attr_ints(c, g, "axes", axes, X->rank - 2);
-    gb_attr_f(c, g, "scale", 1.0f / (float)(P ? P : 1));
-    dx[0] = gb_finish(c, g);
-    return true;
-}
-
-
 static bool g_layernorm(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
     if ((n->n_out > 1 && dy[1]) || (n->n_out > 2 && dy[2]))
         return grad_refuse(c, n, "gradients flowing into the Mean or InvStdDev outputs are not supported");
@@ -1223,21 +784,6 @@ static bool g_layernorm(GradCtx *c, Node *n, Value *const *dy, Value **dx, const
 }
 
 /* ==== shape rules of the internal gradient ops ==== */
-
-/* [N, C, spatial...] with N and C from dY and the spatial dims from the
- * "spatial" attribute. */
-static bool spatial_out(OpCtx *c, Node *n, Dim ch) {
-    const Value *dy = n->in[0];
-    const int64_t *sp;
-    int ns = node_attr_ints(n, "spatial", &sp);
-    if (ns != dy->rank - 2) return op_error(c, n, "'spatial' needs %d entries", dy->rank - 2);
-    Dim out[MAX_RANK];
-    out[0] = dy->dims[0];
-    out[1] = ch;
-    for (int i = 0; i < ns; i++) out[2 + i] = dim_const(sp[i]);
-    set_out(n, 0, dy->dtype, dy->rank, out);
-    return true;
-}
 
 static bool infer_conv_grad_input(OpCtx *c, Node *n) {
     const Value *w = n->in[1];
@@ -1274,15 +820,6 @@ static bool infer_conv_grad_bias(OpCtx *c, Node *n) {
     return true;
 }
 
-static bool infer_like_second(OpCtx *c, Node *n) {
-    (void)c;
-    same_as_input(n, 0, 1);
-    return true;
-}
-
-static bool infer_avgpool_grad(OpCtx *c, Node *n) { return spatial_out(c, n, n->in[0]->dims[1]); }
-
-
 static bool infer_ln_grad(OpCtx *c, Node *n) {
     const Value *x = n->in[1];
     int64_t axis = node_attr_i(n, "axis", -1);
@@ -1311,14 +848,6 @@ static double flops_norm_grad(const Node *n) {
 static const AttrSpec attrs_conv[] = {
     {"auto_pad", ATTR_STRING, .s = "NOTSET"}, {"dilations", ATTR_INTS}, {"group", ATTR_INT, .i = 1},
     {"kernel_shape", ATTR_INTS},              {"pads", ATTR_INTS},      {"strides", ATTR_INTS}, {0}};
-static const AttrSpec attrs_maxpool[] = {
-    {"auto_pad", ATTR_STRING, .s = "NOTSET"}, {"ceil_mode", ATTR_INT, .i = 0}, {"dilations", ATTR_INTS},
-    {"kernel_shape", ATTR_INTS, .required = true}, {"pads", ATTR_INTS}, {"storage_order", ATTR_INT, .i = 0},
-    {"strides", ATTR_INTS}, {0}};
-static const AttrSpec attrs_avgpool[] = {
-    {"auto_pad", ATTR_STRING, .s = "NOTSET"}, {"ceil_mode", ATTR_INT, .i = 0},
-    {"count_include_pad", ATTR_INT, .i = 0}, {"dilations", ATTR_INTS},
-    {"kernel_shape", ATTR_INTS, .required = true}, {"pads", ATTR_INTS}, {"strides", ATTR_INTS}, {0}};
 static const AttrSpec attrs_none[] = {{0}};
 static const AttrSpec attrs_ln[] = {
     {"axis", ATTR_INT, .i = -1}, {"epsilon", ATTR_FLOAT, .f = 1e-5f}, {"stash_type", ATTR_INT, .i = 1}, {0}};
@@ -1330,12 +859,6 @@ static const AttrSpec attrs_conv_grad_input[] = {
 static const AttrSpec attrs_conv_grad_weight[] = {
     {"dilations", ATTR_INTS}, {"group", ATTR_INT, .i = 1}, {"kernel_shape", ATTR_INTS, .required = true},
     {"pads", ATTR_INTS}, {"strides", ATTR_INTS}, {0}};
-static const AttrSpec attrs_maxpool_grad[] = {
-    {"dilations", ATTR_INTS}, {"kernel_shape", ATTR_INTS, .required = true}, {"pads", ATTR_INTS},
-    {"strides", ATTR_INTS}, {0}};
-static const AttrSpec attrs_avgpool_grad[] = {
-    {"count_include_pad", ATTR_INT, .i = 0}, {"dilations", ATTR_INTS}, {"kernel_shape", ATTR_INTS, .required = true},
-    {"pads", ATTR_INTS}, {"spatial", ATTR_INTS, .required = true}, {"strides", ATTR_INTS}, {0}};
 static const AttrSpec attrs_ln_grad[] = {{"axis", ATTR_INT, .i = -1}, {"epsilon", ATTR_FLOAT, .f = 1e-5f}, {0}};
 
 static const AttrSpec attrs_conv_transpose[] = {
@@ -1345,14 +868,9 @@ static const AttrSpec attrs_conv_transpose[] = {
 
 const OpDef op_Conv = {"Conv", "", 1, 0, 2, 3, 1, 1, attrs_conv, 0, infer_conv, NULL, flops_conv, .grad = g_conv, .cg = k_conv, .dense = DENSE_CONV, .cg_blocks = k_conv_blocks};
 const OpDef op_ConvTranspose = {"ConvTranspose", "", 1, 0, 2, 3, 1, 1, attrs_conv_transpose, 0, infer_conv_transpose, NULL, flops_conv_transpose, .grad = g_conv_transpose, .cg = k_conv_transpose, .dense = DENSE_CONV};
-const OpDef op_MaxPool = {"MaxPool", "", 1, 0, 1, 1, 1, 2, attrs_maxpool, 0, infer_pool, NULL, flops_pool, .grad = g_maxpool, .cg = k_maxpool};
-const OpDef op_AveragePool = {"AveragePool", "", 1, 0, 1, 1, 1, 1, attrs_avgpool, 0, infer_pool, NULL, flops_pool, .grad = g_avgpool, .cg = k_avgpool};
-const OpDef op_GlobalAveragePool = {"GlobalAveragePool", "", 1, 0, 1, 1, 1, 1, attrs_none, 0, infer_global_pool, NULL, flops_global_pool, .grad = g_global_avgpool, .cg = k_global_avgpool};
 const OpDef op_LayerNormalization = {"LayerNormalization", "", 17, 0, 2, 3, 1, 3, attrs_ln, 0, infer_layernorm, NULL, flops_norm, .grad = g_layernorm, .cg = k_layernorm};
 
 const OpDef op_ConvGradInput = {"ConvGradInput", "cleave", 1, 0, 2, 2, 1, 1, attrs_conv_grad_input, 0, infer_conv_grad_input, NULL, flops_conv_grad, .cg = k_conv_grad_input, .dense = DENSE_CONV};
 const OpDef op_ConvGradWeight = {"ConvGradWeight", "cleave", 1, 0, 2, 2, 1, 2, attrs_conv_grad_weight, 0, infer_conv_grad_weight, NULL, flops_conv_grad, .cg = k_conv_grad_weight, .dense = DENSE_CONV};
 const OpDef op_ConvGradBias = {"ConvGradBias", "cleave", 1, 0, 1, 1, 1, 1, attrs_none, 0, infer_conv_grad_bias, NULL, flops_in_elems, .cg = k_conv_grad_bias};
-const OpDef op_MaxPoolGrad = {"MaxPoolGrad", "cleave", 1, 0, 2, 2, 1, 1, attrs_maxpool_grad, 0, infer_like_second, NULL, flops_pool, .cg = k_maxpool_grad};
-const OpDef op_AveragePoolGrad = {"AveragePoolGrad", "cleave", 1, 0, 1, 1, 1, 1, attrs_avgpool_grad, 0, infer_avgpool_grad, NULL, flops_pool, .cg = k_avgpool_grad};
 const OpDef op_LayerNormGrad = {"LayerNormGrad", "cleave", 1, 0, 3, 3, 3, 3, attrs_ln_grad, 0, infer_ln_grad, NULL, flops_norm_grad, .cg = k_layernorm_grad};

@@ -1,10 +1,13 @@
 /* ops_window.h - the window geometry of Conv, ConvTranspose and the pools
- * (NCHW), and the LLVM index arithmetic their kernels share
- * (ops_window.c). */
+ * (NCHW), the LLVM index arithmetic their kernels share, and the shape and
+ * gradient helpers of both families (ops_nn.c, ops_pool.c; defined in
+ * ops_window.c). */
 #ifndef CLEAVE_OPS_WINDOW_H
 #define CLEAVE_OPS_WINDOW_H
 
+#include "../autodiff/grad.h"
 #include "../codegen/cg.h"
+#include "ops.h"
 
 /* Conv and the pools slide a window over the spatial dims.  Along spatial
  * axis j, output position o and kernel offset k read input position
@@ -56,5 +59,31 @@ void output_range(Cg *c, const Win *w, int j, LLVMValueRef k, LLVMValueRef *lo, 
 
 /* Input position o*s - pb + k*d of axis j. */
 LLVMValueRef in_pos(Cg *c, const Win *w, int j, LLVMValueRef o, LLVMValueRef k);
+
+/* ---- shared by ops_nn.c and ops_pool.c ---- */
+
+/* Spatial output sizes of Conv and the pools, honouring auto_pad, pads,
+ * strides, dilations and ceil_mode; kernel[] holds the window size per
+ * spatial axis, out[] receives the nsp spatial dims. */
+bool window_out(OpCtx *c, const Node *n, const Value *x, const int64_t *kernel, int nsp, bool ceil_mode,
+                Dim *out);
+
+/* [N, C, spatial...] as output 0 of n, N from its first input, the
+ * channels ch, the spatial dims from its "spatial" attribute. */
+bool spatial_out(OpCtx *c, Node *n, Dim ch);
+
+/* sum over t < len of a[ab + t] * b[bb + t*bs] (of a[ab + t] alone when b
+ * is NULL), len known at run time; the order of the sum is fixed. */
+LLVMValueRef dot_rt(Cg *c, const Value *a, LLVMValueRef ab, const Value *b, LLVMValueRef bb, int64_t bs,
+                    LLVMValueRef len);
+
+/* Refuses node n's gradient as unsupported, saying why. */
+bool grad_refuse(GradCtx *c, const Node *n, const char *why);
+
+/* Window w as explicit attributes of gradient node g. */
+void win_attrs(GradCtx *c, Node *g, const Win *w);
+
+/* Whether v has rank >= 3 and known spatial dims. */
+bool spatial_known(const Value *v);
 
 #endif

@@ -21,6 +21,7 @@
 #include "frontend/onnx.h"
 #include "ir/shapes.h"
 #include "ops/ops.h"
+#include "ops/ops_pool.h"
 
 /* ---- building cases ---- */
 
@@ -313,6 +314,208 @@ START_TEST(maxpool_padding_stride) {
     pool_case(&(PoolSpec){"MaxPool", 4, D(2, 3, 7, 7), D(3, 3), D(1, 1, 1, 1), D(2, 2), NULL, 0, 0});
     pool_case(&(PoolSpec){"MaxPool", 4, D(1, 2, 8, 7), D(2, 3), D(1, 0, 0, 1), D(2, 2), D(2, 1), 0, 1});
     pool_case(&(PoolSpec){"MaxPool", 3, D(2, 2, 9), D(3), D(1, 1), D(2), NULL, 0, 0});
+    /* rows wider than a vector (the vector kernels' interior loop and
+     * edges), overlapping windows at stride 1; one plane each, as the
+     * distinct values grow with the elements and a large loss leaves the
+     * finite differences too coarse */
+    pool_case(&(PoolSpec){"MaxPool", 4, D(1, 1, 3, 40), D(3, 3), NULL, NULL, NULL, 0, 0});
+    pool_case(&(PoolSpec){"MaxPool", 4, D(1, 1, 5, 37), D(3, 3), D(1, 1, 1, 1), D(2, 2), NULL, 0, 0});
+    pool_case(&(PoolSpec){"MaxPool", 4, D(1, 1, 4, 35), D(2, 2), NULL, D(2, 2), NULL, 0, 1});
+}
+END_TEST
+
+/* ---- vector MaxPool kernels against the scalar ones, bit for bit ----
+ *
+ * ops_pool.c runs float32 MaxPool and MaxPoolGrad in vectors of output
+ * columns.  Each lane must make the scalar kernel's comparisons in its
+ * order (the first maximum in window order, NaN winning), and the
+ * gradient's adds into dX, where windows overlap, must happen in the
+ * scalar order.  A case builds MaxPool(X) and cleave.MaxPoolGrad(dY, X)
+ * over run-time inputs full of ties (equal values, -0.0 and +0.0), NaNs
+ * of distinct payloads and infinities, with dY of widely spread
+ * magnitudes (so that another order of adds rounds differently), runs
+ * them with the vector kernels at 4, 8 and 16 lanes and at the target's
+ * width, and with the scalar kernels (cg_gemm_configure force -1), and
+ * compares the bytes of Y and dX. */
+
+typedef struct BitsSpec {
+    int rank;
+    const int64_t *x, *kernel, *pads, *strides, *dil; /* NULL: attribute absent */
+    int ceil_mode;
+} BitsSpec;
+
+/* Output size along one axis, as MaxPool's shape rule computes it. */
+static int64_t bits_out_dim(int64_t in, int64_t k, int64_t pb, int64_t pe, int64_t s, int64_t d, bool ceil) {
+    int64_t span = in + pb + pe - ((k - 1) * d + 1);
+    int64_t o = (ceil ? (span + s - 1) / s : span / s) + 1;
+    if (ceil && (o - 1) * s >= in + pb) o--;
+    return o;
+}
+
+static void bits_attr(Graph *g, Node *n, const char *name, const int64_t *v, int count) {
+    int64_t *copy = ARENA_ARRAY(&g->arena, int64_t, count);
+    ck_assert_ptr_nonnull(copy);
+    memcpy(copy, v, sizeof *copy * (size_t)count);
+    n->attrs[n->n_attr++] = (Attr){.name = name, .kind = ATTR_INTS, .n = count, .ints = copy};
+}
+
+/* The window attributes of spec b on node n (MaxPoolGrad takes them with
+ * explicit pads, strides and dilations, as the gradient rule writes them). */
+static void bits_window(Graph *g, Node *n, const BitsSpec *b, bool explicit) {
+    int nsp = b->rank - 2;
+    int64_t zeros[2 * MAX_RANK] = {0}, ones[MAX_RANK];
+    for (int j = 0; j < nsp; j++) ones[j] = 1;
+    bits_attr(g, n, "kernel_shape", b->kernel, nsp);
+    if (b->pads || explicit) bits_attr(g, n, "pads", b->pads ? b->pads : zeros, 2 * nsp);
+    if (b->strides || explicit) bits_attr(g, n, "strides", b->strides ? b->strides : ones, nsp);
+    if (b->dil || explicit) bits_attr(g, n, "dilations", b->dil ? b->dil : ones, nsp);
+}
+
+/* xorshift64*: uniform bits for the inputs. */
+static uint64_t bits_next(uint64_t *st) {
+    *st ^= *st >> 12;
+    *st ^= *st << 25;
+    *st ^= *st >> 27;
+    return *st * 0x2545f4914f6cdd1dull;
+}
+
+static float from_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* X: mostly ties from a small set (0.0 and -0.0 among them), NaNs of
+ * random sign and payload, infinities, and some distinct values. */
+static float bits_x(uint64_t *st) {
+    static const float ties[] = {-1.0f, -0.0f, 0.0f, 0.5f, 0.5f, 2.0f, 2.0f};
+    uint64_t r = bits_next(st);
+    unsigned pick = (unsigned)(r % 100);
+    if (pick < 60) return ties[(r >> 8) % (sizeof ties / sizeof *ties)];
+    if (pick < 70) return from_bits(0x7fc00000u | (uint32_t)((r >> 8) & 0x3fffff) | (uint32_t)((r >> 40) & 1) << 31);
+    if (pick < 73) return (r >> 8) & 1 ? INFINITY : -INFINITY;
+    return (float)((double)(r >> 11) / 9007199254740992.0 * 4 - 2);
+}
+
+/* dY: random signs and magnitudes from 2^-20 to 2^20, and some -0.0. */
+static float bits_dy(uint64_t *st) {
+    uint64_t r = bits_next(st);
+    if (r % 16 == 0) return -0.0f;
+    float m = 1.0f + (float)((r >> 20) & 0xffff) / 65536.0f;
+    return ldexpf((r >> 40) & 1 ? -m : m, (int)((r >> 8) % 41) - 20);
+}
+
+typedef struct BitsRun {
+    char *y, *dx; /* the outputs' bytes */
+    size_t y_bytes, dx_bytes;
+} BitsRun;
+
+/* Builds, compiles and runs spec b once under the current settings; vec:
+ * whether both kernels must be the vector ones (else the scalar ones). */
+static BitsRun bits_run(const BitsSpec *b, bool vec) {
+    int nsp = b->rank - 2;
+    int64_t ydims[MAX_RANK] = {b->x[0], b->x[1]};
+    for (int j = 0; j < nsp; j++)
+        ydims[2 + j] = bits_out_dim(b->x[2 + j], b->kernel[j], b->pads ? b->pads[j] : 0,
+                                    b->pads ? b->pads[nsp + j] : 0, b->strides ? b->strides[j] : 1,
+                                    b->dil ? b->dil[j] : 1, b->ceil_mode);
+    Graph *g = test_graph_new("pool_bits.onnx", 17, 2, 2);
+    Value *x = test_graph_input(g, "X", DT_FLOAT, b->rank, b->x);
+    Value *dy = test_graph_input(g, "dY", DT_FLOAT, b->rank, ydims);
+    Node *mp = test_graph_op(g, "MaxPool", 1, (Value *[]){x});
+    mp->attrs = ARENA_ARRAY(&g->arena, Attr, 8);
+    bits_window(g, mp, b, false);
+    if (b->ceil_mode) mp->attrs[mp->n_attr++] = (Attr){.name = "ceil_mode", .kind = ATTR_INT, .i = 1};
+    Node *gr = graph_add_node(g, NULL, "MaxPoolGrad", "cleave", 2, 1);
+    ck_assert_ptr_nonnull(gr);
+    gr->def = op_lookup("cleave", "MaxPoolGrad");
+    ck_assert_ptr_nonnull(gr->def);
+    gr->in[0] = dy;
+    gr->in[1] = x;
+    Value *dx = graph_add_value(g, "dX");
+    dx->producer = gr;
+    dx->is_output = true;
+    gr->out[0] = dx;
+    g->outputs[g->n_outputs++] = dx;
+    gr->attrs = ARENA_ARRAY(&g->arena, Attr, 8);
+    bits_window(g, gr, b, true);
+    Diag d = {0};
+    ShapeOptions so = {.batch = 0, .fold = true};
+    ck_assert_msg(ir_verify(g, &d) && ir_infer_shapes(g, &so, &d), "front end: %s", d.msg);
+    for (int j = 0; j < b->rank; j++)
+        ck_assert_msg(mp->out[0]->dims[j].k == ydims[j], "Y dim %d: %lld, expected %lld", j,
+                      (long long)mp->out[0]->dims[j].k, (long long)ydims[j]);
+    ck_assert_msg(maxpool_vectorised(mp) == vec && maxpool_vectorised(gr) == vec,
+                  "MaxPool %s, MaxPoolGrad %s the vector kernels; expected %s", maxpool_vectorised(mp) ? "takes" : "skips",
+                  maxpool_vectorised(gr) ? "takes" : "skips", vec ? "both" : "neither");
+    TestProg tp;
+    char msg[1024];
+    ck_assert_msg(test_prog_forward(&tp, g, msg, sizeof msg), "compiling: %s", msg);
+    uint64_t st = 0x9e3779b97f4a7c15ull;
+    float *xb = test_buf(&tp, x), *dyb = test_buf(&tp, dy);
+    for (int64_t e = 0; e < value_numel(x); e++) xb[e] = bits_x(&st);
+    for (int64_t e = 0; e < value_numel(dy); e++) dyb[e] = bits_dy(&st);
+    tp.eval(tp.arena);
+    BitsRun r = {.y_bytes = (size_t)value_numel(mp->out[0]) * 4, .dx_bytes = (size_t)value_numel(dx) * 4};
+    r.y = malloc(r.y_bytes);
+    r.dx = malloc(r.dx_bytes);
+    ck_assert(r.y && r.dx);
+    memcpy(r.y, test_buf(&tp, mp->out[0]), r.y_bytes);
+    memcpy(r.dx, test_buf(&tp, dx), r.dx_bytes);
+    test_prog_free(&tp);
+    return r;
+}
+
+/* First differing float of a and b, or -1. */
+static int64_t bits_diff(const char *a, const char *b, size_t bytes) {
+    for (size_t i = 0; i < bytes; i += 4)
+        if (memcmp(a + i, b + i, 4) != 0) return (int64_t)(i / 4);
+    return -1;
+}
+
+static void bits_case(const BitsSpec *b) {
+    cg_gemm_configure(&(CgGemmConfig){.force = -1});
+    BitsRun want = bits_run(b, false);
+    static const int widths[] = {0, 4, 8, 16};
+    for (int i = 0; i < N_OF(widths); i++) {
+        cg_gemm_configure(&(CgGemmConfig){.w = widths[i]});
+        BitsRun got = bits_run(b, true);
+        int64_t ey = bits_diff(want.y, got.y, want.y_bytes), edx = bits_diff(want.dx, got.dx, want.dx_bytes);
+        float f[4] = {0};
+        if (ey >= 0) memcpy(f, want.y + 4 * ey, 4), memcpy(f + 1, got.y + 4 * ey, 4);
+        if (edx >= 0) memcpy(f + 2, want.dx + 4 * edx, 4), memcpy(f + 3, got.dx + 4 * edx, 4);
+        ck_assert_msg(ey < 0 && edx < 0,
+                      "x %lldx%lldx%lld..., %d lanes: Y differs at %lld (scalar %a, vector %a), dX at %lld "
+                      "(scalar %a, vector %a)",
+                      (long long)b->x[0], (long long)b->x[1], (long long)b->x[2], widths[i], (long long)ey, f[0], f[1],
+                      (long long)edx, f[2], f[3]);
+        free(got.y);
+        free(got.dx);
+    }
+    cg_gemm_configure(NULL);
+    free(want.y);
+    free(want.dx);
+}
+
+START_TEST(maxpool_vector_bits) {
+    /* resnet's stem (3x3 s2 p1) and VGG's 2x2 s2, with rows narrower and
+     * wider than a vector and widths no multiple of it */
+    bits_case(&(BitsSpec){4, D(2, 3, 16, 16), D(3, 3), D(1, 1, 1, 1), D(2, 2), NULL, 0});
+    bits_case(&(BitsSpec){4, D(2, 4, 33, 37), D(3, 3), D(1, 1, 1, 1), D(2, 2), NULL, 0});
+    bits_case(&(BitsSpec){4, D(1, 3, 5, 40), D(2, 2), NULL, D(2, 2), NULL, 0});
+    bits_case(&(BitsSpec){4, D(2, 4, 33, 37), D(2, 2), NULL, D(2, 2), NULL, 0});
+    /* stride 1: neighbouring windows share most of their elements */
+    bits_case(&(BitsSpec){4, D(1, 3, 5, 40), D(3, 3), NULL, NULL, NULL, 0});
+    bits_case(&(BitsSpec){4, D(2, 4, 33, 37), D(3, 3), D(1, 1, 1, 1), NULL, NULL, 0});
+    /* ceil_mode: the last window runs past the end padding */
+    bits_case(&(BitsSpec){4, D(2, 3, 12, 35), D(3, 3), D(0, 1, 0, 0), D(2, 2), NULL, 1});
+    bits_case(&(BitsSpec){4, D(1, 2, 9, 50), D(2, 3), NULL, D(2, 3), NULL, 1});
+    /* asymmetric padding, uneven strides and dilation */
+    bits_case(&(BitsSpec){4, D(1, 2, 11, 45), D(2, 3), D(1, 2, 0, 1), D(1, 2), D(2, 2), 0});
+    bits_case(&(BitsSpec){4, D(2, 2, 10, 70), D(3, 2), D(1, 1, 2, 1), D(3, 4), D(1, 3), 0});
+    /* one spatial dim */
+    bits_case(&(BitsSpec){3, D(2, 3, 77), D(3), D(1, 1), D(2), NULL, 0});
+    bits_case(&(BitsSpec){3, D(1, 2, 19), D(4), D(2, 1), D(1), D(2), 1});
 }
 END_TEST
 
@@ -649,6 +852,7 @@ int main(void) {
     tcase_add_test(tc, conv_auto_pad_and_ranks);
     tcase_add_test(tc, conv_small_planes);
     tcase_add_test(tc, maxpool_padding_stride);
+    tcase_add_test(tc, maxpool_vector_bits);
     tcase_add_test(tc, averagepool_count_include_pad);
     tcase_add_test(tc, global_average_pool);
     tcase_add_test(tc, batchnorm_inference);
