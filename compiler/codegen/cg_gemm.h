@@ -75,7 +75,8 @@ LLVMValueRef cg_scratch(Cg *c, const char *name, int64_t n);
  * docs/perf.md for the measurement). */
 #define CG_GEMM_MIN_VOLUME (16 * 16 * 32)
 
-/* With --threads T > 1, packed products of at least this many
+/* With --threads T > 1, packed products (and packed convolution kernels,
+ * counting all their blocks, ops/ops_conv_gemm.c) of at least this many
  * multiply-adds (about 150 us on one core here) are split among the T
  * threads (cleave_rt_parallel, runtime/rt_abi.h).  Below it, waking and
  * waiting for the workers cost more than the split saved in training on
