@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """The cost model against measurement: predicted and measured step times.
 
-For each model (samples/mlp.onnx, samples/cnn.onnx and bench_train's deep
-MLP, 512 inputs and 16 hidden layers of 512) and each rank count N in
+For each model (samples/mlp.onnx, samples/cnn.onnx, samples/resnet.onnx
+and bench_train's deep MLP, 512 inputs and 16 hidden layers of 512) and each rank count N in
 1, 2, 4, the script asks `cleave plan --format json` for every candidate
 the search enumerated on --plan-cluster (default: the stated defaults),
 compiles each of them with `cleave compile --strategy S ... --stages CUTS`
@@ -39,7 +39,7 @@ the cluster states its cores, as calibrations do), marked as such.
 Before each run the script waits briefly for other jobs to go
 quiet (bench_pipeline's Quiet, --wait-quiet seconds per round at most).
 
-    /usr/bin/python3 bench/bench_costmodel.py [--cleave PATH] [--models mlp,cnn,deep]
+    /usr/bin/python3 bench/bench_costmodel.py [--cleave PATH] [--models mlp,cnn,resnet,deep]
         [--ranks 1,2,4] [--batch 64] [--runs 1] [--max-candidates 10]
         [--plan-cluster SPEC] [--cluster SPEC ...] [--out results.json]
 
@@ -75,6 +75,7 @@ MODELS = {
     # key: (ONNX file or None to export, input shape after the batch, description)
     "mlp": (os.path.join(ROOT, "samples", "mlp.onnx"), (1, 28, 28), "samples/mlp.onnx"),
     "cnn": (os.path.join(ROOT, "samples", "cnn.onnx"), (1, 28, 28), "samples/cnn.onnx"),
+    "resnet": (os.path.join(ROOT, "samples", "resnet.onnx"), (1, 28, 28), "samples/resnet.onnx"),
     "deep": (None, (DEEP[1],), "bench_train's %s (%d -> %d x %d -> %d)"
              % (DEEP[0], DEEP[1], len(DEEP[2]), DEEP[2][0], bt.N_CLASSES)),
 }
@@ -434,7 +435,7 @@ def print_report(rep):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cleave", default=os.path.join(ROOT, "build-dev", "cleave"))
-    ap.add_argument("--models", default="mlp,cnn,deep", help="of mlp, cnn, deep (default: all)")
+    ap.add_argument("--models", default="mlp,cnn,deep", help="of mlp, cnn, resnet, deep (default: mlp,cnn,deep)")
     ap.add_argument("--ranks", default="1,2,4", help="rank counts (default 1,2,4)")
     ap.add_argument("--batch", type=int, default=64, help="global batch (default 64)")
     ap.add_argument("--runs", type=int, default=1, help="rounds over the candidates (default 1)")

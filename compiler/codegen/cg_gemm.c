@@ -137,6 +137,8 @@ void cg_gemm_configure(const CgGemmConfig *cfg) {
 
 int cg_gemm_forced(void) { return config.force; }
 
+int64_t cg_gemm_par_volume(void) { return config.par_volume > 0 ? config.par_volume : CG_GEMM_PAR_MIN_VOLUME; }
+
 int cg_vector_floats(void) {
     return config.w == 4 || config.w == 8 || config.w == 16 ? config.w : target()->w;
 }
@@ -766,7 +768,7 @@ typedef struct Split {
  * A product no split would speed up by 1.5 stays on one thread. */
 static Split split_of(const CgGemm *g, const Blocking *k, int threads) {
     Split s = {.threads = 1};
-    int64_t min_volume = config.par_volume > 0 ? config.par_volume : CG_GEMM_PAR_MIN_VOLUME;
+    int64_t min_volume = cg_gemm_par_volume();
     if (threads <= 1 || (double)g->M * (double)g->N * (double)g->K < (double)min_volume) return s;
     int64_t pn = ceil_div(g->N, k->nr), pm = ceil_div(g->M, k->mr);
     int tn = pn < threads ? (int)pn : threads, tm = pm < threads ? (int)pm : threads;
@@ -823,8 +825,7 @@ static LLVMValueRef task_fn(Cg *c, const CgGemm *g, const Blocking *k, const Spl
     return fn;
 }
 
-/* cleave_rt_parallel(task, ctx) (runtime/rt_abi.h), declared on first use. */
-static void call_parallel(Cg *c, LLVMValueRef task, LLVMValueRef ctx) {
+void cg_parallel(Cg *c, LLVMValueRef task, LLVMValueRef ctx) {
     LLVMTypeRef ps[2] = {c->t_ptr, c->t_ptr};
     LLVMTypeRef fty = LLVMFunctionType(c->t_void, ps, 2, 0);
     LLVMValueRef fn = LLVMGetNamedFunction(c->mod, "cleave_rt_parallel");
@@ -833,17 +834,54 @@ static void call_parallel(Cg *c, LLVMValueRef task, LLVMValueRef ctx) {
     LLVMBuildCall2(c->b, fty, fn, args, 2, "");
 }
 
-static LLVMValueRef gemm_fn(Cg *c, const CgGemm *g, const Blocking *k) {
-    Split s = split_of(g, k, c->plan && c->plan->threads > 1 ? c->plan->threads : 1);
+int cg_threads(const Cg *c) { return c->plan && c->plan->threads > 1 ? c->plan->threads : 1; }
+
+/* Floats of one slot of the packing area (cg_gemm_in_slot): the most any
+ * product's A panel and B block take under blocking() (KC at most the
+ * L1 bound rounded to a vector, NC x KC at most half of L2 or one panel
+ * of NR), so that every product of the module can use the same slices:
+ * the products one thread runs take different shapes (a convolution's
+ * shorter last block), and slices sized for one of them would reach into
+ * the next thread's. */
+static int64_t slot_floats(const Blocking *k) {
+    const GemmTarget *t = target();
+    int64_t kc_max = config.kc > 0 ? config.kc : t->l1 / 4 / (k->mr * 4);
+    if (kc_max < k->w) kc_max = k->w;
+    kc_max = round_up(kc_max, k->w);
+    int64_t b_max = t->l2 / 2 / 4, nc_cfg = config.nc > 0 ? round_up(config.nc, k->nr) : 0;
+    if (b_max < kc_max * k->nr) b_max = kc_max * k->nr;
+    if (nc_cfg > 0 && b_max < kc_max * nc_cfg) b_max = kc_max * nc_cfg;
+    return round_up(round_up((int64_t)k->mr * kc_max, 16) + b_max, 16);
+}
+
+/* The product's function.  slots = 0: the product as cg_gemm emits it,
+ * split among threads when it is large; slots > 0: one thread's product
+ * (cg_gemm_in_slot), which takes a fourth parameter, the slot, and packs
+ * into that slice of `slots`. */
+static LLVMValueRef gemm_fn(Cg *c, const CgGemm *g, const Blocking *k, int slots) {
+    Split s = split_of(g, k, slots > 0 ? 1 : cg_threads(c));
     uint32_t abits;
     memcpy(&abits, &g->alpha, 4);
     char name[256], split[32] = "";
     if (s.threads > 1) snprintf(split, sizeof split, ".t%d%s", s.threads, s.rows ? "r" : "c");
+    if (slots > 0) snprintf(split, sizeof split, ".slot");
     snprintf(name, sizeof name,
              "cleave.gemm.%lldx%lldx%lld.a%lld_%lld.b%lld_%lld.y%lld.al%08x.%dx%dx%d.kc%lld.nc%lld%s%s", (long long)g->M,
              (long long)g->N, (long long)g->K, (long long)g->a_si, (long long)g->a_sj, (long long)g->b_si,
              (long long)g->b_sj, (long long)g->ldy, abits, k->mr, k->nv, k->w, (long long)k->kc, (long long)k->nc,
              g->overwrite ? ".ow" : "", split);
+    int64_t a_area = round_up((int64_t)k->mr * k->kc, 16);
+    /* one slice of scratch per part, 64-byte aligned so the B panels stay
+     * aligned and no two threads write the same cache line */
+    int64_t slice = round_up(a_area + k->kc * k->nc, 16);
+    if (slots > 0) {
+        int64_t stride = slot_floats(k);
+        CLEAVE_CHECK(slice <= stride, "a packed product of %lld floats in slots of %lld", (long long)slice,
+                     (long long)stride);
+        slice = stride;
+    }
+    int parts = slots > 0 ? slots : s.threads;
+    LLVMValueRef area = cg_scratch(c, PACK_GLOBAL, parts > 1 ? parts * slice : a_area + k->kc * k->nc);
     LLVMValueRef fn = LLVMGetNamedFunction(c->mod, name);
     if (fn) return fn;
 
@@ -851,11 +889,6 @@ static LLVMValueRef gemm_fn(Cg *c, const CgGemm *g, const Blocking *k) {
     /* micro-kernels first: each is a function of its own */
     Kernels uk[2] = {kernels_of(c, g, k, false), {0}};
     if (g->overwrite) uk[1] = kernels_of(c, g, k, true);
-    int64_t a_area = round_up((int64_t)k->mr * k->kc, 16);
-    /* one slice of scratch per part, 64-byte aligned so the B panels stay
-     * aligned and no two threads write the same cache line */
-    int64_t slice = round_up(a_area + k->kc * k->nc, 16);
-    LLVMValueRef area = cg_scratch(c, PACK_GLOBAL, s.threads > 1 ? s.threads * slice : a_area + k->kc * k->nc);
 
     if (s.threads > 1) {
         char tname[300];
@@ -868,14 +901,14 @@ static LLVMValueRef gemm_fn(Cg *c, const CgGemm *g, const Blocking *k) {
             LLVMValueRef idx = cg_i64(c, i);
             store(c, LLVMGetParam(fn, (unsigned)i), LLVMBuildInBoundsGEP2(c->b, c->t_ptr, ctx, &idx, 1, ""), 8);
         }
-        call_parallel(c, task, ctx);
+        cg_parallel(c, task, ctx);
         LLVMBuildRetVoid(c->b);
         return fn;
     }
-    fn = begin_fn(c, name, 3, 0, k, true);
-    LLVMValueRef ap = at(c, area, cg_i64(c, 0));
+    fn = begin_fn(c, name, 3, slots > 0, k, true);
+    LLVMValueRef ap = at(c, area, slots > 0 ? mul(c, LLVMGetParam(fn, 3), cg_i64(c, slice)) : cg_i64(c, 0));
     emit_part(c, g, k, uk, LLVMGetParam(fn, 0), LLVMGetParam(fn, 1), LLVMGetParam(fn, 2), ap,
-              at(c, area, cg_i64(c, a_area)), cg_i64(c, M), cg_i64(c, N));
+              at(c, ap, cg_i64(c, a_area)), cg_i64(c, M), cg_i64(c, N));
     LLVMBuildRetVoid(c->b);
     return fn;
 }
@@ -883,8 +916,19 @@ static LLVMValueRef gemm_fn(Cg *c, const CgGemm *g, const Blocking *k) {
 void cg_gemm(Cg *c, const CgGemm *g, LLVMValueRef a, LLVMValueRef b, LLVMValueRef y) {
     LLVMBasicBlockRef saved = LLVMGetInsertBlock(c->b);
     Blocking k = blocking(g->N, g->K);
-    LLVMValueRef fn = gemm_fn(c, g, &k);
+    LLVMValueRef fn = gemm_fn(c, g, &k, 0);
     LLVMPositionBuilderAtEnd(c->b, saved);
     LLVMValueRef args[3] = {a, b, y};
     call(c, fn, args, 3);
+}
+
+void cg_gemm_in_slot(Cg *c, const CgGemm *g, LLVMValueRef a, LLVMValueRef b, LLVMValueRef y, LLVMValueRef slot,
+                     int slots) {
+    CLEAVE_CHECK(slots >= 1, "a product packing into %d slots", slots);
+    LLVMBasicBlockRef saved = LLVMGetInsertBlock(c->b);
+    Blocking k = blocking(g->N, g->K);
+    LLVMValueRef fn = gemm_fn(c, g, &k, slots);
+    LLVMPositionBuilderAtEnd(c->b, saved);
+    LLVMValueRef args[4] = {a, b, y, slot};
+    call(c, fn, args, 4);
 }

@@ -47,6 +47,22 @@ bool cg_gemm_applies(const Value *a, const Value *b, const Value *y, int64_t M, 
  * are pointers to the first element of each matrix. */
 void cg_gemm(Cg *c, const CgGemm *g, LLVMValueRef a, LLVMValueRef b, LLVMValueRef y);
 
+/* cg_gemm for callers that run several products at once on threads of
+ * their own (a convolution's blocks of samples, ops/ops_conv_gemm.c):
+ * the product stays on the calling thread and packs into slice `slot` (an
+ * i64 value below `slots`) of the packing area, so that products running
+ * together never share scratch.  Same bits as cg_gemm. */
+void cg_gemm_in_slot(Cg *c, const CgGemm *g, LLVMValueRef a, LLVMValueRef b, LLVMValueRef y, LLVMValueRef slot,
+                     int slots);
+
+/* The threads the plan's products may use (--threads; 1 without). */
+int cg_threads(const Cg *c);
+
+/* Emits cleave_rt_parallel(task, ctx) (runtime/rt_abi.h), which runs
+ * task(ctx, t, T) for t = 0..T-1 on the program's threads and returns
+ * when all are done. */
+void cg_parallel(Cg *c, LLVMValueRef task, LLVMValueRef ctx);
+
 /* The module's scratch area `name`, with room for at least n floats: a
  * zero-initialised internal global, 64-byte aligned, shared by every
  * kernel that asks for the same name (kernels run one at a time).  When a
@@ -59,7 +75,8 @@ LLVMValueRef cg_scratch(Cg *c, const char *name, int64_t n);
  * docs/perf.md for the measurement). */
 #define CG_GEMM_MIN_VOLUME (16 * 16 * 32)
 
-/* With --threads T > 1, packed products of at least this many
+/* With --threads T > 1, packed products (and packed convolution kernels,
+ * counting all their blocks, ops/ops_conv_gemm.c) of at least this many
  * multiply-adds (about 150 us on one core here) are split among the T
  * threads (cleave_rt_parallel, runtime/rt_abi.h).  Below it, waking and
  * waiting for the workers cost more than the split saved in training on
@@ -88,6 +105,11 @@ void cg_gemm_configure(const CgGemmConfig *cfg);
  * convolutions and of MaxPool, so that their scalar loops run), 0 by
  * default. */
 int cg_gemm_forced(void);
+
+/* The smallest work split among threads, in multiply-adds: the
+ * par_volume setting, else CG_GEMM_PAR_MIN_VOLUME.  Convolutions split
+ * their blocks of samples above it (ops/ops_conv_gemm.c). */
+int64_t cg_gemm_par_volume(void);
 
 /* Floats per vector register of the products (16 with AVX-512, 8 with
  * AVX): the width other kernels built around them should use. */

@@ -109,8 +109,10 @@ bool cluster_parse(const char *text, size_t len, const char *path, Cluster *c, D
  *     set-up and edges dominate), 10 at 1e5, 30 at 1e7, 40 from 1e9 up
  *     (the packed kernels reach over half of a core's peak on AVX-512;
  *     an AVX2 core has half the width, and the figures leave room);
- *   - convolutions (direct loops, not the GEMM kernels): 2 GFLOP/s at
- *     1e3 FLOPs, 6 at 1e5, 15 at 1e7, 20 from 1e9 up;
+ *   - convolutions with both gradients: 4.6 GFLOP/s up to 1.35e6 FLOPs,
+ *     86 at 2.17e7, 125 from 3.47e8 up: not conservative, but what
+ *     `cleave calibrate` measured on the development machine (AVX-512),
+ *     where the packed kernels run them as products (cluster.c);
  *   - memory-bound kernels: 5 GB/s, what one core streams from DRAM once
  *     tensors outgrow the caches;
  *   - kernel overhead: 0.3 us per call (call, loop set-up, a cache miss

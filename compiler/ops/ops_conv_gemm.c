@@ -20,6 +20,7 @@
  *
  * Every sum has a fixed order (cg_gemm's, then the blocks in order), so the
  * bits depend on the shapes alone, as everywhere else. */
+#include <stdio.h>
 #include <string.h>
 
 #include "../codegen/cg_gemm.h"
@@ -47,6 +48,8 @@ static int64_t block_of(const ConvShape *s) {
     int64_t P = s->w.out_sz, nb = (MIN_COLS + P - 1) / P;
     return nb > s->N ? s->N : nb < 1 ? 1 : nb;
 }
+
+static int64_t n_blocks(const ConvShape *s) { return (s->N + block_of(s) - 1) / block_of(s); }
 
 bool conv_gemm_applies(const ConvShape *s, const Value *x, const Value *f, const Value *y) {
     /* a product with fewer than 8 rows (depthwise and narrow grouped
@@ -400,7 +403,33 @@ typedef struct Block {
     int64_t nb, cols;   /* samples, product columns (nb * P) */
     bool direct;        /* one sample per block: rows read and written in place */
     LLVMValueRef wp;    /* the filters, M x K (NULL where the kernel reads none) */
+    LLVMValueRef blk;   /* the block's index */
+    /* With the blocks on several threads (see "threads" below): this
+     * thread's slice of each scratch area, out of `slots`; NULL and 1 on
+     * one thread. */
+    LLVMValueRef slot;
+    int slots;
 } Block;
+
+/* The block's scratch area `name`, a matrix of `rows` x the block's
+ * columns: on several threads a slice of its own per thread, sized for a
+ * full block (the shorter last block must not reach into the next
+ * thread's slice) and a multiple of 64 bytes, so that no two threads
+ * write one cache line. */
+static LLVMValueRef block_area(Cg *c, const Block *b, const char *name, int64_t rows) {
+    if (b->slots <= 1) return area(c, name, rows * b->cols);
+    int64_t slice = (rows * block_of(b->s) * b->s->w.out_sz + 15) / 16 * 16;
+    return fptr(c, cg_scratch(c, name, slice * b->slots), cg_mul(c, b->slot, slice));
+}
+
+/* The block's product: on a thread of the kernel's own it must not split
+ * further, and packs into the thread's slice. */
+static void block_gemm(Cg *c, const Block *b, const CgGemm *gm, LLVMValueRef a, LLVMValueRef x, LLVMValueRef y) {
+    if (b->slots > 1)
+        cg_gemm_in_slot(c, gm, a, x, y, b->slot, b->slots);
+    else
+        cg_gemm(c, gm, a, x, y);
+}
 
 /* Copies the rows of output channels [g*Mpg, (g+1)*Mpg) of the
  * output-shaped v for the block's samples between v and the scratch
@@ -426,7 +455,7 @@ static LLVMValueRef dy_rows(Cg *c, const Block *b, const Value *dY, int64_t *ld)
         *ld = P;
         return fptr(c, cg_buf(c, dY), cg_mul(c, cg_mad(c, b->n0, b->s->M, cg_mul(c, b->g, Mpg)), P));
     }
-    LLVMValueRef rows = area(c, ROWS_AREA, Mpg * b->cols);
+    LLVMValueRef rows = block_area(c, b, ROWS_AREA, Mpg);
     regroup(c, b, dY, rows, false);
     *ld = b->cols;
     return rows;
@@ -448,7 +477,7 @@ static LLVMValueRef patches(Cg *c, const Block *b, const Value *X, int64_t *ld) 
         *ld = b->s->w.in_sz;
         return fptr(c, cg_buf(c, X), cg_mul(c, cg_mad(c, b->n0, b->s->C, cg_mul(c, b->g, Cpg)), b->s->w.in_sz));
     }
-    LLVMValueRef cols = area(c, COL_AREA, k_dim(b->s) * b->cols);
+    LLVMValueRef cols = block_area(c, b, COL_AREA, k_dim(b->s));
     patch_walk(c, b->s, X, b->n0, b->nb, b->g, cols, false);
     *ld = b->cols;
     return cols;
@@ -461,24 +490,139 @@ static LLVMValueRef w_group(Cg *c, const Block *b, LLVMValueRef base) {
 
 typedef void (*BlockFn)(Cg *c, const Block *b, const Value *const *v);
 
-/* Calls fn for every block of samples and every group: a loop over the
- * full blocks, then the last, shorter block when N is not a multiple.
- * wp: the filters the blocks read; epi (or NULL) runs after each block's
- * groups, when the block's samples are complete. */
-static void for_blocks(Cg *c, const ConvShape *s, BlockFn fn, const Value *const *v, LLVMValueRef wp,
-                       const CgEpilogue *epi) {
+/* Calls fn for every block of samples and every group on one thread: a
+ * loop over the full blocks, then the last, shorter block when N is not a
+ * multiple.  wp: the filters the blocks read; epi (or NULL) runs after
+ * each block's groups, when the block's samples are complete. */
+static void blocks_serial(Cg *c, const ConvShape *s, BlockFn fn, const Value *const *v, LLVMValueRef wp,
+                          const CgEpilogue *epi) {
     int64_t nb = block_of(s), full = s->N / nb, rest = s->N % nb;
     for (int part = 0; part < 2; part++) {
         int64_t count = part ? (rest > 0) : full, size = part ? rest : nb;
         if (count == 0) continue;
         CgLoop li, lg;
-        LLVMValueRef n0 = cg_mad(c, cg_for(c, &li, cg_i64(c, count)), nb, cg_i64(c, part ? full * nb : 0));
-        Block b = {s, n0, cg_for(c, &lg, cg_i64(c, s->G)), size, size * s->w.out_sz, nb == 1, wp};
+        LLVMValueRef blk = cg_add(c, cg_for(c, &li, cg_i64(c, count)), cg_i64(c, part ? full : 0));
+        LLVMValueRef n0 = cg_mul(c, blk, nb);
+        Block b = {s, n0, cg_for(c, &lg, cg_i64(c, s->G)), size, size * s->w.out_sz, nb == 1, wp, blk, NULL, 1};
         fn(c, &b, v);
         cg_for_end(c, &lg);
         if (epi) epi->fn(c, epi->ctx, n0, size);
         cg_for_end(c, &li);
     }
+}
+
+/* ---- threads ----
+ *
+ * With --threads T a kernel with enough work deals its items, the (block,
+ * group) pairs in the one-thread order, out to the threads in contiguous
+ * runs: thread t of T' = min(T, items) takes items [t*I/T', (t+1)*I/T').
+ * One call of the pool then covers the whole kernel, patch copies
+ * included, where splitting each block's product would wake the threads
+ * once per block for products too small to share.  Each thread has its
+ * own slice of every scratch area (patches, rows, packing).  An item
+ * computes exactly what it computes on one thread: the forward pass and
+ * the input gradient write disjoint samples of Y and dX, and the weight
+ * gradient keeps each block's float32 part apart and adds the parts into
+ * the float64 sums in block order once every thread is done, the order
+ * the one-thread kernel adds them in.  So the bits do not depend on T. */
+
+/* The weight gradient's parts (blocks x filter elements) take at most
+ * this many floats of scratch; a kernel that needs more stays on one
+ * thread, where the blocks' products may still be split. */
+enum { PARTS_MAX_FLOATS = 1 << 24 };
+
+/* Whether a kernel's blocks run on the plan's threads: its multiply-adds
+ * reach the threshold of a split product (cg_gemm.h), and it has two
+ * items or more to deal out. */
+static bool blocks_split(Cg *c, const ConvShape *s) {
+    double macs = (double)s->N * (double)s->w.out_sz * (double)s->M * (double)k_dim(s);
+    return cg_threads(c) > 1 && n_blocks(s) * s->G >= 2 && macs >= (double)cg_gemm_par_volume();
+}
+
+/* Items [lo, hi) with `slots` slices of scratch, this thread's `slot`:
+ * the ones among the full blocks, then the ones of the shorter last
+ * block. */
+static void blocks_range(Cg *c, const ConvShape *s, BlockFn fn, const Value *const *v, LLVMValueRef wp,
+                         const CgEpilogue *epi, LLVMValueRef lo, LLVMValueRef hi, LLVMValueRef slot, int slots) {
+    int64_t nb = block_of(s), full = s->N / nb, rest = s->N % nb, G = s->G;
+    for (int part = 0; part < 2; part++) {
+        int64_t size = part ? rest : nb, first = part ? full * G : 0, last = part ? (full + 1) * G : full * G;
+        if (size == 0 || last == first) continue;
+        LLVMValueRef a = imax(c, lo, cg_i64(c, first)), z = imin(c, hi, cg_i64(c, last));
+        CgLoop l;
+        LLVMValueRef i = for_range(c, &l, a, z);
+        LLVMValueRef blk = LLVMBuildUDiv(c->b, i, cg_i64(c, G), ""), g = LLVMBuildURem(c->b, i, cg_i64(c, G), "");
+        Block b = {s, cg_mul(c, blk, nb), g, size, size * s->w.out_sz, nb == 1, wp, blk, slot, slots};
+        fn(c, &b, v);
+        if (epi) epi->fn(c, epi->ctx, b.n0, size); /* one group: the item is the whole block */
+        cg_for_end(c, &l);
+    }
+}
+
+/* task(ctx, t, T): thread t's items.  ctx holds the kernel's buffers and
+ * then wp; while the task is built, the kernel's buffers (c->args) are
+ * the task's loads of them. */
+static LLVMValueRef blocks_task(Cg *c, const ConvShape *s, BlockFn fn, const Value *const *v, bool has_wp,
+                                const CgEpilogue *epi) {
+    int n = c->cur->n_bufs, slots = cg_threads(c);
+    int64_t items = n_blocks(s) * s->G;
+    if (items < slots) slots = (int)items;
+    char name[300];
+    snprintf(name, sizeof name, "%s.blocks", LLVMGetValueName(c->cur->fn));
+    LLVMTypeRef ps[3] = {c->t_ptr, c->t_i64, c->t_i64};
+    LLVMValueRef task = LLVMAddFunction(c->mod, name, LLVMFunctionType(c->t_void, ps, 3, 0));
+    LLVMSetLinkage(task, LLVMInternalLinkage);
+    LLVMAddAttributeAtIndex(task, LLVMAttributeFunctionIndex,
+                            LLVMCreateEnumAttribute(c->ctx, LLVMGetEnumAttributeKindForName("nounwind", 8), 0));
+    LLVMBasicBlockRef entry = LLVMAppendBasicBlockInContext(c->ctx, task, "entry");
+    LLVMBasicBlockRef work = LLVMAppendBasicBlockInContext(c->ctx, task, "work");
+    LLVMBasicBlockRef idle = LLVMAppendBasicBlockInContext(c->ctx, task, "idle");
+    LLVMPositionBuilderAtEnd(c->b, entry);
+    LLVMValueRef ctx = LLVMGetParam(task, 0), t = LLVMGetParam(task, 1), T = LLVMGetParam(task, 2);
+    LLVMValueRef saved[CG_MAX_BUFS], ptrs[CG_MAX_BUFS + 1];
+    for (int i = 0; i <= n; i++) {
+        LLVMValueRef idx = cg_i64(c, i);
+        ptrs[i] = LLVMBuildLoad2(c->b, c->t_ptr, LLVMBuildInBoundsGEP2(c->b, c->t_ptr, ctx, &idx, 1, ""), "");
+    }
+    memcpy(saved, c->args, (size_t)n * sizeof *saved);
+    memcpy(c->args, ptrs, (size_t)n * sizeof *ptrs);
+    /* a pool of fewer threads than the plan's (a JIT run without
+     * workers) deals the same items out in fewer runs */
+    LLVMValueRef parts = imin(c, T, cg_i64(c, slots));
+    LLVMBuildCondBr(c->b, LLVMBuildICmp(c->b, LLVMIntSLT, t, parts, ""), work, idle);
+    LLVMPositionBuilderAtEnd(c->b, idle);
+    LLVMBuildRetVoid(c->b);
+    LLVMPositionBuilderAtEnd(c->b, work);
+    LLVMValueRef lo = LLVMBuildSDiv(c->b, cg_mul(c, t, items), parts, "");
+    LLVMValueRef hi = LLVMBuildSDiv(c->b, cg_mul(c, cg_add(c, t, cg_i64(c, 1)), items), parts, "");
+    blocks_range(c, s, fn, v, has_wp ? ptrs[n] : NULL, epi, lo, hi, t, slots);
+    LLVMBuildRetVoid(c->b);
+    memcpy(c->args, saved, (size_t)n * sizeof *saved);
+    return task;
+}
+
+/* Runs fn over every block of samples and group, on the plan's threads
+ * when the kernel has the work for them and `may_split`; returns whether
+ * it split them.  epi (or NULL) runs after each block is complete: on the
+ * block's thread when the convolution has one group, and otherwise the
+ * blocks stay on one thread (a block's groups may fall to two). */
+static bool for_blocks(Cg *c, const ConvShape *s, BlockFn fn, const Value *const *v, LLVMValueRef wp, bool may_split,
+                       const CgEpilogue *epi) {
+    if (!may_split || !blocks_split(c, s) || (epi && s->G > 1)) {
+        blocks_serial(c, s, fn, v, wp, epi);
+        return false;
+    }
+    int n = c->cur->n_bufs;
+    LLVMValueRef ctx = cg_alloca(c, LLVMArrayType(c->t_ptr, (unsigned)n + 1));
+    for (int i = 0; i <= n; i++) {
+        LLVMValueRef idx = cg_i64(c, i), p = i < n ? c->args[i] : wp ? wp : LLVMConstNull(c->t_ptr);
+        LLVMBuildStore(c->b, p, LLVMBuildInBoundsGEP2(c->b, c->t_ptr, ctx, &idx, 1, ""));
+    }
+    LLVMBasicBlockRef resume = LLVMGetInsertBlock(c->b);
+    LLVMValueRef task = blocks_task(c, s, fn, v, wp != NULL, epi);
+    LLVMPositionBuilderAtEnd(c->b, resume);
+    cg_parallel(c, task, ctx);
+    return true;
 }
 
 /* ---- the three kernels ---- */
@@ -500,10 +644,10 @@ static void forward_block(Cg *c, const Block *b, const Value *const *v) {
             LLVMBuildStore(c->b, init, fptr(c, y, cg_mad(c, m, P, t)));
             nest_close(c, &ns);
         }
-        cg_gemm(c, &gm, w_group(c, b, b->wp), cols, y);
+        block_gemm(c, b, &gm, w_group(c, b, b->wp), cols, y);
         return;
     }
-    LLVMValueRef rows = area(c, ROWS_AREA, Mpg * b->cols);
+    LLVMValueRef rows = block_area(c, b, ROWS_AREA, Mpg);
     CgLoop lm, lt;
     LLVMValueRef m = cg_for(c, &lm, cg_i64(c, Mpg));
     LLVMValueRef init = v[1] ? cg_load(c, v[1], cg_mad(c, b->g, Mpg, m)) : cg_f32(c, 0);
@@ -512,7 +656,7 @@ static void forward_block(Cg *c, const Block *b, const Value *const *v) {
     cg_for_end(c, &lt);
     cg_for_end(c, &lm);
     gm.ldy = b->cols;
-    cg_gemm(c, &gm, w_group(c, b, b->wp), cols, rows);
+    block_gemm(c, b, &gm, w_group(c, b, b->wp), cols, rows);
     regroup(c, b, v[2], rows, true);
 }
 
@@ -521,7 +665,7 @@ static void forward_block(Cg *c, const Block *b, const Value *const *v) {
 static void forward_with(Cg *c, const ConvShape *s, const Value *X, LLVMValueRef wp, const Value *B, const Value *Y,
                          const CgEpilogue *epi) {
     const Value *v[3] = {X, B, Y};
-    for_blocks(c, s, forward_block, v, wp, epi);
+    for_blocks(c, s, forward_block, v, wp, true, epi);
 }
 
 void conv_gemm_forward(Cg *c, const ConvShape *s, const Value *X, const Value *W, const Value *B, const Value *Y,
@@ -539,12 +683,12 @@ static void grad_input_block(Cg *c, const Block *b, const Value *const *v) {
         gm.ldy = b->s->w.in_sz;
         int64_t Cpg = b->s->C / b->s->G;
         LLVMValueRef dx = fptr(c, cg_buf(c, v[2]), cg_mul(c, cg_mad(c, b->n0, b->s->C, cg_mul(c, b->g, Cpg)), gm.ldy));
-        cg_gemm(c, &gm, w_group(c, b, b->wp), dy, dx);
+        block_gemm(c, b, &gm, w_group(c, b, b->wp), dy, dx);
         return;
     }
-    LLVMValueRef cols = area(c, COL_AREA, K * b->cols);
+    LLVMValueRef cols = block_area(c, b, COL_AREA, K);
     gm.overwrite = true;
-    cg_gemm(c, &gm, w_group(c, b, b->wp), dy, cols);
+    block_gemm(c, b, &gm, w_group(c, b, b->wp), dy, cols);
     patch_walk(c, b->s, v[2], b->n0, b->nb, b->g, cols, true);
 }
 
@@ -599,7 +743,7 @@ void conv_gemm_grad_input(Cg *c, const ConvShape *s, const Value *dY, const Valu
     }
     zero_floats(c, cg_buf(c, dX), value_numel(dX));
     const Value *v[3] = {dY, W, dX};
-    for_blocks(c, s, grad_input_block, v, cg_buf(c, W), NULL);
+    for_blocks(c, s, grad_input_block, v, cg_buf(c, W), true, NULL);
 }
 
 /* v: dY, X, dW, acc */
@@ -616,8 +760,14 @@ static void grad_weight_block(Cg *c, const Block *b, const Value *const *v) {
      * filter followed by batch normalisation has a gradient orthogonal to
      * itself, a small difference of large terms that a float32 running
      * sum over the whole batch would round away */
-    LLVMValueRef part = area(c, DW_AREA, Mpg * K);
     gm.overwrite = true;
+    if (b->slots > 1) { /* every block's part kept apart, summed in order after all threads are done */
+        int64_t E = b->s->M * K;
+        LLVMValueRef parts = area(c, DW_AREA, n_blocks(b->s) * E);
+        block_gemm(c, b, &gm, dy, cols, fptr(c, parts, cg_add(c, cg_mul(c, b->blk, E), cg_mul(c, b->g, Mpg * K))));
+        return;
+    }
+    LLVMValueRef part = area(c, DW_AREA, Mpg * K);
     cg_gemm(c, &gm, dy, cols, part);
     LLVMValueRef acc = cg_buf(c, v[3]), base = cg_mul(c, b->g, Mpg * K);
     CgLoop l;
@@ -628,12 +778,29 @@ static void grad_weight_block(Cg *c, const Block *b, const Value *const *v) {
     cg_for_end(c, &l);
 }
 
+/* acc += the blocks' parts, one block after the other: the order in
+ * which the one-thread kernel adds each part as it is made. */
+static void sum_parts(Cg *c, const ConvShape *s, const Value *acc) {
+    int64_t E = s->M * k_dim(s);
+    LLVMValueRef parts = area(c, DW_AREA, n_blocks(s) * E);
+    Nest ns = {.n = 0};
+    LLVMValueRef blk = nest_for(c, &ns, cg_i64(c, n_blocks(s))), i = nest_for(c, &ns, cg_i64(c, E));
+    LLVMValueRef p = LLVMBuildInBoundsGEP2(c->b, c->t_f64, cg_buf(c, acc), &i, 1, "");
+    LLVMValueRef x = LLVMBuildLoad2(c->b, c->t_f32, fptr(c, parts, cg_mad(c, blk, E, i)), "");
+    x = LLVMBuildFPExt(c->b, x, c->t_f64, "");
+    LLVMBuildStore(c->b, LLVMBuildFAdd(c->b, LLVMBuildLoad2(c->b, c->t_f64, p, ""), x, ""), p);
+    nest_close(c, &ns);
+}
+
 void conv_gemm_grad_weight(Cg *c, const ConvShape *s, const Value *dY, const Value *X, const Value *dW,
                            const Value *acc) {
     int64_t E = value_numel(dW);
     zero_floats(c, cg_buf(c, acc ? acc : dW), acc ? 2 * E : E);
     const Value *v[4] = {dY, X, dW, acc};
-    for_blocks(c, s, grad_weight_block, v, NULL, NULL);
+    /* without float64 sums the blocks add into dW one after the other,
+     * which no split can keep */
+    if (for_blocks(c, s, grad_weight_block, v, NULL, acc && n_blocks(s) * E <= PARTS_MAX_FLOATS, NULL))
+        sum_parts(c, s, acc);
     if (acc) {
         CgLoop l;
         LLVMValueRef i = cg_for(c, &l, cg_i64(c, E));

@@ -2,16 +2,20 @@
 """--threads T never changes the bits.
 
 A program compiled with --threads T splits its large matrix products among
-T threads by a fixed partition of the output (docs/perf.md, "Threads"),
-so training must give exactly what T = 1 gives.  For samples/mlp.onnx and
-samples/transformer.onnx this compiles the model at --threads 1, 2 and 3,
-trains 12 steps with momentum on the same data, and checks:
+T threads by a fixed partition of the output, and its large convolutions
+by blocks of samples (docs/perf.md, "Threads"), so training must give
+exactly what T = 1 gives.  For samples/mlp.onnx, samples/transformer.onnx
+and samples/resnet.onnx (convolutions, batch normalisation) this compiles
+the model at --threads 1, 2 and 3, trains 12 steps with momentum on the
+same data, and checks:
 
 - every step's loss is the same float at every T (the metrics print
   float32 losses with 9 significant digits, which round-trip);
 - the saved weights are the same bytes at every T;
 - the generated code calls cleave_rt_parallel at T = 2 and not at T = 1
-  (so the split is really exercised), and the plan records "threads";
+  (so the split is really exercised: for the resnet, inside the Conv,
+  ConvGradInput and ConvGradWeight kernels), and the plan records
+  "threads";
 - --plan FILE compiles the threads the file records, and --threads given
   with --plan replaces them without a note about derived fields;
 - under mpirun, 2 data-parallel ranks of 2 threads each give the losses
@@ -23,6 +27,7 @@ Ends with a line "N passed, M failed"; SKIP (exit 77) without numpy/onnx.
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 
@@ -43,7 +48,7 @@ def run(cmd, timeout=300, env=None):
 def make_data(np, d, name):
     """The sample's training data: inputs of its input shape and labels."""
     rng = np.random.default_rng(7)
-    if name == "mlp":
+    if name in ("mlp", "resnet"):
         x = rng.standard_normal((ROWS, 1, 28, 28)).astype(np.float32)
         y = rng.integers(0, 10, ROWS).astype(np.int64)
     else:  # transformer: mse against targets shaped like the output
@@ -78,7 +83,7 @@ def main():
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
 
-    for name, loss in (("mlp", "ce"), ("transformer", "mse")):
+    for name, loss in (("mlp", "ce"), ("transformer", "mse"), ("resnet", "ce")):
         d = os.path.join(work, name)
         os.makedirs(d)
         model = os.path.join(SAMPLES, name + ".onnx")
@@ -125,6 +130,23 @@ def main():
                 calls = f.read().count("call void @cleave_rt_parallel")
             rep.check("mlp: --threads %d code %s cleave_rt_parallel (%d calls)" % (t, "calls" if want else
                       "does not call", calls), (calls > 0) == want)
+
+    # ... and the resnet's convolutions split their blocks of samples: each
+    # of the three kernels has a task (KERNEL.blocks) the pool runs.
+    model = os.path.join(SAMPLES, "resnet.onnx")
+    rd = os.path.join(work, "resnet")
+    for t, want in ((1, False), (2, True)):
+        ll = os.path.join(rd, "t%d.ll" % t)
+        rc, _, err = run([args.cleave, "compile", model, "--batch", str(BATCH), "--threads", str(t), "--emit", "llvm",
+                          "-o", ll])
+        if not rep.check("resnet: --emit llvm --threads %d" % t, rc == 0, err.strip()):
+            continue
+        with open(ll) as f:
+            text = f.read()
+        for op in ("Conv", "ConvGradInput", "ConvGradWeight"):
+            tasks = len(re.findall(r"call void @cleave_rt_parallel\(ptr (?:nonnull )?@k\d+_%s\.blocks\b" % op, text))
+            rep.check("resnet: --threads %d %s kernels %s their blocks (%d calls)" % (t, op, "split" if want else
+                      "do not split", tasks), (tasks > 0) == want)
 
     # --plan FILE with and without --threads
     plan2 = os.path.join(d, "t2.plan.json")

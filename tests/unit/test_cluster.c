@@ -210,9 +210,9 @@ START_TEST(stated_defaults) {
     ck_assert(cluster_gemm_gflops(&c, 1e7) == 30.0);
     ck_assert(cluster_gemm_gflops(&c, 1e9) == 40.0);
     ck_assert(cluster_gemm_gflops(&c, 1e13) == 40.0);
-    ck_assert(cluster_conv_gflops(&c, 1e3) == 2.0);
-    ck_assert(cluster_conv_gflops(&c, 1e7) == 15.0);
-    ck_assert(cluster_conv_gflops(&c, 1e13) == 20.0);
+    ck_assert(cluster_conv_gflops(&c, 1e3) == 4.6);
+    ck_assert(cluster_conv_gflops(&c, 2.17e7) == 86.0);
+    ck_assert(cluster_conv_gflops(&c, 1e13) == 125.0);
     ck_assert(c.step_overhead_s == 1e-5);
     ck_assert(c.elementwise_gbps == 5.0);
     ck_assert(c.kernel_overhead_s == 3e-7);
