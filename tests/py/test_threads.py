@@ -4,18 +4,19 @@
 A program compiled with --threads T splits its large matrix products among
 T threads by a fixed partition of the output, and its large convolutions
 by blocks of samples (docs/perf.md, "Threads"), so training must give
-exactly what T = 1 gives.  For samples/mlp.onnx, samples/transformer.onnx
-and samples/resnet.onnx (convolutions, batch normalisation) this compiles
-the model at --threads 1, 2 and 3, trains 12 steps with momentum on the
-same data, and checks:
+exactly what T = 1 gives.  For samples/mlp.onnx, samples/transformer.onnx,
+samples/resnet.onnx (convolutions, batch normalisation) and samples/cnn.onnx
+(each Conv followed by a Relu, which runs fused on the convolution's
+blocks) this compiles the model at --threads 1, 2 and 3, trains 12 steps
+with momentum on the same data, and checks:
 
 - every step's loss is the same float at every T (the metrics print
   float32 losses with 9 significant digits, which round-trip);
 - the saved weights are the same bytes at every T;
 - the generated code calls cleave_rt_parallel at T = 2 and not at T = 1
   (so the split is really exercised: for the resnet, inside the Conv,
-  ConvGradInput and ConvGradWeight kernels), and the plan records
-  "threads";
+  ConvGradInput and ConvGradWeight kernels; for the cnn, inside the
+  fused Conv -> Relu kernels), and the plan records "threads";
 - --plan FILE compiles the threads the file records, and --threads given
   with --plan replaces them without a note about derived fields;
 - under mpirun, 2 data-parallel ranks of 2 threads each give the losses
@@ -48,7 +49,7 @@ def run(cmd, timeout=300, env=None):
 def make_data(np, d, name):
     """The sample's training data: inputs of its input shape and labels."""
     rng = np.random.default_rng(7)
-    if name in ("mlp", "resnet"):
+    if name in ("mlp", "resnet", "cnn"):
         x = rng.standard_normal((ROWS, 1, 28, 28)).astype(np.float32)
         y = rng.integers(0, 10, ROWS).astype(np.int64)
     else:  # transformer: mse against targets shaped like the output
@@ -83,7 +84,7 @@ def main():
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
 
-    for name, loss in (("mlp", "ce"), ("transformer", "mse"), ("resnet", "ce")):
+    for name, loss in (("mlp", "ce"), ("transformer", "mse"), ("resnet", "ce"), ("cnn", "ce")):
         d = os.path.join(work, name)
         os.makedirs(d)
         model = os.path.join(SAMPLES, name + ".onnx")
@@ -147,6 +148,17 @@ def main():
             tasks = len(re.findall(r"call void @cleave_rt_parallel\(ptr (?:nonnull )?@k\d+_%s\.blocks\b" % op, text))
             rep.check("resnet: --threads %d %s kernels %s their blocks (%d calls)" % (t, op, "split" if want else
                       "do not split", tasks), (tasks > 0) == want)
+
+    # ... and the cnn's Conv -> Relu pairs run fused, the Relu on each
+    # block of samples on the thread that made it (the fused kernel's task)
+    ll = os.path.join(work, "cnn", "t2.ll")
+    rc, _, err = run([args.cleave, "compile", os.path.join(SAMPLES, "cnn.onnx"), "--batch", str(BATCH), "--threads",
+                      "2", "--emit", "llvm", "-o", ll])
+    if rep.check("cnn: --emit llvm --threads 2", rc == 0, err.strip()):
+        with open(ll) as f:
+            tasks = len(re.findall(r"call void @cleave_rt_parallel\(ptr (?:nonnull )?@f\d+_Conv_x\d+\.blocks\b",
+                                   f.read()))
+        rep.check("cnn: --threads 2 fused Conv chains split their blocks (%d calls)" % tasks, tasks > 0)
 
     # --plan FILE with and without --threads
     plan2 = os.path.join(d, "t2.plan.json")
