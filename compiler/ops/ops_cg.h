@@ -25,6 +25,11 @@ static inline void nest_close(Cg *c, Nest *ns) {
     while (ns->n > 0) cg_for_end(c, &ns->l[--ns->n]);
 }
 
+/* &base[i] for a float32 base pointer. */
+static inline LLVMValueRef fptr(Cg *c, LLVMValueRef base, LLVMValueRef i) {
+    return LLVMBuildInBoundsGEP2(c->b, c->t_f32, base, &i, 1, "");
+}
+
 static inline LLVMValueRef f_add(Cg *c, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFAdd(c->b, a, b, ""); }
 static inline LLVMValueRef f_sub(Cg *c, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFSub(c->b, a, b, ""); }
 static inline LLVMValueRef f_mul(Cg *c, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFMul(c->b, a, b, ""); }

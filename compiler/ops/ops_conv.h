@@ -31,6 +31,14 @@ bool conv_gemm_applies(const ConvShape *s, const Value *x, const Value *f, const
  * (or NULL) runs after each block of samples is complete (cg.h). */
 void conv_gemm_forward(Cg *c, const ConvShape *s, const Value *X, const Value *W, const Value *B, const Value *Y,
                        const CgEpilogue *epi);
+/* The patch matrix of samples [n0, n0+nb) of group g of the
+ * input-shaped x (ops_conv_patches.c): element (ch*ksz + kernel offset,
+ * nl*P + p) of cols is x[n0+nl, g*Cpg+ch] at the input position output p
+ * reads through that offset.  Gathering (im2col) copies x into cols,
+ * zeros where the window reads padding; scattering (col2im) adds cols
+ * into x. */
+void conv_patch_walk(Cg *c, const ConvShape *s, const Value *x, LLVMValueRef n0, int64_t nb, LLVMValueRef g,
+                     LLVMValueRef cols, bool scatter);
 /* dX = the transposed convolution of dY by W. */
 void conv_gemm_grad_input(Cg *c, const ConvShape *s, const Value *dY, const Value *W, const Value *dX);
 /* dW = sum over the batch of dY correlated with X; with acc (float64

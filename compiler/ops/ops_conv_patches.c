@@ -1,0 +1,333 @@
+/* ops_conv_patches.c - the patch matrices of the packed convolutions
+ * (ops_conv_gemm.c): im2col, gathering a block of samples' patches from
+ * the image into the scratch matrix, and col2im, adding them back.
+ *
+ * Row (c, kernel offset) of the matrix holds, for every column (sample,
+ * output position), the input element that output reads through that
+ * offset, zero where it reads padding.  Rows are walked as runs along the
+ * last output dim, in vectors whose masks cover the padding; planes
+ * narrower than a vector are walked a whole plane (or several samples) per
+ * vector ("small planes" below). */
+#include <stdint.h>
+
+#include "../codegen/cg_gemm.h"
+#include "ops_cg.h"
+#include "ops_conv.h"
+
+/* x splatted over the lanes of a vector of w elements. */
+static LLVMValueRef splat(Cg *c, LLVMValueRef x, int w) {
+    LLVMTypeRef vt = LLVMVectorType(LLVMTypeOf(x), (unsigned)w);
+    LLVMValueRef v = LLVMBuildInsertElement(c->b, LLVMGetUndef(vt), x, LLVMConstInt(c->t_i32, 0, 0), "");
+    return LLVMBuildShuffleVector(c->b, v, LLVMGetUndef(vt), LLVMConstNull(LLVMVectorType(c->t_i32, (unsigned)w)),
+                                  "");
+}
+
+/* The vector of W floats at element o0 of a run: gathered from x into
+ * cols, or added from cols into x.  Lanes outside [lo, hi) are padding:
+ * masked loads and stores do not touch them (so x's address may lie
+ * outside its buffer there); tail, when set, masks the lanes past the
+ * run's end. */
+static void vector_at(Cg *c, LLVMValueRef xp, LLVMValueRef cp, LLVMValueRef vlo, LLVMValueRef vhi, int64_t o0,
+                      LLVMValueRef o_iv, LLVMValueRef tail, int64_t stride, bool scatter) {
+    int W = cg_vector_floats();
+    LLVMTypeRef vt = LLVMVectorType(c->t_f32, (unsigned)W), over[2] = {vt, c->t_ptr};
+    LLVMValueRef iota[16];
+    for (int i = 0; i < W; i++) iota[i] = cg_i64(c, i);
+    LLVMValueRef o = o_iv ? o_iv : cg_i64(c, o0);
+    LLVMValueRef idx = LLVMBuildAdd(c->b, splat(c, o, W), LLVMConstVector(iota, (unsigned)W), "");
+    LLVMValueRef m = LLVMBuildAnd(c->b, LLVMBuildICmp(c->b, LLVMIntSGE, idx, vlo, ""),
+                                  LLVMBuildICmp(c->b, LLVMIntSLT, idx, vhi, ""), "");
+    if (tail) m = LLVMBuildAnd(c->b, m, tail, "");
+    LLVMValueRef xa = LLVMBuildGEP2(c->b, c->t_f32, xp, &o, 1, ""), ca = fptr(c, cp, o);
+    LLVMValueRef align = LLVMConstInt(c->t_i32, 4, 0), zero = LLVMConstNull(vt);
+    LLVMValueRef xv;
+    if (stride == 1) {
+        xv = cg_intrinsic(c, "llvm.masked.load", over, 2, (LLVMValueRef[]){xa, align, m, zero}, 4);
+    } else { /* gathering only: lane t reads x at (o + t) * stride, through
+              * 32-bit offsets (x86 gathers 16 lanes of those per
+              * instruction, 8 of 64-bit ones); a run's offsets are small */
+        LLVMValueRef at = LLVMBuildMul(c->b, idx, splat(c, cg_i64(c, stride), W), "");
+        at = LLVMBuildTrunc(c->b, at, LLVMVectorType(c->t_i32, (unsigned)W), "");
+        LLVMValueRef ps = LLVMBuildGEP2(c->b, c->t_f32, xp, &at, 1, "");
+        LLVMTypeRef gover[2] = {vt, LLVMTypeOf(ps)};
+        xv = cg_intrinsic(c, "llvm.masked.gather", gover, 2, (LLVMValueRef[]){ps, align, m, zero}, 4);
+    }
+    if (!scatter) {
+        if (tail)
+            cg_intrinsic(c, "llvm.masked.store", over, 2, (LLVMValueRef[]){xv, ca, align, tail}, 4);
+        else
+            LLVMSetAlignment(LLVMBuildStore(c->b, xv, ca), 4);
+        return;
+    }
+    LLVMValueRef cv;
+    if (tail) {
+        cv = cg_intrinsic(c, "llvm.masked.load", over, 2, (LLVMValueRef[]){ca, align, tail, zero}, 4);
+    } else {
+        cv = LLVMBuildLoad2(c->b, vt, ca, "");
+        LLVMSetAlignment(cv, 4);
+    }
+    cg_intrinsic(c, "llvm.masked.store", over, 2, (LLVMValueRef[]){LLVMBuildFAdd(c->b, xv, cv, ""), xa, align, m}, 4);
+}
+
+/* A run of `last` floats in vectors: the whole ones in a loop, then the
+ * partial one.  xp is x's element at o = 0 (possibly outside x), cp the
+ * run's start in cols; x is read at `stride` (gathers where it is not 1,
+ * which only the gathering direction takes). */
+static void vector_run(Cg *c, LLVMValueRef xp, LLVMValueRef cp, LLVMValueRef lo, LLVMValueRef hi, int64_t last,
+                       int64_t stride, bool scatter) {
+    int W = cg_vector_floats();
+    LLVMValueRef vlo = splat(c, lo, W), vhi = splat(c, hi, W);
+    int64_t whole = last / W, rest = last % W;
+    if (whole > 0) {
+        CgLoop l;
+        LLVMValueRef v = cg_for(c, &l, cg_i64(c, whole));
+        vector_at(c, xp, cp, vlo, vhi, 0, cg_mul(c, v, W), NULL, stride, scatter);
+        cg_for_end(c, &l);
+    }
+    if (rest > 0) {
+        LLVMValueRef bits[16];
+        for (int i = 0; i < W; i++) bits[i] = LLVMConstInt(c->t_i1, i < rest, 0);
+        vector_at(c, xp, cp, vlo, vhi, whole * W, NULL, LLVMConstVector(bits, (unsigned)W), stride, scatter);
+    }
+}
+
+/* ---- small planes ---- */
+
+/* Where the output rows are shorter than a vector (the late layers of a
+ * CNN: 8x8, 4x4, 2x2 and 1x1 planes), runs along the last dim would leave
+ * most lanes of every vector empty.  A patch row is then walked as whole
+ * vectors of its columns (sample, output position), lane t standing for
+ * output position p_t of sample offset n_t, both fixed at compile time.
+ * For kernel offset k the lane reads input position o_j(p_t)*s_j - pb_j +
+ * k_j*d_j along each dim j, padding where outside [0, in_j).
+ *
+ * At stride 1 with the input's inner dims equal to the output's (a 3x3
+ * convolution padded by 1, and its input gradient) the positions a row
+ * reads are contiguous: p + a constant.  A sample's P positions are then
+ * ceil(P/W) masked vector loads.  Otherwise, at strides above 1, each
+ * lane gathers through a 32-bit offset; when P divides W a vector spans
+ * W/P samples and every vector of a row has the same pattern, else each
+ * sample takes ceil(P/W) vectors of its own.  At stride 1 without
+ * contiguity the runs' masked loads beat gathers (resnet18's 8x8 and 4x4
+ * layers, measured: 143 against 109 GFLOP/s), and col2im keeps its runs
+ * and scalar loops: a vector scatter at stride 2 ran at 130 GFLOP/s
+ * against 149, and masked loads and stores at stride 1 on 2x2 and 1x1
+ * planes at half the speed (each row's masked stores land where the next
+ * row's loads read). */
+
+typedef struct Plane {
+    int W;           /* lanes */
+    bool contig;     /* a sample's positions are contiguous in x */
+    bool spans;      /* gathering, P divides W: a vector spans W/P samples */
+    int64_t vecs;    /* vectors per pattern: ceil(P/W), or 1 when spans */
+    int64_t sample;  /* floats between two samples of x (C * in_sz) */
+} Plane;
+
+/* Whether the small-plane walk serves this convolution (see above): rows
+ * shorter than a vector, at most 8 vectors of unrolled code per sample,
+ * 32-bit offsets within a block of x. */
+static bool plane_walk(const ConvShape *s, int64_t nb, bool scatter, Plane *pl) {
+    int W = cg_vector_floats();
+    const Win *w = &s->w;
+    int r = w->nsp;
+    int64_t P = w->out_sz;
+    bool contig = true;
+    for (int j = 0; j < r; j++) contig &= w->s[j] == 1 && (j == 0 || w->in[j] == w->out[j]);
+    /* contiguous 2x2 planes ran 10% slower than their runs of 2 */
+    if (scatter || (!contig && w->s[r - 1] == 1) || (contig && 2 * P < W)) return false;
+    if (w->out[r - 1] >= W || P > 8 * W || nb * s->C * w->in_sz >= INT32_MAX) return false;
+    pl->W = W;
+    pl->contig = contig;
+    pl->spans = !contig && W % P == 0;
+    pl->vecs = pl->spans ? 1 : (P + W - 1) / W;
+    pl->sample = s->C * w->in_sz;
+    return true;
+}
+
+static LLVMValueRef i32_vector(Cg *c, const int64_t *v, int W) {
+    LLVMValueRef e[16];
+    for (int t = 0; t < W; t++) e[t] = LLVMConstInt(c->t_i32, (unsigned long long)v[t], 1);
+    return LLVMConstVector(e, (unsigned)W);
+}
+
+/* Vector v of a pattern at kernel offsets k[]: *mask gets the lanes that
+ * read inside x (and inside the row), and *at where they read, from the
+ * sample block's x at channel ch: a vector of lane offsets when
+ * gathering, the first lane's offset when contiguous. */
+static void plane_lanes(Cg *c, const Win *w, const Plane *pl, int64_t v, const LLVMValueRef *k, LLVMValueRef *at,
+                        LLVMValueRef *mask) {
+    int W = pl->W, r = w->nsp;
+    int64_t P = w->out_sz, is[MAX_RANK], os[MAX_RANK], off[16], pos[16], live[16];
+    strides_of(w->in, r, is);
+    strides_of(w->out, r, os);
+    LLVMTypeRef vi = LLVMVectorType(c->t_i32, (unsigned)W);
+    LLVMValueRef kofs = cg_i64(c, 0);
+    for (int j = 0; j < r; j++) kofs = cg_add(c, kofs, cg_mul(c, k[j], w->d[j] * is[j]));
+    for (int t = 0; t < W; t++) {
+        int64_t q = pl->spans ? t : v * W + t, p = q % P;
+        live[t] = pl->spans || q < P;
+        off[t] = (pl->spans ? q / P * pl->sample : 0);
+        for (int j = 0; j < r; j++) off[t] += ((p / os[j]) % w->out[j] * w->s[j] - w->pb[j]) * is[j];
+    }
+    if (pl->contig) /* off[t] = off[0] + t: the inner strides of x and of the output agree */
+        *at = cg_add(c, kofs, cg_i64(c, off[0]));
+    else
+        *at = LLVMBuildAdd(c->b, i32_vector(c, off, W), splat(c, LLVMBuildTrunc(c->b, kofs, c->t_i32, ""), W), "");
+    LLVMValueRef m = LLVMBuildICmp(c->b, LLVMIntNE, i32_vector(c, live, W), LLVMConstNull(vi), "");
+    for (int j = 0; j < r; j++) {
+        for (int t = 0; t < W; t++) {
+            int64_t q = pl->spans ? t : v * W + t, p = q % P;
+            pos[t] = (p / os[j]) % w->out[j] * w->s[j] - w->pb[j];
+        }
+        LLVMValueRef pj = LLVMBuildAdd(c->b, i32_vector(c, pos, W),
+                                       splat(c, LLVMBuildTrunc(c->b, cg_mul(c, k[j], w->d[j]), c->t_i32, ""), W), "");
+        LLVMValueRef in = LLVMBuildAnd(c->b, LLVMBuildICmp(c->b, LLVMIntSGE, pj, LLVMConstNull(vi), ""),
+                                       LLVMBuildICmp(c->b, LLVMIntSLT, pj, splat(c, LLVMConstInt(c->t_i32,
+                                                     (unsigned long long)w->in[j], 0), W), ""), "");
+        m = LLVMBuildAnd(c->b, m, in, "");
+    }
+    *mask = m;
+}
+
+/* One vector of a patch row: lanes read from x (base xb, at as
+ * plane_lanes gives it) into cols at cp, zeros where masked off.
+ * Masked-off lanes touch no memory, so their addresses may lie outside
+ * x. */
+static void plane_vector(Cg *c, const Plane *pl, LLVMValueRef xb, LLVMValueRef cp, LLVMValueRef at,
+                         LLVMValueRef mask, LLVMValueRef store_mask) {
+    LLVMTypeRef vt = LLVMVectorType(c->t_f32, (unsigned)pl->W), over[2] = {vt, c->t_ptr};
+    LLVMValueRef align = LLVMConstInt(c->t_i32, 4, 0), zero = LLVMConstNull(vt);
+    LLVMValueRef ps = LLVMBuildGEP2(c->b, c->t_f32, xb, &at, 1, ""), xv;
+    if (pl->contig) {
+        xv = cg_intrinsic(c, "llvm.masked.load", over, 2, (LLVMValueRef[]){ps, align, mask, zero}, 4);
+    } else {
+        LLVMTypeRef gover[2] = {vt, LLVMTypeOf(ps)};
+        xv = cg_intrinsic(c, "llvm.masked.gather", gover, 2, (LLVMValueRef[]){ps, align, mask, zero}, 4);
+    }
+    if (store_mask)
+        cg_intrinsic(c, "llvm.masked.store", over, 2, (LLVMValueRef[]){xv, cp, align, store_mask}, 4);
+    else
+        LLVMSetAlignment(LLVMBuildStore(c->b, xv, cp), 4);
+}
+
+/* The first n lanes of W. */
+static LLVMValueRef lanes_below(Cg *c, int W, int64_t n) {
+    LLVMValueRef bits[16];
+    for (int t = 0; t < W; t++) bits[t] = LLVMConstInt(c->t_i1, t < n, 0);
+    return LLVMConstVector(bits, (unsigned)W);
+}
+
+/* im2col for small planes (see above): rows (ch, kernel offset) in
+ * order, each as whole vectors of its nb*P columns. */
+static void plane_patches(Cg *c, const ConvShape *s, const Plane *pl, const Value *x, LLVMValueRef n0, int64_t nb,
+                          LLVMValueRef g, LLVMValueRef cols) {
+    const Win *w = &s->w;
+    int r = w->nsp, W = pl->W;
+    int64_t Cpg = s->C / s->G, P = w->out_sz;
+    Nest ns = {.n = 0};
+    LLVMValueRef ch = nest_for(c, &ns, cg_i64(c, Cpg)), row = ch, k[MAX_RANK];
+    for (int j = 0; j < r; j++) {
+        k[j] = nest_for(c, &ns, cg_i64(c, w->k[j]));
+        row = cg_mad(c, row, w->k[j], k[j]);
+    }
+    LLVMValueRef xi = cg_mul(c, cg_add(c, cg_mul(c, n0, s->C), cg_mad(c, g, Cpg, ch)), w->in_sz);
+    LLVMValueRef xb = LLVMBuildGEP2(c->b, c->t_f32, cg_buf(c, x), &xi, 1, "");
+    LLVMValueRef rowp = fptr(c, cols, cg_mul(c, row, nb * P));
+    if (pl->spans) { /* every vector of the row: W/P samples, one pattern */
+        int64_t per = W / P, whole = nb / per, rest = nb % per;
+        LLVMValueRef at, mask;
+        plane_lanes(c, w, pl, 0, k, &at, &mask);
+        for (int part = 0; part < 2; part++) {
+            int64_t count = part ? (rest > 0) : whole;
+            if (count == 0) continue;
+            CgLoop l;
+            LLVMValueRef v = cg_add(c, cg_i64(c, part ? whole : 0), cg_for(c, &l, cg_i64(c, count)));
+            LLVMValueRef xv = fptr(c, xb, cg_mul(c, v, per * pl->sample));
+            LLVMValueRef tail = part ? lanes_below(c, W, rest * P) : NULL;
+            LLVMValueRef m = tail ? LLVMBuildAnd(c->b, mask, tail, "") : mask;
+            plane_vector(c, pl, xv, fptr(c, rowp, cg_mul(c, v, W)), at, m, tail);
+            cg_for_end(c, &l);
+        }
+    } else { /* each sample's P positions in vecs vectors */
+        LLVMValueRef at[8], mask[8];
+        for (int64_t v = 0; v < pl->vecs; v++) plane_lanes(c, w, pl, v, k, &at[v], &mask[v]);
+        CgLoop l;
+        LLVMValueRef nl = cg_for(c, &l, cg_i64(c, nb));
+        LLVMValueRef xv = fptr(c, xb, cg_mul(c, nl, pl->sample)), cp = fptr(c, rowp, cg_mul(c, nl, P));
+        for (int64_t v = 0; v < pl->vecs; v++) {
+            LLVMValueRef tail = (v + 1) * W > P ? lanes_below(c, W, P - v * W) : NULL;
+            plane_vector(c, pl, xv, fptr(c, cp, cg_i64(c, v * W)), at[v], mask[v], tail);
+        }
+        cg_for_end(c, &l);
+    }
+    nest_close(c, &ns);
+}
+
+/* The walk of ops_conv.h: small planes as above; otherwise each row of
+ * the matrix as runs along the last output dim, whose valid range is
+ * computed once per run, so the inner loops test nothing and run
+ * contiguously at stride 1. */
+void conv_patch_walk(Cg *c, const ConvShape *s, const Value *x, LLVMValueRef n0, int64_t nb, LLVMValueRef g,
+                     LLVMValueRef cols, bool scatter) {
+    Plane pl;
+    if (plane_walk(s, nb, scatter, &pl)) {
+        plane_patches(c, s, &pl, x, n0, nb, g, cols);
+        return;
+    }
+    const Win *w = &s->w;
+    int r = w->nsp;
+    int64_t Cpg = s->C / s->G, P = w->out_sz, is[MAX_RANK], os[MAX_RANK];
+    strides_of(w->in, r, is);
+    strides_of(w->out, r, os);
+    Nest ns = {.n = 0};
+    LLVMValueRef nl = nest_for(c, &ns, cg_i64(c, nb)), ch = nest_for(c, &ns, cg_i64(c, Cpg));
+    LLVMValueRef xi = cg_mul(c, cg_add(c, cg_mul(c, cg_add(c, n0, nl), s->C), cg_mad(c, g, Cpg, ch)), w->in_sz);
+    LLVMValueRef row = ch, k[MAX_RANK];
+    for (int j = 0; j < r; j++) {
+        k[j] = nest_for(c, &ns, cg_i64(c, w->k[j]));
+        row = cg_mad(c, row, w->k[j], k[j]);
+    }
+    LLVMValueRef ci = cg_add(c, cg_mul(c, row, nb * P), cg_mul(c, nl, P));
+    LLVMValueRef inside = LLVMConstInt(c->t_i1, 1, 0);
+    for (int j = 0; j < r - 1; j++) {
+        LLVMValueRef o = nest_for(c, &ns, cg_i64(c, w->out[j])), ip = in_pos(c, w, j, o, k[j]);
+        LLVMValueRef in_j = LLVMBuildAnd(c->b, LLVMBuildICmp(c->b, LLVMIntSGE, ip, cg_i64(c, 0), ""),
+                                         LLVMBuildICmp(c->b, LLVMIntSLT, ip, cg_i64(c, w->in[j]), ""), "");
+        inside = LLVMBuildAnd(c->b, inside, in_j, "");
+        xi = cg_add(c, xi, cg_mul(c, ip, is[j]));
+        ci = cg_add(c, ci, cg_mul(c, o, os[j]));
+    }
+    int j = r - 1;
+    int64_t last = w->out[j];
+    LLVMValueRef lo, hi;
+    output_range(c, w, j, k[j], &lo, &hi);
+    /* a run whose outer position reads padding is all padding */
+    lo = LLVMBuildSelect(c->b, inside, lo, cg_i64(c, 0), "");
+    hi = imax(c, LLVMBuildSelect(c->b, inside, hi, cg_i64(c, 0), ""), lo);
+    xi = cg_add(c, xi, affine(c, -w->pb[j], k[j], w->d[j]));
+    LLVMValueRef base = fptr(c, cols, ci);
+    if (w->s[j] == 1 || (!scatter && (last + cg_vector_floats()) * w->s[j] < INT32_MAX)) {
+        /* vectors, padding masked off: x's run is contiguous at stride 1,
+         * gathered at other strides (col2im keeps the scalar loop there,
+         * its adds being read-modify-writes of x, and so does a run too
+         * long for 32-bit offsets) */
+        LLVMValueRef xo = LLVMBuildGEP2(c->b, c->t_f32, cg_buf(c, x), &xi, 1, "");
+        vector_run(c, xo, base, lo, hi, last, w->s[j], scatter);
+        nest_close(c, &ns);
+        return;
+    }
+    if (!scatter) LLVMBuildMemSet(c->b, base, LLVMConstInt(c->t_i8, 0, 0), cg_mul(c, lo, 4), 4);
+    CgLoop l;
+    LLVMValueRef o = for_range(c, &l, lo, hi);
+    LLVMValueRef xo = cg_add(c, xi, cg_mul(c, o, w->s[j])), p = fptr(c, base, o);
+    if (scatter)
+        add_to(c, x, xo, LLVMBuildLoad2(c->b, c->t_f32, p, ""));
+    else
+        LLVMBuildStore(c->b, cg_load(c, x, xo), p);
+    cg_for_end(c, &l);
+    if (!scatter)
+        LLVMBuildMemSet(c->b, fptr(c, base, hi), LLVMConstInt(c->t_i8, 0, 0),
+                        cg_mul(c, LLVMBuildNSWSub(c->b, cg_i64(c, last), hi, ""), 4), 4);
+    nest_close(c, &ns);
+}
+
