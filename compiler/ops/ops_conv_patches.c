@@ -133,8 +133,13 @@ static bool plane_walk(const ConvShape *s, int64_t nb, bool scatter, Plane *pl) 
     int64_t P = w->out_sz;
     bool contig = true;
     for (int j = 0; j < r; j++) contig &= w->s[j] == 1 && (j == 0 || w->in[j] == w->out[j]);
+    /* 1x1 planes (2x1 too): a gather of 16 samples beats 16 one-lane
+     * loads at any stride (resnet18's 512-channel layer: forward 148 ->
+     * 163 GFLOP/s, weight gradient 56 -> 74; at 2x2 the runs stay ahead) */
+    bool tiny = 8 * P <= W && W % P == 0;
+    if (tiny) contig = false;
     /* contiguous 2x2 planes ran 10% slower than their runs of 2 */
-    if (scatter || (!contig && w->s[r - 1] == 1) || (contig && 2 * P < W)) return false;
+    if (scatter || (!contig && !tiny && w->s[r - 1] == 1) || (contig && 2 * P < W)) return false;
     if (w->out[r - 1] >= W || P > 8 * W || nb * s->C * w->in_sz >= INT32_MAX) return false;
     pl->W = W;
     pl->contig = contig;

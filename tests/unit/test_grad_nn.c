@@ -177,11 +177,12 @@ END_TEST
  * of (sample, position) columns.  Strided: 2x2 and 1x1 outputs (several
  * samples per vector, the batch ending mid-vector), 5x5 (two vectors per
  * sample, the second partly empty), a 1-D row, and dilation.  At stride 1
- * with same-size planes (masked loads of contiguous positions, and col2im
- * by masked stores): 4x4, 2x2, 5x5 dilated. */
+ * with same-size planes (masked loads of contiguous positions): 4x4,
+ * 2x2, 5x5 dilated; a 1x1 plane, gathered across samples. */
 START_TEST(conv_small_planes) {
     conv_case(&(ConvSpec){4, D(3, 4, 4, 4), D(8, 4, 3, 3), true, 1, D(1, 1, 1, 1), NULL, NULL, NULL});
     conv_case(&(ConvSpec){4, D(2, 8, 2, 2), D(8, 8, 3, 3), false, 1, D(1, 1, 1, 1), NULL, NULL, NULL});
+    conv_case(&(ConvSpec){4, D(3, 8, 1, 1), D(8, 8, 3, 3), true, 1, D(1, 1, 1, 1), NULL, NULL, NULL});
     conv_case(&(ConvSpec){4, D(2, 3, 5, 5), D(8, 3, 3, 3), true, 1, D(2, 2, 2, 2), NULL, D(2, 2), NULL});
     conv_case(&(ConvSpec){4, D(3, 4, 4, 4), D(8, 4, 3, 3), true, 1, D(1, 1, 1, 1), D(2, 2), NULL, NULL});
     conv_case(&(ConvSpec){4, D(5, 4, 4, 4), D(8, 4, 3, 3), false, 1, D(1, 1, 1, 1), D(2, 2), NULL, NULL});
