@@ -356,15 +356,6 @@ static void conv_kernel_sizes(const Value *w, int64_t *kernel) {
     for (int i = 2; i < w->rank; i++) kernel[i - 2] = w->dims[i].k;
 }
 
-/* A pointwise convolution (1x1 kernel, stride 1, no padding) maps each
- * plane element to itself: walk it as one contiguous row. */
-static void conv_flatten_pointwise(Win *w) {
-    for (int j = 0; j < w->nsp; j++)
-        if (w->k[j] != 1 || w->s[j] != 1 || w->pb[j] != 0 || w->pe[j] != 0 || w->in[j] != w->out[j]) return;
-    *w = (Win){.nsp = 1, .in = {w->in_sz}, .out = {w->out_sz}, .k = {1}, .s = {1}, .d = {1},
-               .in_sz = w->in_sz, .out_sz = w->out_sz, .k_sz = 1};
-}
-
 /* Conv node n's sizes and window, and the path its kernels take. */
 static ConvPath conv_shape(const Node *n, ConvShape *cs) {
     const Value *X = n->in[0], *W = n->in[1], *Y = n->out[0];
@@ -372,7 +363,7 @@ static ConvPath conv_shape(const Node *n, ConvShape *cs) {
     conv_kernel_sizes(W, kernel);
     Win w;
     win_resolve(n, X, Y, kernel, &w);
-    conv_flatten_pointwise(&w);
+    win_flatten_pointwise(&w);
     *cs = (ConvShape){w, X->dims[0].k, X->dims[1].k, Y->dims[1].k, node_attr_i(n, "group", 1)};
     return conv_path(cs, X, W, Y);
 }
@@ -423,7 +414,7 @@ static bool k_conv(Cg *c, const Node *n) {
  * ConvTranspose's forward pass. */
 static bool conv_transposed(Cg *c, const Node *n, const Value *dY, const Value *W, const Value *B, const Value *dX,
                             Win *w) {
-    conv_flatten_pointwise(w);
+    win_flatten_pointwise(w);
     int64_t N = dX->dims[0].k, C = dX->dims[1].k, M = dY->dims[1].k, G = node_attr_i(n, "group", 1);
     int64_t Cpg = C / G, Mpg = M / G;
     if (!cg_kernel_begin_io(c, n)) return false;
@@ -451,7 +442,7 @@ static bool k_conv_grad_input(Cg *c, const Node *n) {
     conv_kernel_sizes(W, kernel);
     Win w;
     win_resolve(n, dX, dY, kernel, &w);
-    conv_flatten_pointwise(&w);
+    win_flatten_pointwise(&w);
     ConvShape cs = {w, dX->dims[0].k, dX->dims[1].k, dY->dims[1].k, node_attr_i(n, "group", 1)};
     ConvPath path = conv_path(&cs, dX, W, dY);
     if (path != CONV_DIRECT) {
@@ -483,7 +474,7 @@ static bool k_conv_grad_weight(Cg *c, const Node *n) {
     conv_kernel_sizes(dW, kernel);
     Win w;
     win_resolve(n, X, dY, kernel, &w);
-    conv_flatten_pointwise(&w);
+    win_flatten_pointwise(&w);
     int64_t N = X->dims[0].k, C = X->dims[1].k, M = dY->dims[1].k, G = node_attr_i(n, "group", 1);
     int64_t Cpg = C / G, Mpg = M / G, E = value_numel(dW);
     const Value *acc = n->n_out > 1 ? n->out[1] : NULL;

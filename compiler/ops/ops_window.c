@@ -53,6 +53,13 @@ void win_resolve(const Node *n, const Value *x, const Value *y, const int64_t *k
 }
 
 /* Row-major strides of dims[0..r). */
+void win_flatten_pointwise(Win *w) {
+    for (int j = 0; j < w->nsp; j++)
+        if (w->k[j] != 1 || w->s[j] != 1 || w->pb[j] != 0 || w->pe[j] != 0 || w->in[j] != w->out[j]) return;
+    *w = (Win){.nsp = 1, .in = {w->in_sz}, .out = {w->out_sz}, .k = {1}, .s = {1}, .d = {1},
+               .in_sz = w->in_sz, .out_sz = w->out_sz, .k_sz = 1};
+}
+
 void strides_of(const int64_t *dims, int r, int64_t *st) {
     int64_t s = 1;
     for (int j = r - 1; j >= 0; j--) {

@@ -31,6 +31,11 @@ void win_init(const Node *n, const Value *x, const Value *y, const int64_t *kern
  * padding auto_pad or pads amount to. */
 void win_resolve(const Node *n, const Value *x, const Value *y, const int64_t *kernel, Win *w);
 
+/* A pointwise convolution's window (1x1 kernel, stride 1, no padding)
+ * maps each plane element to itself: rewrites it as one contiguous row,
+ * which the kernels walk in one run.  Other windows stay as they are. */
+void win_flatten_pointwise(Win *w);
+
 /* Row-major strides of dims[0..r). */
 void strides_of(const int64_t *dims, int r, int64_t *st);
 

@@ -192,6 +192,41 @@ START_TEST(conv_small_planes) {
 }
 END_TEST
 
+/* Planes small against the window, where some kernel offsets read
+ * padding at every output and the packed kernels drop them: one offset
+ * kept (a 1x1 plane, also dilated: W read in place at a stride), four of
+ * nine at stride 2 (a copy of the kept filters), three of five in 1-D and
+ * 3x3 of 5x5 (the second at stride 1 over enough positions for the input
+ * gradient's flipped filters), and a dilated window whose first kept
+ * offset would pass the padding (kept whole). */
+START_TEST(conv_trimmed_taps) {
+    conv_case(&(ConvSpec){4, D(3, 8, 1, 1), D(8, 8, 3, 3), false, 1, D(2, 2, 2, 2), NULL, D(2, 2), NULL});
+    conv_case(&(ConvSpec){4, D(3, 8, 2, 2), D(8, 8, 3, 3), true, 1, D(1, 1, 1, 1), D(2, 2), NULL, NULL});
+    conv_case(&(ConvSpec){3, D(3, 4, 2), D(8, 4, 5), true, 1, D(2, 2), NULL, NULL, NULL});
+    conv_case(&(ConvSpec){4, D(2, 4, 2, 2), D(8, 4, 5, 5), false, 1, D(2, 2, 2, 2), NULL, NULL, NULL});
+    conv_case(&(ConvSpec){3, D(256, 2, 2), D(8, 2, 5), true, 1, D(2, 2), NULL, NULL, NULL});
+    conv_case(&(ConvSpec){3, D(2, 4, 3), D(8, 4, 3), false, 1, D(1, 1), NULL, D(2), NULL});
+}
+END_TEST
+
+/* Tap products (one product per kernel offset over the positions where it
+ * reads inside): a 4x4 plane (the forward pass; the input gradient's
+ * products are too shallow), a 2x2 plane with bias whose input gradient
+ * reads the filters flipped in place, two groups, a channel count that is
+ * not a whole number of vectors, 1-D, and a 3x5 kept window of a 5x5 one.
+ * (Finite differences in float32 need few outputs: the larger shapes,
+ * short last blocks among them, are checked against PyTorch by
+ * py_cnn_train's resnet18 and by tests/py/test_conv_taps.py.) */
+START_TEST(conv_tap_products) {
+    conv_case(&(ConvSpec){4, D(1, 32, 4, 4), D(16, 32, 3, 3), false, 1, D(1, 1, 1, 1), NULL, NULL, NULL});
+    conv_case(&(ConvSpec){4, D(1, 32, 2, 2), D(32, 32, 3, 3), true, 1, D(1, 1, 1, 1), NULL, NULL, NULL});
+    conv_case(&(ConvSpec){4, D(1, 64, 2, 2), D(32, 32, 3, 3), false, 2, D(1, 1, 1, 1), NULL, NULL, NULL});
+    conv_case(&(ConvSpec){4, D(1, 37, 3, 2), D(33, 37, 3, 3), true, 1, D(1, 1, 1, 1), NULL, NULL, NULL});
+    conv_case(&(ConvSpec){3, D(2, 40, 2), D(40, 40, 3), true, 1, D(1, 1), NULL, NULL, NULL});
+    conv_case(&(ConvSpec){4, D(1, 32, 2, 3), D(32, 32, 5, 5), false, 1, D(2, 2, 2, 2), NULL, NULL, NULL});
+}
+END_TEST
+
 START_TEST(conv_auto_pad_and_ranks) {
     conv_case(&(ConvSpec){4, D(1, 2, 7, 6), D(2, 2, 3, 2), true, 1, NULL, D(2, 2), NULL, "SAME_UPPER"});
     conv_case(&(ConvSpec){3, D(2, 3, 9), D(4, 3, 4), true, 1, NULL, D(2), D(2), "SAME_LOWER"});
@@ -852,6 +887,8 @@ int main(void) {
     tcase_add_test(tc, upsample_nearest_and_linear);
     tcase_add_test(tc, conv_auto_pad_and_ranks);
     tcase_add_test(tc, conv_small_planes);
+    tcase_add_test(tc, conv_trimmed_taps);
+    tcase_add_test(tc, conv_tap_products);
     tcase_add_test(tc, maxpool_padding_stride);
     tcase_add_test(tc, maxpool_vector_bits);
     tcase_add_test(tc, averagepool_count_include_pad);
