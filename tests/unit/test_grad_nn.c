@@ -163,6 +163,17 @@ START_TEST(conv_transpose_ranks_dilation_output_shape) {
 }
 END_TEST
 
+/* Output rows a vector wide and more at strides 2, 3 and 4, whose patches
+ * are loaded as spans and shuffled: whole vectors and a partial one,
+ * padding at both ends, dilation. */
+START_TEST(conv_wide_strided_rows) {
+    conv_case(&(ConvSpec){3, D(2, 3, 40), D(4, 3, 5), true, 1, D(2, 2), D(2), NULL, NULL});
+    conv_case(&(ConvSpec){3, D(1, 2, 70), D(4, 2, 3), false, 1, D(1, 1), D(3), NULL, NULL});
+    conv_case(&(ConvSpec){4, D(1, 3, 5, 70), D(4, 3, 3, 5), true, 1, D(1, 2, 1, 2), D(2, 4), NULL, NULL});
+    conv_case(&(ConvSpec){3, D(1, 2, 50), D(4, 2, 3), false, 1, D(2, 2), D(2), D(2), NULL});
+}
+END_TEST
+
 START_TEST(conv_dilation) {
     conv_case(&(ConvSpec){4, D(1, 2, 8, 7), D(3, 2, 3, 2), false, 1, D(2, 1, 1, 2), D(1, 2), D(2, 3), NULL});
     /* stride 1, where the packed input gradient is a convolution of dY
@@ -889,6 +900,7 @@ int main(void) {
     tcase_add_test(tc, conv_small_planes);
     tcase_add_test(tc, conv_trimmed_taps);
     tcase_add_test(tc, conv_tap_products);
+    tcase_add_test(tc, conv_wide_strided_rows);
     tcase_add_test(tc, maxpool_padding_stride);
     tcase_add_test(tc, maxpool_vector_bits);
     tcase_add_test(tc, averagepool_count_include_pad);
