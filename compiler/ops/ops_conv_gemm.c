@@ -43,6 +43,7 @@
 #define DW_AREA "cleave.conv.dw"
 #define WT_AREA "cleave.conv.wt"
 #define TAP_AREA "cleave.conv.tap"
+#define LAST_AREA "cleave.conv.last"
 
 /* Products at least this wide fill the micro-kernel's vectors (its tiles
  * are 48 or 64 columns wide) several times over. */
@@ -265,15 +266,19 @@ typedef struct Block {
     int slots;
 } Block;
 
-/* The block's scratch area `name`, a matrix of `rows` x the block's
- * columns: on several threads a slice of its own per thread, sized for a
+/* The block's scratch area `name`, per_sample floats for each of its
+ * samples (block_area: a matrix of `rows` x the block's columns): on several threads a slice of its own per thread, sized for a
  * full block (the shorter last block must not reach into the next
  * thread's slice) and a multiple of 64 bytes, so that no two threads
  * write one cache line. */
-static LLVMValueRef block_area(Cg *c, const Block *b, const char *name, int64_t rows) {
-    if (b->slots <= 1) return area(c, name, rows * b->cols);
-    int64_t slice = (rows * block_of(b->s) * b->s->w.out_sz + 15) / 16 * 16;
+static LLVMValueRef sample_area(Cg *c, const Block *b, const char *name, int64_t per_sample) {
+    if (b->slots <= 1) return area(c, name, per_sample * b->nb);
+    int64_t slice = (per_sample * block_of(b->s) + 15) / 16 * 16;
     return fptr(c, cg_scratch(c, name, slice * b->slots), cg_mul(c, b->slot, slice));
+}
+
+static LLVMValueRef block_area(Cg *c, const Block *b, const char *name, int64_t rows) {
+    return sample_area(c, b, name, rows * b->s->w.out_sz);
 }
 
 /* The block's product: on a thread of the kernel's own it must not split
@@ -531,9 +536,21 @@ static void forward_block(Cg *c, const Block *b, const Value *const *v) {
  * transposed into Y.  The products read W_t in place at its strides, the
  * flipped filters of an input gradient included. */
 
-/* Xt of offset t into rows (q*nb + n) of xt: Cpg floats gathered at the
- * plane stride, a vector of channels at a time. */
-static void gather_tap(Cg *c, const Block *b, const Value *X, const int64_t *k, const int64_t *lo,
+/* The block's input planes of group g channels-last into xl: element
+ * (n, position i, channel c) at (n*inP + i)*Cpg + c. */
+static void channels_last(Cg *c, const Block *b, const Value *X, LLVMValueRef xl) {
+    int64_t Cpg = b->s->C / b->s->G, inP = b->s->w.in_sz;
+    Nest ns = {.n = 0};
+    LLVMValueRef n = nest_for(c, &ns, cg_i64(c, b->nb)), ch = nest_for(c, &ns, cg_i64(c, Cpg));
+    LLVMValueRef i = nest_for(c, &ns, cg_i64(c, inP));
+    LLVMValueRef src = cg_mad(c, cg_mad(c, cg_add(c, b->n0, n), b->s->C, cg_mad(c, b->g, Cpg, ch)), inP, i);
+    LLVMBuildStore(c->b, cg_load(c, X, src), fptr(c, xl, cg_mad(c, cg_mad(c, n, inP, i), Cpg, ch)));
+    nest_close(c, &ns);
+}
+
+/* Xt of offset t into rows (q*nb + n) of xt: a copy of Cpg floats from
+ * the channels-last planes xl per row. */
+static void gather_tap(Cg *c, const Block *b, LLVMValueRef xl, const int64_t *k, const int64_t *lo,
                        const int64_t *hi, LLVMValueRef xt) {
     const Win *w = &b->s->w;
     int64_t Cpg = b->s->C / b->s->G, inP = w->in_sz, ist[MAX_RANK], bst[MAX_RANK];
@@ -549,29 +566,9 @@ static void gather_tap(Cg *c, const Block *b, const Value *X, const int64_t *k, 
         at = cg_add(c, at, cg_mul(c, cg_add(c, cg_mul(c, o, w->s[j]), cg_i64(c, k[j] * w->d[j] - w->pb[j])), ist[j]));
     }
     LLVMValueRef n = nest_for(c, &ns, cg_i64(c, b->nb));
-    LLVMValueRef src = fptr(c, cg_buf(c, X), cg_add(c, cg_mul(c, cg_mad(c, cg_add(c, b->n0, n), b->s->C,
-                                                                       cg_mul(c, b->g, Cpg)), inP), at));
+    LLVMValueRef src = fptr(c, xl, cg_mul(c, cg_mad(c, n, inP, at), Cpg));
     LLVMValueRef dst = fptr(c, xt, cg_mul(c, cg_mad(c, q, b->nb, n), Cpg));
-    int W = cg_vector_floats();
-    LLVMTypeRef vt = LLVMVectorType(c->t_f32, (unsigned)W);
-    LLVMValueRef offs[16], align = LLVMConstInt(c->t_i32, 4, 0);
-    for (int i = 0; i < W; i++) offs[i] = LLVMConstInt(c->t_i32, (unsigned long long)(i * inP), 0);
-    LLVMValueRef off = LLVMConstVector(offs, (unsigned)W);
-    for (int part = 0; part < 2; part++) { /* the whole vectors, then the rest */
-        int64_t count = part ? (Cpg % W > 0) : Cpg / W, lanes = part ? Cpg % W : W, first = part ? Cpg / W * W : 0;
-        if (count == 0) continue;
-        CgLoop l;
-        LLVMValueRef ch = cg_add(c, cg_mul(c, cg_for(c, &l, cg_i64(c, count)), W), cg_i64(c, first));
-        LLVMValueRef ps = LLVMBuildGEP2(c->b, c->t_f32, fptr(c, src, cg_mul(c, ch, inP)), &off, 1, "");
-        LLVMValueRef mk[16];
-        for (int i = 0; i < W; i++) mk[i] = LLVMConstInt(LLVMInt1TypeInContext(c->ctx), i < lanes, 0);
-        LLVMValueRef mask = LLVMConstVector(mk, (unsigned)W);
-        LLVMTypeRef gover[2] = {vt, LLVMTypeOf(ps)}, sover[2] = {vt, c->t_ptr};
-        LLVMValueRef v = cg_intrinsic(c, "llvm.masked.gather", gover, 2,
-                                      (LLVMValueRef[]){ps, align, mask, LLVMConstNull(vt)}, 4);
-        cg_intrinsic(c, "llvm.masked.store", sover, 2, (LLVMValueRef[]){v, fptr(c, dst, ch), align, mask}, 4);
-        cg_for_end(c, &l);
-    }
+    LLVMBuildMemCpy(c->b, dst, 4, src, 4, cg_i64(c, Cpg * 4));
     nest_close(c, &ns);
 }
 
@@ -606,6 +603,8 @@ static void taps_block(Cg *c, const Block *b, const Value *const *v) {
     const Layout *lay = b->lay;
     LLVMValueRef sums = block_area(c, b, ROWS_AREA, Mpg), xt = block_area(c, b, COL_AREA, Cpg);
     LLVMValueRef tmp = block_area(c, b, TAP_AREA, Mpg), wg = w_group(c, b);
+    LLVMValueRef xl = sample_area(c, b, LAST_AREA, w->in_sz * Cpg);
+    channels_last(c, b, v[0], xl);
     Nest ns = {.n = 0};
     LLVMValueRef r = nest_for(c, &ns, cg_i64(c, P * nb)), m = nest_for(c, &ns, cg_i64(c, Mpg));
     LLVMValueRef init = v[1] ? cg_load(c, v[1], cg_mad(c, b->g, Mpg, m)) : cg_f32(c, 0);
@@ -614,11 +613,20 @@ static void taps_block(Cg *c, const Block *b, const Value *const *v) {
     for (int64_t t = 0; t < w->k_sz; t++) {
         int64_t k[MAX_RANK], lo[MAX_RANK], hi[MAX_RANK], cnt = tap_box(w, t, k, lo, hi);
         if (cnt == 0) continue;
-        gather_tap(c, b, v[0], k, lo, hi, xt);
+        gather_tap(c, b, xl, k, lo, hi, xt);
         int64_t tf = lay->flip ? w->k_sz - 1 - t : t;
+        /* a box whole along every axis but the first is a run of the
+         * sums' rows: the product adds into them directly */
+        bool run = true;
+        for (int j = 1; j < w->nsp; j++) run &= lo[j] == 0 && hi[j] == w->out[j];
         CgGemm gm = {.M = cnt * nb, .N = Mpg, .K = Cpg, .a_si = Cpg, .a_sj = 1, .b_si = lay->cs, .b_sj = lay->ms,
-                     .ldy = Mpg, .alpha = 1, .overwrite = true};
-        block_gemm(c, b, &gm, xt, fptr(c, wg, cg_i64(c, tf * lay->ts)), tmp);
+                     .ldy = Mpg, .alpha = 1, .overwrite = !run};
+        LLVMValueRef wt = fptr(c, wg, cg_i64(c, tf * lay->ts));
+        if (run) {
+            block_gemm(c, b, &gm, xt, wt, fptr(c, sums, cg_i64(c, lo[0] * (P / w->out[0]) * nb * Mpg)));
+            continue;
+        }
+        block_gemm(c, b, &gm, xt, wt, tmp);
         add_tap(c, b, lo, hi, sums, tmp);
     }
     /* Y[n0+n][g*Mpg + m][p] = sums[(p*nb + n)*Mpg + m] */
