@@ -81,12 +81,17 @@ static int64_t tap_box(const Win *w, int64_t t, int64_t *k, int64_t *lo, int64_t
 
 /* Whether the forward pass takes tap products ("tap products" below):
  * small planes, deep enough products, and a quarter or more of the patch
- * matrix reading padding. */
+ * matrix reading padding, or a tenth at strides above 1 (whose patches
+ * the product path gathers lane by lane, where tap products copy rows:
+ * resnet18's 64->128 stride-2 layer at 8x8 ran at 165 against 138
+ * GFLOP/s; at stride 1 and 8x8 they lost, 134 against 160). */
 static bool taps_pay(const ConvShape *s) {
+    bool strided = false;
+    for (int j = 0; j < s->w.nsp; j++) strided |= s->w.s[j] > 1;
     if (s->w.out_sz >= MIN_COLS || s->C / s->G < TAPS_MIN_CHANNELS || mpg(s) < 16) return false;
     int64_t valid = 0, k[MAX_RANK], lo[MAX_RANK], hi[MAX_RANK];
     for (int64_t t = 0; t < s->w.k_sz; t++) valid += tap_box(&s->w, t, k, lo, hi);
-    return 4 * valid <= 3 * s->w.out_sz * s->w.k_sz;
+    return (strided ? 10 * valid <= 9 * s->w.out_sz * s->w.k_sz : 4 * valid <= 3 * s->w.out_sz * s->w.k_sz);
 }
 
 /* Tap products run one product per kernel offset over a block's positions
@@ -96,13 +101,15 @@ static bool taps_pay(const ConvShape *s) {
  * 32.) */
 enum { TAPS_COLS = 512 };
 
-/* Samples per block. */
-static int64_t block_of(const ConvShape *s) {
-    int64_t P = s->w.out_sz, cols = taps_pay(s) ? TAPS_COLS : MIN_COLS, nb = (cols + P - 1) / P;
+/* Samples per block (of a kernel running tap products when per_tap). */
+static int64_t block_of(const ConvShape *s, bool per_tap) {
+    int64_t P = s->w.out_sz, cols = per_tap ? TAPS_COLS : MIN_COLS, nb = (cols + P - 1) / P;
     return nb > s->N ? s->N : nb < 1 ? 1 : nb;
 }
 
-static int64_t n_blocks(const ConvShape *s) { return (s->N + block_of(s) - 1) / block_of(s); }
+static int64_t n_blocks(const ConvShape *s, bool per_tap) {
+    return (s->N + block_of(s, per_tap) - 1) / block_of(s, per_tap);
+}
 
 bool conv_gemm_applies(const ConvShape *s, const Value *x, const Value *f, const Value *y) {
     /* a product with fewer than 8 rows (depthwise and narrow grouped
@@ -110,7 +117,7 @@ bool conv_gemm_applies(const ConvShape *s, const Value *x, const Value *f, const
      * serve those better */
     if (s->w.out_sz < 1 || s->N < 1) return false;
     if (cg_gemm_forced() == 0 && (mpg(s) < 8 || k_dim(s) < 8)) return false;
-    return cg_gemm_applies(x, f, y, mpg(s), block_of(s) * s->w.out_sz, k_dim(s));
+    return cg_gemm_applies(x, f, y, mpg(s), block_of(s, false) * s->w.out_sz, k_dim(s));
 }
 
 /* ---- pointers ---- */
@@ -192,11 +199,13 @@ static bool trim_taps(const ConvShape *s, Taps *tp) {
  * g*gs + m*ms + c*cs + t'*ts, t' = t, or kt-1-t when flip (an input
  * gradient's filters, read in place); taps: the kept offsets of a trimmed
  * convolution (NULL for the whole window), which the weight gradient
- * writes back into the whole filters. */
+ * writes back into the whole filters.  It travels with the kernel's
+ * blocks, and so says as well whether they run tap products. */
 typedef struct Layout {
     int64_t gs, ms, cs, ts;
     bool flip;
     const Taps *taps;
+    bool per_tap; /* the kernel runs tap products (below), in blocks of its own size */
 } Layout;
 
 /* The stride of k = c*kt + t in the products that take (c, t) as one
@@ -273,7 +282,7 @@ typedef struct Block {
  * write one cache line. */
 static LLVMValueRef sample_area(Cg *c, const Block *b, const char *name, int64_t per_sample) {
     if (b->slots <= 1) return area(c, name, per_sample * b->nb);
-    int64_t slice = (per_sample * block_of(b->s) + 15) / 16 * 16;
+    int64_t slice = (per_sample * block_of(b->s, b->lay->per_tap) + 15) / 16 * 16;
     return fptr(c, cg_scratch(c, name, slice * b->slots), cg_mul(c, b->slot, slice));
 }
 
@@ -353,7 +362,7 @@ typedef void (*BlockFn)(Cg *c, const Block *b, const Value *const *v);
  * each block's groups, when the block's samples are complete. */
 static void blocks_serial(Cg *c, const ConvShape *s, BlockFn fn, const Value *const *v, LLVMValueRef wp,
                           const Layout *lay, const CgEpilogue *epi) {
-    int64_t nb = block_of(s), full = s->N / nb, rest = s->N % nb;
+    int64_t nb = block_of(s, lay->per_tap), full = s->N / nb, rest = s->N % nb;
     for (int part = 0; part < 2; part++) {
         int64_t count = part ? (rest > 0) : full, size = part ? rest : nb;
         if (count == 0) continue;
@@ -391,9 +400,9 @@ enum { PARTS_MAX_FLOATS = 1 << 24 };
 /* Whether a kernel's blocks run on the plan's threads: its multiply-adds
  * reach the threshold of a split product (cg_gemm.h), and it has two
  * items or more to deal out. */
-static bool blocks_split(Cg *c, const ConvShape *s) {
+static bool blocks_split(Cg *c, const ConvShape *s, bool per_tap) {
     double macs = (double)s->N * (double)s->w.out_sz * (double)s->M * (double)k_dim(s);
-    return cg_threads(c) > 1 && n_blocks(s) * s->G >= 2 && macs >= (double)cg_gemm_par_volume();
+    return cg_threads(c) > 1 && n_blocks(s, per_tap) * s->G >= 2 && macs >= (double)cg_gemm_par_volume();
 }
 
 /* Items [lo, hi) with `slots` slices of scratch, this thread's `slot`:
@@ -402,7 +411,7 @@ static bool blocks_split(Cg *c, const ConvShape *s) {
 static void blocks_range(Cg *c, const ConvShape *s, BlockFn fn, const Value *const *v, LLVMValueRef wp,
                          const Layout *lay, const CgEpilogue *epi, LLVMValueRef lo, LLVMValueRef hi, LLVMValueRef slot,
                          int slots) {
-    int64_t nb = block_of(s), full = s->N / nb, rest = s->N % nb, G = s->G;
+    int64_t nb = block_of(s, lay->per_tap), full = s->N / nb, rest = s->N % nb, G = s->G;
     for (int part = 0; part < 2; part++) {
         int64_t size = part ? rest : nb, first = part ? full * G : 0, last = part ? (full + 1) * G : full * G;
         if (size == 0 || last == first) continue;
@@ -423,7 +432,7 @@ static void blocks_range(Cg *c, const ConvShape *s, BlockFn fn, const Value *con
 static LLVMValueRef blocks_task(Cg *c, const ConvShape *s, BlockFn fn, const Value *const *v, bool has_wp,
                                 const Layout *lay, const CgEpilogue *epi) {
     int n = c->cur->n_bufs, slots = cg_threads(c);
-    int64_t items = n_blocks(s) * s->G;
+    int64_t items = n_blocks(s, lay->per_tap) * s->G;
     if (items < slots) slots = (int)items;
     char name[300];
     snprintf(name, sizeof name, "%s.blocks", LLVMGetValueName(c->cur->fn));
@@ -466,7 +475,7 @@ static LLVMValueRef blocks_task(Cg *c, const ConvShape *s, BlockFn fn, const Val
  * blocks stay on one thread (a block's groups may fall to two). */
 static bool for_blocks(Cg *c, const ConvShape *s, BlockFn fn, const Value *const *v, LLVMValueRef wp,
                        const Layout *lay, bool may_split, const CgEpilogue *epi) {
-    if (!may_split || !blocks_split(c, s) || (epi && s->G > 1)) {
+    if (!may_split || !blocks_split(c, s, lay->per_tap) || (epi && s->G > 1)) {
         blocks_serial(c, s, fn, v, wp, lay, epi);
         return false;
     }
@@ -643,7 +652,9 @@ static void taps_block(Cg *c, const Block *b, const Value *const *v) {
 static void forward_with(Cg *c, const ConvShape *s, const Value *X, LLVMValueRef wp, const Layout *lay,
                          const Value *B, const Value *Y, const CgEpilogue *epi) {
     const Value *v[3] = {X, B, Y};
-    for_blocks(c, s, taps_pay(s) ? taps_block : forward_block, v, wp, lay, true, epi);
+    Layout run = *lay;
+    run.per_tap = taps_pay(s);
+    for_blocks(c, s, run.per_tap ? taps_block : forward_block, v, wp, &run, true, epi);
 }
 
 /* The filters as they are: rows of K contiguous elements. */
@@ -766,14 +777,14 @@ static void grad_weight_block(Cg *c, const Block *b, const Value *const *v) {
     CgGemm gm = {.M = Mpg, .N = K, .K = b->cols, .a_si = ld, .a_sj = 1, .b_si = 1, .b_sj = ldc, .ldy = K,
                  .alpha = 1};
     if (!v[3] && !tp) { /* into dW: the one block's sum, or the blocks' sums one after the other onto zeros */
-        gm.overwrite = n_blocks(b->s) == 1;
+        gm.overwrite = n_blocks(b->s, false) == 1;
         block_gemm(c, b, &gm, dy, cols, fptr(c, cg_buf(c, v[2]), cg_mul(c, b->g, Mpg * K)));
         return;
     }
     gm.overwrite = true;
     if (b->slots > 1) { /* every block's part kept apart, summed in order after all threads are done */
         int64_t E = b->s->M * K;
-        LLVMValueRef parts = area(c, DW_AREA, n_blocks(b->s) * E);
+        LLVMValueRef parts = area(c, DW_AREA, n_blocks(b->s, false) * E);
         block_gemm(c, b, &gm, dy, cols, fptr(c, parts, cg_add(c, cg_mul(c, b->blk, E), cg_mul(c, b->g, Mpg * K))));
         return;
     }
@@ -793,9 +804,9 @@ static void grad_weight_block(Cg *c, const Block *b, const Value *const *v) {
  * which the one-thread kernel adds each part as it is made. */
 static void sum_parts(Cg *c, const ConvShape *s, const Value *acc) {
     int64_t E = s->M * k_dim(s);
-    LLVMValueRef parts = area(c, DW_AREA, n_blocks(s) * E);
+    LLVMValueRef parts = area(c, DW_AREA, n_blocks(s, false) * E);
     CgLoop l;
-    LLVMValueRef blk = cg_for(c, &l, cg_i64(c, n_blocks(s)));
+    LLVMValueRef blk = cg_for(c, &l, cg_i64(c, n_blocks(s, false)));
     add_filters(c, cg_buf(c, acc), true, fptr(c, parts, cg_mul(c, blk, E)), s->M * (s->C / s->G), s->w.k_sz, NULL);
     cg_for_end(c, &l);
 }
@@ -829,7 +840,7 @@ void conv_gemm_grad_weight(Cg *c, const ConvShape *s, const Value *dY, const Val
     const Taps *kept = trim_taps(s, &tp) ? &tp : NULL;
     const ConvShape *u = kept ? &tp.t : s; /* the convolution that runs; the offsets it drops get zeros */
     int64_t E = u->M * k_dim(u);
-    bool one = n_blocks(u) == 1;
+    bool one = n_blocks(u, false) == 1;
     if (one) acc = NULL;
     if (acc)
         zero_floats(c, cg_buf(c, acc), 2 * E);
@@ -840,7 +851,7 @@ void conv_gemm_grad_weight(Cg *c, const ConvShape *s, const Value *dY, const Val
     lay.taps = kept;
     /* without float64 sums several blocks add into dW one after the other,
      * which no split can keep */
-    bool split = acc ? n_blocks(u) * E <= PARTS_MAX_FLOATS : one && !kept;
+    bool split = acc ? n_blocks(u, false) * E <= PARTS_MAX_FLOATS : one && !kept;
     if (for_blocks(c, u, grad_weight_block, v, NULL, &lay, split, NULL) && acc) sum_parts(c, u, acc);
     if (acc) sums_to_filters(c, u, acc, dW, kept);
 }

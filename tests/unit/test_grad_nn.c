@@ -224,7 +224,8 @@ END_TEST
  * reads inside): a 4x4 plane (the forward pass; the input gradient's
  * products are too shallow), a 2x2 plane with bias whose input gradient
  * reads the filters flipped in place, two groups, a channel count that is
- * not a whole number of vectors, 1-D, and a 3x5 kept window of a 5x5 one.
+ * not a whole number of vectors, 1-D, a 3x5 kept window of a 5x5 one, and
+ * stride 2.
  * (Finite differences in float32 need few outputs: the larger shapes,
  * short last blocks among them, are checked against PyTorch by
  * py_cnn_train's resnet18 and by tests/py/test_conv_taps.py.) */
@@ -235,6 +236,7 @@ START_TEST(conv_tap_products) {
     conv_case(&(ConvSpec){4, D(1, 37, 3, 2), D(33, 37, 3, 3), true, 1, D(1, 1, 1, 1), NULL, NULL, NULL});
     conv_case(&(ConvSpec){3, D(2, 40, 2), D(40, 40, 3), true, 1, D(1, 1), NULL, NULL, NULL});
     conv_case(&(ConvSpec){4, D(1, 32, 2, 3), D(32, 32, 5, 5), false, 1, D(2, 2, 2, 2), NULL, NULL, NULL});
+    conv_case(&(ConvSpec){4, D(1, 32, 5, 4), D(16, 32, 3, 3), true, 1, D(1, 1, 1, 1), D(2, 2), NULL, NULL});
 }
 END_TEST
 
