@@ -101,13 +101,19 @@ static bool taps_pay(const ConvShape *s) {
  * 32.) */
 enum { TAPS_COLS = 512 };
 
-/* Samples per block (of a kernel running tap products when per_tap). */
-static int64_t block_of(const ConvShape *s, bool per_tap) {
+/* Samples per block; per_tap: 0, or the threads of a kernel running tap
+ * products.  Those make at least one block per thread where the batch
+ * allows: their sums do not depend on the block's size (each product
+ * sums one offset's channels, blocked by its own sizes alone, and the
+ * offsets add in order), so the bits stay those of one thread. */
+static int64_t block_of(const ConvShape *s, int per_tap) {
     int64_t P = s->w.out_sz, cols = per_tap ? TAPS_COLS : MIN_COLS, nb = (cols + P - 1) / P;
-    return nb > s->N ? s->N : nb < 1 ? 1 : nb;
+    nb = nb > s->N ? s->N : nb < 1 ? 1 : nb;
+    if (per_tap > 1 && (s->N + nb - 1) / nb < per_tap) nb = (s->N + per_tap - 1) / per_tap;
+    return nb;
 }
 
-static int64_t n_blocks(const ConvShape *s, bool per_tap) {
+static int64_t n_blocks(const ConvShape *s, int per_tap) {
     return (s->N + block_of(s, per_tap) - 1) / block_of(s, per_tap);
 }
 
@@ -117,7 +123,7 @@ bool conv_gemm_applies(const ConvShape *s, const Value *x, const Value *f, const
      * serve those better */
     if (s->w.out_sz < 1 || s->N < 1) return false;
     if (cg_gemm_forced() == 0 && (mpg(s) < 8 || k_dim(s) < 8)) return false;
-    return cg_gemm_applies(x, f, y, mpg(s), block_of(s, false) * s->w.out_sz, k_dim(s));
+    return cg_gemm_applies(x, f, y, mpg(s), block_of(s, 0) * s->w.out_sz, k_dim(s));
 }
 
 /* ---- pointers ---- */
@@ -205,7 +211,7 @@ typedef struct Layout {
     int64_t gs, ms, cs, ts;
     bool flip;
     const Taps *taps;
-    bool per_tap; /* the kernel runs tap products (below), in blocks of its own size */
+    int per_tap; /* the kernel runs tap products (below): the threads it may use (else 0) */
 } Layout;
 
 /* The stride of k = c*kt + t in the products that take (c, t) as one
@@ -400,7 +406,7 @@ enum { PARTS_MAX_FLOATS = 1 << 24 };
 /* Whether a kernel's blocks run on the plan's threads: its multiply-adds
  * reach the threshold of a split product (cg_gemm.h), and it has two
  * items or more to deal out. */
-static bool blocks_split(Cg *c, const ConvShape *s, bool per_tap) {
+static bool blocks_split(Cg *c, const ConvShape *s, int per_tap) {
     double macs = (double)s->N * (double)s->w.out_sz * (double)s->M * (double)k_dim(s);
     return cg_threads(c) > 1 && n_blocks(s, per_tap) * s->G >= 2 && macs >= (double)cg_gemm_par_volume();
 }
@@ -653,7 +659,7 @@ static void forward_with(Cg *c, const ConvShape *s, const Value *X, LLVMValueRef
                          const Value *B, const Value *Y, const CgEpilogue *epi) {
     const Value *v[3] = {X, B, Y};
     Layout run = *lay;
-    run.per_tap = taps_pay(s);
+    run.per_tap = taps_pay(s) ? cg_threads(c) : 0;
     for_blocks(c, s, run.per_tap ? taps_block : forward_block, v, wp, &run, true, epi);
 }
 
@@ -777,14 +783,14 @@ static void grad_weight_block(Cg *c, const Block *b, const Value *const *v) {
     CgGemm gm = {.M = Mpg, .N = K, .K = b->cols, .a_si = ld, .a_sj = 1, .b_si = 1, .b_sj = ldc, .ldy = K,
                  .alpha = 1};
     if (!v[3] && !tp) { /* into dW: the one block's sum, or the blocks' sums one after the other onto zeros */
-        gm.overwrite = n_blocks(b->s, false) == 1;
+        gm.overwrite = n_blocks(b->s, 0) == 1;
         block_gemm(c, b, &gm, dy, cols, fptr(c, cg_buf(c, v[2]), cg_mul(c, b->g, Mpg * K)));
         return;
     }
     gm.overwrite = true;
     if (b->slots > 1) { /* every block's part kept apart, summed in order after all threads are done */
         int64_t E = b->s->M * K;
-        LLVMValueRef parts = area(c, DW_AREA, n_blocks(b->s, false) * E);
+        LLVMValueRef parts = area(c, DW_AREA, n_blocks(b->s, 0) * E);
         block_gemm(c, b, &gm, dy, cols, fptr(c, parts, cg_add(c, cg_mul(c, b->blk, E), cg_mul(c, b->g, Mpg * K))));
         return;
     }
@@ -804,9 +810,9 @@ static void grad_weight_block(Cg *c, const Block *b, const Value *const *v) {
  * which the one-thread kernel adds each part as it is made. */
 static void sum_parts(Cg *c, const ConvShape *s, const Value *acc) {
     int64_t E = s->M * k_dim(s);
-    LLVMValueRef parts = area(c, DW_AREA, n_blocks(s, false) * E);
+    LLVMValueRef parts = area(c, DW_AREA, n_blocks(s, 0) * E);
     CgLoop l;
-    LLVMValueRef blk = cg_for(c, &l, cg_i64(c, n_blocks(s, false)));
+    LLVMValueRef blk = cg_for(c, &l, cg_i64(c, n_blocks(s, 0)));
     add_filters(c, cg_buf(c, acc), true, fptr(c, parts, cg_mul(c, blk, E)), s->M * (s->C / s->G), s->w.k_sz, NULL);
     cg_for_end(c, &l);
 }
@@ -840,7 +846,7 @@ void conv_gemm_grad_weight(Cg *c, const ConvShape *s, const Value *dY, const Val
     const Taps *kept = trim_taps(s, &tp) ? &tp : NULL;
     const ConvShape *u = kept ? &tp.t : s; /* the convolution that runs; the offsets it drops get zeros */
     int64_t E = u->M * k_dim(u);
-    bool one = n_blocks(u, false) == 1;
+    bool one = n_blocks(u, 0) == 1;
     if (one) acc = NULL;
     if (acc)
         zero_floats(c, cg_buf(c, acc), 2 * E);
@@ -851,7 +857,7 @@ void conv_gemm_grad_weight(Cg *c, const ConvShape *s, const Value *dY, const Val
     lay.taps = kept;
     /* without float64 sums several blocks add into dW one after the other,
      * which no split can keep */
-    bool split = acc ? n_blocks(u, false) * E <= PARTS_MAX_FLOATS : one && !kept;
+    bool split = acc ? n_blocks(u, 0) * E <= PARTS_MAX_FLOATS : one && !kept;
     if (for_blocks(c, u, grad_weight_block, v, NULL, &lay, split, NULL) && acc) sum_parts(c, u, acc);
     if (acc) sums_to_filters(c, u, acc, dW, kept);
 }

@@ -5,9 +5,12 @@ A program compiled with --threads T splits its large matrix products among
 T threads by a fixed partition of the output, and its large convolutions
 by blocks of samples (docs/perf.md, "Threads"), so training must give
 exactly what T = 1 gives.  For samples/mlp.onnx, samples/transformer.onnx,
-samples/resnet.onnx (convolutions, batch normalisation) and samples/cnn.onnx
+samples/resnet.onnx (convolutions, batch normalisation), samples/cnn.onnx
 (each Conv followed by a Relu, which runs fused on the convolution's
-blocks) this compiles the model at --threads 1, 2 and 3, trains 12 steps
+blocks) and a CNN built here whose late convolutions run over 4x4, 2x2
+and 1x1 planes (tap products, whose blocks of samples are sized by the
+thread count, and kernel offsets dropped where they read only padding)
+this compiles the model at --threads 1, 2 and 3, trains 12 steps
 with momentum on the same data, and checks:
 
 - every step's loss is the same float at every T (the metrics print
@@ -46,10 +49,38 @@ def run(cmd, timeout=300, env=None):
     return p.returncode, p.stdout, p.stderr
 
 
+def taps_model(np, path):
+    """1x28x28 -> 3x3 convolutions with ReLU: stride 2 to 14x14, 7x7 and
+    4x4, stride 1 at 4x4, stride 2 to 2x2, stride 1 at 2x2, stride 2 to
+    1x1, stride 1 at 1x1 -> global average pool -> Linear(64, 10)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(3)
+    layers = [(1, 32, 2), (32, 32, 2), (32, 64, 2), (64, 64, 1), (64, 64, 2), (64, 64, 1), (64, 64, 2), (64, 64, 1)]
+    nodes, inits, x = [], [], "input"
+    for i, (cin, cout, stride) in enumerate(layers):
+        w = (rng.standard_normal((cout, cin, 3, 3)) * np.sqrt(2.0 / (9 * cin))).astype(np.float32)
+        inits += [numpy_helper.from_array(w, "conv%d.weight" % i),
+                  numpy_helper.from_array(np.zeros(cout, np.float32), "conv%d.bias" % i)]
+        nodes += [helper.make_node("Conv", [x, "conv%d.weight" % i, "conv%d.bias" % i], ["c%d" % i],
+                                   kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[stride, stride]),
+                  helper.make_node("Relu", ["c%d" % i], ["r%d" % i])]
+        x = "r%d" % i
+    fc = (rng.standard_normal((10, 64)) * 0.125).astype(np.float32)
+    inits += [numpy_helper.from_array(fc, "fc.weight"), numpy_helper.from_array(np.zeros(10, np.float32), "fc.bias")]
+    nodes += [helper.make_node("GlobalAveragePool", [x], ["pooled"]),
+              helper.make_node("Flatten", ["pooled"], ["flat"]),
+              helper.make_node("Gemm", ["flat", "fc.weight", "fc.bias"], ["logits"], transB=1)]
+    graph = helper.make_graph(nodes, "taps", [helper.make_tensor_value_info("input", TensorProto.FLOAT,
+                                                                           ["batch", 1, 28, 28])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+
+
 def make_data(np, d, name):
     """The sample's training data: inputs of its input shape and labels."""
     rng = np.random.default_rng(7)
-    if name in ("mlp", "resnet", "cnn"):
+    if name in ("mlp", "resnet", "cnn", "taps"):
         x = rng.standard_normal((ROWS, 1, 28, 28)).astype(np.float32)
         y = rng.integers(0, 10, ROWS).astype(np.int64)
     else:  # transformer: mse against targets shaped like the output
@@ -84,10 +115,12 @@ def main():
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
 
-    for name, loss in (("mlp", "ce"), ("transformer", "mse"), ("resnet", "ce"), ("cnn", "ce")):
+    taps = os.path.join(work, "taps.onnx")
+    taps_model(np, taps)
+    for name, loss in (("mlp", "ce"), ("transformer", "mse"), ("resnet", "ce"), ("cnn", "ce"), ("taps", "ce")):
         d = os.path.join(work, name)
         os.makedirs(d)
-        model = os.path.join(SAMPLES, name + ".onnx")
+        model = taps if name == "taps" else os.path.join(SAMPLES, name + ".onnx")
         files = make_data(np, d, name)
         base = [args.cleave, "compile", model, "--batch", str(BATCH), "--loss", loss, "--optimizer", "momentum",
                 "--lr", "0.02"]
@@ -159,6 +192,19 @@ def main():
             tasks = len(re.findall(r"call void @cleave_rt_parallel\(ptr (?:nonnull )?@f\d+_Conv_x\d+\.blocks\b",
                                    f.read()))
         rep.check("cnn: --threads 2 fused Conv chains split their blocks (%d calls)" % tasks, tasks > 0)
+
+    # ... and so do the small-plane convolutions of the CNN built here:
+    # every Conv kernel over 7x7 planes and less, the ones at 2x2 (one
+    # block at T = 1) included
+    ll = os.path.join(work, "taps", "t2.ll")
+    rc, _, err = run([args.cleave, "compile", taps, "--batch", str(BATCH), "--threads", "2", "--emit", "llvm",
+                      "-o", ll])
+    if rep.check("taps: --emit llvm --threads 2", rc == 0, err.strip()):
+        with open(ll) as f:
+            tasks = len(re.findall(r"call void @cleave_rt_parallel\(ptr (?:nonnull )?@f\d+_Conv_x\d+\.blocks\b",
+                                   f.read()))
+        rep.check("taps: --threads 2 Conv chains over 4x4 and 2x2 planes split their blocks (%d calls, want 4)" % tasks,
+                  tasks >= 4)
 
     # --plan FILE with and without --threads
     plan2 = os.path.join(d, "t2.plan.json")
