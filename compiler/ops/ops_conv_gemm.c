@@ -563,46 +563,52 @@ static void channels_last(Cg *c, const Block *b, const Value *X, LLVMValueRef xl
     nest_close(c, &ns);
 }
 
-/* Xt of offset t into rows (q*nb + n) of xt: a copy of Cpg floats from
+/* A position of offset k's box [lo, hi) of output positions: its index
+ * in the box (row-major), in the output plane, and the input position it
+ * reads through k. */
+typedef struct BoxPos {
+    LLVMValueRef q, p, at;
+} BoxPos;
+
+/* Opens loops (in ns) over the box's positions. */
+static BoxPos box_walk(Cg *c, const Win *w, const int64_t *k, const int64_t *lo, const int64_t *hi, Nest *ns) {
+    int64_t ist[MAX_RANK], ost[MAX_RANK], bst[MAX_RANK], box[MAX_RANK];
+    strides_of(w->in, w->nsp, ist);
+    strides_of(w->out, w->nsp, ost);
+    for (int j = 0; j < w->nsp; j++) box[j] = hi[j] - lo[j];
+    strides_of(box, w->nsp, bst);
+    BoxPos r = {cg_i64(c, 0), cg_i64(c, 0), cg_i64(c, 0)};
+    for (int j = 0; j < w->nsp; j++) {
+        LLVMValueRef o = nest_range(c, ns, cg_i64(c, lo[j]), cg_i64(c, hi[j]));
+        r.q = cg_add(c, r.q, cg_mul(c, cg_add(c, o, cg_i64(c, -lo[j])), bst[j]));
+        r.p = cg_add(c, r.p, cg_mul(c, o, ost[j]));
+        r.at = cg_add(c, r.at, cg_mul(c, cg_add(c, cg_mul(c, o, w->s[j]), cg_i64(c, k[j] * w->d[j] - w->pb[j])),
+                                      ist[j]));
+    }
+    return r;
+}
+
+/* Xt of offset k into rows (q*nb + n) of xt: a copy of Cpg floats from
  * the channels-last planes xl per row. */
 static void gather_tap(Cg *c, const Block *b, LLVMValueRef xl, const int64_t *k, const int64_t *lo,
                        const int64_t *hi, LLVMValueRef xt) {
-    const Win *w = &b->s->w;
-    int64_t Cpg = b->s->C / b->s->G, inP = w->in_sz, ist[MAX_RANK], bst[MAX_RANK];
-    strides_of(w->in, w->nsp, ist);
-    int64_t box[MAX_RANK];
-    for (int j = 0; j < w->nsp; j++) box[j] = hi[j] - lo[j];
-    strides_of(box, w->nsp, bst);
+    int64_t Cpg = b->s->C / b->s->G;
     Nest ns = {.n = 0};
-    LLVMValueRef q = cg_i64(c, 0), at = cg_i64(c, 0);
-    for (int j = 0; j < w->nsp; j++) {
-        LLVMValueRef o = nest_range(c, &ns, cg_i64(c, lo[j]), cg_i64(c, hi[j]));
-        q = cg_add(c, q, cg_mul(c, cg_add(c, o, cg_i64(c, -lo[j])), bst[j]));
-        at = cg_add(c, at, cg_mul(c, cg_add(c, cg_mul(c, o, w->s[j]), cg_i64(c, k[j] * w->d[j] - w->pb[j])), ist[j]));
-    }
+    BoxPos bp = box_walk(c, &b->s->w, k, lo, hi, &ns);
     LLVMValueRef n = nest_for(c, &ns, cg_i64(c, b->nb));
-    LLVMValueRef src = fptr(c, xl, cg_mul(c, cg_mad(c, n, inP, at), Cpg));
-    LLVMValueRef dst = fptr(c, xt, cg_mul(c, cg_mad(c, q, b->nb, n), Cpg));
+    LLVMValueRef src = fptr(c, xl, cg_mul(c, cg_mad(c, n, b->s->w.in_sz, bp.at), Cpg));
+    LLVMValueRef dst = fptr(c, xt, cg_mul(c, cg_mad(c, bp.q, b->nb, n), Cpg));
     LLVMBuildMemCpy(c->b, dst, 4, src, 4, cg_i64(c, Cpg * 4));
     nest_close(c, &ns);
 }
 
-/* sums rows (p*nb + n) += tmp rows (q*nb + n) over offset t's box. */
-static void add_tap(Cg *c, const Block *b, const int64_t *lo, const int64_t *hi, LLVMValueRef sums, LLVMValueRef tmp) {
-    const Win *w = &b->s->w;
-    int64_t Mpg = mpg(b->s), ost[MAX_RANK], bst[MAX_RANK], box[MAX_RANK];
-    strides_of(w->out, w->nsp, ost);
-    for (int j = 0; j < w->nsp; j++) box[j] = hi[j] - lo[j];
-    strides_of(box, w->nsp, bst);
+/* sums rows (p*nb + n) += tmp rows (q*nb + n) over offset k's box. */
+static void add_tap(Cg *c, const Block *b, const int64_t *k, const int64_t *lo, const int64_t *hi, LLVMValueRef sums,
+                    LLVMValueRef tmp) {
     Nest ns = {.n = 0};
-    LLVMValueRef q = cg_i64(c, 0), p = cg_i64(c, 0);
-    for (int j = 0; j < w->nsp; j++) {
-        LLVMValueRef o = nest_range(c, &ns, cg_i64(c, lo[j]), cg_i64(c, hi[j]));
-        q = cg_add(c, q, cg_mul(c, cg_add(c, o, cg_i64(c, -lo[j])), bst[j]));
-        p = cg_add(c, p, cg_mul(c, o, ost[j]));
-    }
-    int64_t run = b->nb * Mpg;
-    LLVMValueRef d = fptr(c, sums, cg_mul(c, p, run)), s = fptr(c, tmp, cg_mul(c, q, run));
+    BoxPos bp = box_walk(c, &b->s->w, k, lo, hi, &ns);
+    int64_t run = b->nb * mpg(b->s);
+    LLVMValueRef d = fptr(c, sums, cg_mul(c, bp.p, run)), s = fptr(c, tmp, cg_mul(c, bp.q, run));
     LLVMValueRef i = nest_for(c, &ns, cg_i64(c, run));
     LLVMValueRef pd = fptr(c, d, i);
     LLVMValueRef x = LLVMBuildFAdd(c->b, LLVMBuildLoad2(c->b, c->t_f32, pd, ""),
@@ -642,7 +648,7 @@ static void taps_block(Cg *c, const Block *b, const Value *const *v) {
             continue;
         }
         block_gemm(c, b, &gm, xt, wt, tmp);
-        add_tap(c, b, lo, hi, sums, tmp);
+        add_tap(c, b, k, lo, hi, sums, tmp);
     }
     /* Y[n0+n][g*Mpg + m][p] = sums[(p*nb + n)*Mpg + m] */
     LLVMValueRef n = nest_for(c, &ns, cg_i64(c, nb));
