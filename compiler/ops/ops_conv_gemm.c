@@ -164,14 +164,14 @@ static bool trim_taps(const ConvShape *s, Taps *tp) {
     bool narrower = false;
     for (int j = 0; j < w->nsp; j++) {
         int64_t a = w->k[j], z = -1;
-        for (int64_t o = 0; o < w->out[j]; o++)
-            for (int64_t k = 0; k < w->k[j]; k++) {
-                int64_t i = o * w->s[j] - w->pb[j] + k * w->d[j];
-                if (i >= 0 && i < w->in[j]) {
-                    a = k < a ? k : a;
-                    z = k > z ? k : z;
-                }
+        for (int64_t k = 0; k < w->k[j]; k++) {
+            int64_t o0, o1;
+            tap_span(w, j, k, &o0, &o1);
+            if (o0 < o1) {
+                a = k < a ? k : a;
+                z = k;
             }
+        }
         if (z < 0) return false; /* every output reads padding alone: nothing worth a special case */
         t.k[j] = z - a + 1;
         t.pb[j] = w->pb[j] - a * w->d[j];
