@@ -8,7 +8,10 @@
  * one column per output position.  The kernels here write the patches of
  * a block of samples into a scratch matrix (im2col), run cg_gemm on it, and
  * for the input gradient scatter the product's columns back onto the image
- * (col2im).  Depthwise convolutions (one input channel per group) take
+ * (col2im).  Kernel offsets that read only padding are left out, and over
+ * small planes the forward pass runs one product per kernel offset, over
+ * the positions where it reads inside (ops_conv_gemm.c, "taps" and "tap
+ * products").  Depthwise convolutions (one input channel per group) take
  * the depthwise kernels; other convolutions with few output channels per
  * group or too little work keep the direct kernels. */
 #ifndef CLEAVE_OPS_CONV_H

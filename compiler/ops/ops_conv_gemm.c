@@ -282,10 +282,11 @@ typedef struct Block {
 } Block;
 
 /* The block's scratch area `name`, per_sample floats for each of its
- * samples (block_area: a matrix of `rows` x the block's columns): on several threads a slice of its own per thread, sized for a
- * full block (the shorter last block must not reach into the next
- * thread's slice) and a multiple of 64 bytes, so that no two threads
- * write one cache line. */
+ * samples (block_area: a matrix of `rows` x the block's columns).  On
+ * several threads each thread has a slice of its own, sized for a full
+ * block (the shorter last block must not reach into the next thread's
+ * slice) and a multiple of 64 bytes, so that no two threads write one
+ * cache line. */
 static LLVMValueRef sample_area(Cg *c, const Block *b, const char *name, int64_t per_sample) {
     if (b->slots <= 1) return area(c, name, per_sample * b->nb);
     int64_t slice = (per_sample * block_of(b->s, b->lay->per_tap) + 15) / 16 * 16;
