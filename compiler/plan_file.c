@@ -69,6 +69,10 @@ static bool read_training(PlanFile *f, CompileOptions *o, Diag *d) {
     else if (strcmp(loss, "mse") == 0) o->train.loss = LOSS_MSE;
     else if (strcmp(loss, "model") == 0) o->train.loss = LOSS_MODEL;
     else return diag_error(d, DIAG_FORMAT, "%s: loss must be ce, mse or model, got '%s'", f->path, loss);
+    o->train.ignore_index = -100; /* plans written before ignore_index was stated */
+    if (o->train.loss == LOSS_CE &&
+        !get_int(f, f->root, "", "ignore_index", false, INT64_MIN, INT64_MAX, &o->train.ignore_index, d))
+        return false;
     json_t *opt = json_object_get(f->root, "optimizer");
     if (!json_is_object(opt)) return diag_error(d, DIAG_FORMAT, "%s: optimizer must be an object", f->path);
     if (!get_str(f, opt, "optimizer.", "name", true, &name, d)) return false;

@@ -82,6 +82,7 @@ static json_t *stage_program(const Plan *p, int s) {
     set_slot(prog, "lr", p, rp, t->lr);
     set_slot(prog, "step", p, rp, t->step);
     set_slot(prog, "seed", p, rp, t->seed);
+    set_slot(prog, "label_count", p, rp, t->label_count);
     return prog;
 }
 
@@ -127,6 +128,7 @@ char *program_meta(const Plan *p, const CompileOptions *o) {
         params, "loss_kind", loss_kind_name(o->train.loss), "optimizer", optimizer_json(o), "programs", programs);
     if (root) json_object_set_new(root, "placement", json_string(plan_placement_name(p->placement)));
     if (root) json_object_set_new(root, "threads", json_integer(p->threads > 1 ? p->threads : 1));
+    if (root && o->train.loss == LOSS_CE) json_object_set_new(root, "ignore_index", json_integer(o->train.ignore_index));
     /* replicas with batch statistics of their own keep replica 0's running
      * statistics, as DDP's broadcast_buffers does */
     if (root && p->replicas > 1 && o->train.bn_local && t->n_batch_stats > 0)

@@ -110,6 +110,7 @@ typedef struct RtLayout {
     int loss_count;          /* micro-batch losses at loss_offset (M on the
                                 last stage, 0 elsewhere) */
     bool has_output, has_lr, has_step, has_seed;
+    bool has_label_count;    /* ce, the stage holding the loss */
     RtTensor *all_params;    /* every parameter; offsets into the program of */
     int *param_stage;        /* ... the stage whose replica-0 rank --save reads */
     int n_all_params;
@@ -127,6 +128,7 @@ typedef struct RtMeta {
     uint64_t init_bytes;
     uint64_t loss_offset, lr_offset, step_offset;
     uint64_t seed_offset; /* int64: --seed, for dropout masks (layout.has_seed) */
+    uint64_t label_count_offset; /* float32: counted labels / (D x M) (layout.has_label_count) */
     float lr;
     RtTensor *inputs;
     int n_inputs;
@@ -136,6 +138,8 @@ typedef struct RtMeta {
     RtLossKind loss_kind;
     int labels;       /* index of the input named "labels", -1 if none */
     int64_t classes;  /* ce: the output's last dimension */
+    bool has_ignore;  /* ce: labels equal to ignore_index count for nothing */
+    int64_t ignore_index;
     int threads;      /* "threads": threads per rank for the matrix products (1..RT_MAX_THREADS) */
     bool state_from_replica0; /* non-trainable parameters (running statistics) follow replica 0's */
     RtLayout layout;
@@ -419,8 +423,9 @@ bool rt_data_load(const char *path, const RtTensor *in, RtArray *out, RtErr *e);
 bool rt_data_decode(uint8_t *buf, size_t len, const char *path, const RtTensor *in, RtArray *out,
                     RtErr *e);
 void rt_array_free(RtArray *a);
-/* Every label must lie in [0, classes). */
-bool rt_labels_check(const RtArray *labels, int64_t classes, RtErr *e);
+/* Every label must lie in [0, classes) or, with has_ignore, equal
+ * ignore_index. */
+bool rt_labels_check(const RtArray *labels, const RtMeta *m, RtErr *e);
 
 /* ---- batch order and filling the input slots: rt_batch.c ----------------- */
 
@@ -441,6 +446,9 @@ void rt_order_epoch(RtOrder *o, int64_t epoch);
 void rt_order_free(RtOrder *o);
 /* File row feeding row r (0 <= r < batch) of step `step` of the epoch. */
 int64_t rt_batch_row(const RtOrder *o, int64_t batch, int64_t step, int64_t r);
+/* The labels of the B-row batch `step` of order o that count: not equal to
+ * m->ignore_index (every one without has_ignore). */
+int64_t rt_labels_counted(const RtOrder *o, const RtArray *labels, const RtMeta *m, int64_t step);
 /* Copies rows [r0, r1) of the global batch of `step` (0-based within the
  * epoch) of every data[k] into slot slots[k]; global row r lands at position
  * r - r0, so a rank that owns a share of the batch passes its own range;

@@ -64,6 +64,8 @@
  *                                   them; --save writes these back, each
  *                                   from the first stage `s` holding it
  *  "loss_kind": "ce"|"mse"|"model", "optimizer": {...},
+ *  "ignore_index": I,               loss_kind ce: labels equal to I count
+ *                                   for nothing (absent: none is ignored)
  *  "threads": T,                    threads each rank runs its large matrix
  *                                   products on, 1 to 64 (absent: 1); the
  *                                   runtime starts T - 1 workers for
@@ -82,7 +84,7 @@
  *                                   buckets, n float32 values at byte o,
  *                                   contiguous, in the numbering the
  *                                   collectives below use (absent: none)
- *    "loss": {"offset", "count": M},  last stage: each micro-batch's mean
+ *    "loss": {"offset", "count": M},  last stage: each micro-batch's
  *                                   loss, float32 (the step's is their mean)
  *    "output": {"offset"},          the stages holding the output: the M
  *                                   micro-batches' output rows, back to back
@@ -91,9 +93,16 @@
  *                                   them: the learning rate and the 1-based
  *                                   optimizer step count (Adam's bias
  *                                   correction, dropout masks)
- *    "seed": {"offset"}}]}          int64 the runtime sets once to --seed
+ *    "seed": {"offset"},            int64 the runtime sets once to --seed
  *                                   (0 without) when the stage draws
  *                                   dropout masks
+ *    "label_count": {"offset"}}]}   loss_kind ce, the stage holding the
+ *                                   loss: float32 the runtime sets before
+ *                                   each step (train and eval) to the
+ *                                   number of labels of the global batch
+ *                                   that count (not ignore_index) divided
+ *                                   by D x M; each micro-batch's loss is
+ *                                   its rows' sum over that
  *
  * Offsets are byte offsets into the stage's arena, aligned to 64. */
 /* How the runtime reads the metadata (runtime/README.md): every field above

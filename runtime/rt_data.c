@@ -209,14 +209,29 @@ void rt_array_free(RtArray *a) {
     memset(a, 0, sizeof *a);
 }
 
-bool rt_labels_check(const RtArray *labels, int64_t classes, RtErr *e) {
+bool rt_labels_check(const RtArray *labels, const RtMeta *m, RtErr *e) {
     const int64_t *v = labels->data;
     for (int64_t r = 0; r < labels->rows; r++)
         for (int64_t j = 0; j < labels->row_elems; j++) {
             int64_t x = v[r * labels->row_elems + j];
-            if (x < 0 || x >= classes)
+            if ((x < 0 || x >= m->classes) && !(m->has_ignore && x == m->ignore_index)) {
+                if (m->has_ignore)
+                    return rt_error(e, "%s: row %" PRId64 ": label %" PRId64 " is out of range [0, %" PRId64
+                                    ") and is not the ignore index %" PRId64, labels->path, r, x, m->classes,
+                                    m->ignore_index);
                 return rt_error(e, "%s: row %" PRId64 ": label %" PRId64 " is out of range [0, %" PRId64 ")",
-                                labels->path, r, x, classes);
+                                labels->path, r, x, m->classes);
+            }
         }
     return true;
+}
+
+int64_t rt_labels_counted(const RtOrder *o, const RtArray *labels, const RtMeta *m, int64_t step) {
+    int64_t per_row = labels->row_elems, n = 0;
+    if (!m->has_ignore) return m->batch * per_row;
+    for (int64_t r = 0; r < m->batch; r++) {
+        const int64_t *v = (const int64_t *)labels->data + rt_batch_row(o, m->batch, step, r) * per_row;
+        for (int64_t j = 0; j < per_row; j++) n += v[j] != m->ignore_index;
+    }
+    return n;
 }

@@ -42,7 +42,7 @@ static bool load_inputs(const RtMeta *m, const char **paths, const char *flag, R
         return rt_error(e, "%s: %" PRId64 " rows, fewer than the batch size %" PRId64 " (%s %s)", paths[first], *rows,
                         m->batch, flag, m->inputs[first].name);
     if (m->loss_kind == RT_LOSS_CE && !m->inputs[m->labels].absent &&
-        !rt_labels_check(&arrays[m->labels], m->classes, e))
+        !rt_labels_check(&arrays[m->labels], m, e))
         return false;
     return true;
 }

@@ -307,6 +307,7 @@ static bool parse_slots(json_t *prog, RtMeta *m, RtErr *e) {
     if (!get_opt_slot(prog, "lr", 4, m, &l->has_lr, &m->lr_offset, e) ||
         !get_opt_slot(prog, "step", 4, m, &l->has_step, &m->step_offset, e) ||
         !get_opt_slot(prog, "seed", 8, m, &l->has_seed, &m->seed_offset, e) ||
+        !get_opt_slot(prog, "label_count", 4, m, &l->has_label_count, &m->label_count_offset, e) ||
         !get_opt_slot(prog, "loss", 4, m, &has_loss, &m->loss_offset, e))
         return false;
     if (!has_loss) return true;
@@ -426,7 +427,13 @@ static bool parse_root(json_t *root, int rank, RtMeta *m, RtErr *e) {
             return rt_error(e, BAD "loss_kind ce: an output of %" PRId64 " values per sample over %" PRId64
                             " classes needs %" PRId64 " labels per sample, \"labels\" has %" PRId64,
                             m->output.row_elems, m->classes, m->output.row_elems / m->classes, lab->row_elems);
+        /* Absent: every label counts (rt_abi.h). */
+        m->has_ignore = json_object_get(root, "ignore_index") != NULL;
+        if (m->has_ignore && !get_int(root, "ignore_index", "", INT64_MIN, &m->ignore_index, e)) return false;
     }
+    /* the runtime counts the labels for the slot from this rank's data */
+    if (m->layout.has_label_count && (m->loss_kind != RT_LOSS_CE || m->inputs[m->labels].absent))
+        return rt_error(e, BAD "program: \"label_count\" without the \"labels\" input of loss_kind ce");
     return true;
 }
 

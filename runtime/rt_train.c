@@ -23,6 +23,16 @@ static float get_f32(const char *arena, uint64_t offset) {
     return v;
 }
 
+/* The label_count slot (rt_abi.h) of batch `step` of order o over data:
+ * the global batch's counted labels over the shares it is split into, so
+ * that each share's sum over it averages to the global batch's mean. */
+static void set_label_count(const RtRun *r, const RtOrder *o, const RtArray *data, int64_t step) {
+    const RtMeta *m = r->meta;
+    if (!m->layout.has_label_count) return;
+    double shares = (double)m->layout.dp * m->layout.microbatches;
+    set_f32(r->arena, m->label_count_offset, (float)((double)rt_labels_counted(o, &data[m->labels], m, step) / shares));
+}
+
 /* This rank's loss of the step just run: the mean of the micro-batches'
  * losses (equal sizes, so the batch's). */
 static double step_loss(const RtRun *r) {
@@ -76,6 +86,7 @@ void rt_eval_run(RtRun *r, bool predict, RtEvalResult *out) {
     size_t out_row = (size_t)m->output.row_elems;
     for (int64_t j = 0; j < batches; j++) {
         rt_batch_fill(&in_order, m->inputs, r->eval, m->n_inputs, B, j, r0, r1, r->arena);
+        set_label_count(r, &in_order, r->eval, j);
         r->prog->eval_step(r->arena);
         rt_comm_step_end(NULL, NULL); /* its sends; an eval step starts no bucket */
         int64_t valid = n - j * B < B ? n - j * B : B;
@@ -89,6 +100,7 @@ void rt_eval_run(RtRun *r, bool predict, RtEvalResult *out) {
             const int64_t *labels = (const int64_t *)(r->arena + m->inputs[m->labels].offset);
             int64_t per_row = m->inputs[m->labels].row_elems;
             for (int64_t k = 0; k < mine * per_row; k++) {
+                if (m->has_ignore && labels[k] == m->ignore_index) continue;
                 sums[1] += argmax(logits + k * m->classes, m->classes) == labels[k];
                 sums[2] += 1;
             }
@@ -140,6 +152,7 @@ bool rt_train_run(RtRun *r, RtErr *e) {
         rt_batch_fill(&r->order, m->inputs, r->train, m->n_inputs, B, i, r0, r1, r->arena);
         if (l->has_step) set_f32(r->arena, m->step_offset, (float)(s + 1));
         if (l->has_lr) set_f32(r->arena, m->lr_offset, r->lr);
+        set_label_count(r, &r->order, r->train, i);
         RtStepComm comm;
         rt_comm_step_begin();
         rt_trace_step_begin(s + 1);

@@ -70,13 +70,33 @@ static bool build_loss(GradCtx *c, const TrainOptions *o, TrainGraph *t) {
     c->phase = PHASE_LOSS;
     switch (o->loss) {
     case LOSS_CE: {
-        if (y->rank != 2)
-            return diag_error(c->d, DIAG_SHAPE, "%s: --loss ce needs logits [B,C]; output '%s' has rank %d", g->path,
-                              y->name, y->rank);
-        t->labels = add_input(g, "labels", DT_INT64, 1, y->dims, c->d);
-        if (!t->labels) return false;
-        Value *in[2] = {y, t->labels};
-        t->loss = gb_finish(c, gb_start(c, "", "SoftmaxCrossEntropyLoss", 2, in, 1));
+        /* Logits [B, ..., C] against int64 labels [B, ...]: the positions
+         * flatten into rows of C classes, as torch's cross_entropy over
+         * logits.view(-1, C).  The mean is over the labels that count
+         * (not --ignore-index) in the whole global batch, so the loss is a
+         * sum divided by the runtime's count of them (label_count): with R
+         * shares of the batch (replicas x micro-batches) the slot holds
+         * that count / R, and the mean of the shares' losses, which the
+         * seed 1/R of the backward pass and the runtime's loss both take,
+         * is the global batch's mean however the labels fall. */
+        if (y->rank < 2)
+            return diag_error(c->d, DIAG_SHAPE, "%s: --loss ce needs logits [B,...,C]; output '%s' has rank %d",
+                              g->path, y->name, y->rank);
+        t->labels = add_input(g, "labels", DT_INT64, y->rank - 1, y->dims, c->d);
+        t->label_count = add_state_scalar(g, "cleave.label_count", DT_FLOAT, c->d);
+        if (!t->labels || !t->label_count) return false;
+        int64_t classes = y->dims[y->rank - 1].k, rows = value_numel(y) / classes;
+        Value *scores = y, *labels = t->labels;
+        if (y->rank > 2) {
+            int64_t shape[2] = {rows, classes};
+            scores = gb_op2(c, "Reshape", y, gb_const_ints(c, shape, 2));
+            labels = gb_op2(c, "Reshape", t->labels, gb_const_ints(c, &rows, 1));
+        }
+        Value *in[2] = {scores, labels};
+        Node *n = gb_start(c, "", "SoftmaxCrossEntropyLoss", 2, in, 1);
+        gb_attr_s(c, n, "reduction", "sum");
+        gb_attr_i(c, n, "ignore_index", o->ignore_index);
+        t->loss = gb_op2(c, "Div", gb_finish(c, n), t->label_count);
         break;
     }
     case LOSS_MSE: {

@@ -33,6 +33,8 @@ typedef struct TrainOptions {
      * statistics, as PyTorch DDP without SyncBatchNorm (the driver then
      * gives stat_replicas 1) */
     bool bn_local;
+    /* --loss ce: labels equal to this count for nothing (torch's -100) */
+    int64_t ignore_index;
 } TrainOptions;
 
 typedef struct TrainGraph {
@@ -40,6 +42,10 @@ typedef struct TrainGraph {
     Value *output; /* the model's first output */
     Value *labels; /* added input, NULL for LOSS_MODEL */
     Value *lr, *step;
+    /* --loss ce: the float scalar the runtime sets before each step, the
+     * number of labels of the global batch that count (not ignore_index)
+     * divided by the shares of the batch (replicas x micro-batches) */
+    Value *label_count;
     /* For dropout masks, made by the first rule that asks
      * (train_positions, train_seed): int64 [rows] input holding each row's
      * position in the global batch, filled by the runtime, and the int64

@@ -22,10 +22,14 @@ static const char compile_help[] =
     "  -o PROG              output file\n"
     "  --batch B            global batch size (binds dim 0 of every input)\n"
     "  --loss ce|mse|model  ce: mean softmax cross-entropy of the first output\n"
-    "                       (logits [B,C]) against an added int64 input 'labels' [B];\n"
+    "                       (logits [B,...,C], classes last) against an added int64\n"
+    "                       input 'labels' [B,...], over every label of the batch\n"
+    "                       but those equal to --ignore-index;\n"
     "                       mse: mean of (output - labels)^2, labels shaped like the\n"
     "                       output; model: the first output already is the loss\n"
     "                       (default ce)\n"
+    "  --ignore-index I     --loss ce: labels equal to I count for nothing (default\n"
+    "                       -100, as PyTorch's cross_entropy)\n"
     "  --optimizer sgd|momentum|adam   (default sgd)\n"
     "  --lr LR              learning rate (default 0.01; the program's --lr overrides)\n"
     "  --momentum MU        momentum (default 0.9 with --optimizer momentum)\n"
@@ -105,7 +109,7 @@ typedef struct CompileFlags {
 /* Flags whose value a plan file states (plan_file.c reads them there). */
 static bool plan_decides(const char *flag) {
     static const char *const names[] = {"--batch", "--loss", "--optimizer", "--lr", "--momentum", "--weight-decay",
-                                        "--beta1", "--beta2", "--eps", "--nesterov", "--ranks", "--strategy",
+                                        "--beta1", "--beta2", "--eps", "--nesterov", "--ignore-index", "--ranks", "--strategy",
                                         "--microbatches", "--dp", "--pp", "--schedule", "--stages", "--bucket-mb", "--bn-stats", "--placement",
                                         "--balance", "--cluster"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
@@ -144,7 +148,7 @@ static int parse_flags(const char *cmd, int argc, char **argv, CompileFlags *f) 
                         .bucket_mb = 25};
     TrainOptions *t = &o.train;
     *t = (TrainOptions){.loss = LOSS_CE, .optimizer = OPT_SGD, .lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f,
-                        .eps = 1e-8f};
+                        .eps = 1e-8f, .ignore_index = -100};
     bool momentum_set = false;
     char *freeze_copy = NULL, *stages_copy = NULL;
     int64_t ranks = 1;
@@ -186,6 +190,10 @@ static int parse_flags(const char *cmd, int argc, char **argv, CompileFlags *f) 
             else if (strcmp(v, "mse") == 0) t->loss = LOSS_MSE;
             else if (strcmp(v, "model") == 0) t->loss = LOSS_MODEL;
             else status = cli_usage(cmd, "--loss must be ce, mse or model, got '%s'", v);
+        } else if (strcmp(a, "--ignore-index") == 0) {
+            NEED_VALUE();
+            if (!cli_parse_i64(v, INT64_MIN, INT64_MAX, &t->ignore_index))
+                status = cli_usage(cmd, "--ignore-index needs an integer, got '%s'", v);
         } else if (strcmp(a, "--optimizer") == 0) {
             NEED_VALUE();
             if (strcmp(v, "sgd") == 0) t->optimizer = OPT_SGD;

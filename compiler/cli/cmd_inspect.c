@@ -215,7 +215,7 @@ static void check_training(Report *r, const char *model, int64_t batch, LossKind
     DriverOptions opt = {.model = model, .batch = batch, .require_supported = true};
     Graph *g = driver_front_end(&opt, &r->training);
     if (!g) return;
-    TrainOptions to = {.loss = loss, .optimizer = OPT_SGD, .lr = 0.01f, .replicas = 1};
+    TrainOptions to = {.loss = loss, .optimizer = OPT_SGD, .lr = 0.01f, .replicas = 1, .ignore_index = -100};
     TrainGraph t;
     if (train_build(g, &to, &t, &r->training)) ir_verify(g, &r->training);
     graph_free(g);

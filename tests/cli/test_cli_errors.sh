@@ -127,7 +127,8 @@ expect 2 "--stages needs node names, got ','" -- "$CLEAVE" compile "$MLP" -o "$O
 expect 2 "--stages: the model has no node named 'nosuchnode'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --ranks 2 --strategy layer --stages nosuchnode
 expect 2 "--target-cpu 'frobcpu' is not a processor LLVM knows" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --target-cpu frobcpu
 expect 2 "--freeze: 'nope' is not a float initializer" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --freeze nope
-expect 1 "--loss ce needs logits \\[B,C\\]" -- "$CLEAVE" compile "$(cd "$HERE/../.." && pwd)/samples/transformer.onnx" -o "$OUTP" --batch 2
+expect 1 "--loss model needs a scalar first output; 'output' has 1024 elements" -- "$CLEAVE" compile "$(cd "$HERE/../.." && pwd)/samples/transformer.onnx" -o "$OUTP" --batch 2 --loss model
+expect 2 "--ignore-index needs an integer, got '1.5'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --ignore-index 1.5
 
 # No arguments at all: the overall usage text, on stderr, with status 2.
 run "$CLEAVE"

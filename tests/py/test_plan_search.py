@@ -303,8 +303,8 @@ def check_errors(rep, args, work):
         (["plan", MODEL, "--batch", "8", "--ranks", "4", "--cluster", cluster_file(work, "two", 1 << 32)],
          "has 2 ranks"),
         # nothing plans: the model's own reason, not "no way to split"
-        (["plan", os.path.join(ROOT, "samples", "transformer.onnx"), "--batch", "8", "--ranks", "2"],
-         "--loss ce needs logits [B,C]; output 'output' has rank 3"),
+        (["plan", os.path.join(ROOT, "samples", "transformer.onnx"), "--batch", "8", "--ranks", "2", "--loss",
+          "model"], "--loss model needs a scalar first output; 'output' has 2048 elements"),
     ]
     for argv, want in cases:
         p = cleave(args, *argv)

@@ -306,13 +306,26 @@ START_TEST(decode_idx) {
     memcpy(b, lab, sizeof lab);
     ck_assert(rt_data_decode(b, sizeof lab, "lab", &l_in, &a, &e));
     ck_assert_int_eq(((int64_t *)a.data)[0], 9);
-    ck_assert(!rt_labels_check(&a, 5, &e));
+    RtMeta m = {.classes = 5, .batch = 3};
+    ck_assert(!rt_labels_check(&a, &m, &e));
     ck_assert_str_eq(e.msg, "lab: row 0: label 9 is out of range [0, 5)");
     memset(&e, 0, sizeof e);
-    ck_assert(rt_labels_check(&a, 10, &e));
+    m.classes = 10;
+    ck_assert(rt_labels_check(&a, &m, &e));
     ((int64_t *)a.data)[2] = -1;
-    ck_assert(!rt_labels_check(&a, 10, &e));
+    ck_assert(!rt_labels_check(&a, &m, &e));
     ck_assert_str_eq(e.msg, "lab: row 2: label -1 is out of range [0, 10)");
+    /* the ignore index passes the check and does not count */
+    RtOrder o = {.n = 3};
+    ck_assert_int_eq(rt_labels_counted(&o, &a, &m, 0), 3);
+    m.has_ignore = true;
+    m.ignore_index = -1;
+    memset(&e, 0, sizeof e);
+    ck_assert(rt_labels_check(&a, &m, &e));
+    ck_assert_int_eq(rt_labels_counted(&o, &a, &m, 0), 2);
+    m.ignore_index = -100;
+    ck_assert(!rt_labels_check(&a, &m, &e));
+    ck_assert_str_eq(e.msg, "lab: row 2: label -1 is out of range [0, 10) and is not the ignore index -100");
     rt_array_free(&a);
 }
 END_TEST

@@ -1,0 +1,154 @@
+#!/usr/bin/python3
+"""Check that transformers exported from PyTorch in training mode train in
+cleave as in PyTorch, under every strategy.
+
+The models (lm_models.py): a GPT-2-style decoder (token and position
+embeddings, split qkv, causal mask, tied LM head, logits [B, T, V]), a
+BERT-style encoder with an attention-mask input and masked-language-model
+labels, nn.TransformerEncoderLayer (batch_first, dropout 0) tagging every
+position, and torchvision's VisionTransformer (its class token is an index
+pick) over [B, 10].
+
+For each: build it from a fixed seed, export it for training at its opset,
+train STEPS steps in float64 in PyTorch (the reference: batches i*B mod N,
+torch's cross_entropy over the positions with ignore_index -100, which the
+GPT's and BERT's labels use), then compile and train it in cleave under
+single, dp 2, pipeline 2 (1F1B, 2 micro-batches) and hybrid 2x2, and check
+every step's loss (rtol 1e-4) and every saved initializer (rtol 1e-3): the
+mean over the counted labels of the global batch, however the replicas'
+and micro-batches' shares of them fall.
+
+Prints PASS/FAIL lines and `N passed, M failed`; exits 1 on failure, 77
+(skip) without torch, torchvision, onnx or mpirun.
+
+    /usr/bin/python3 tests/py/test_lm_train.py --cleave build/cleave [--workdir /tmp/w] [--models gpt,vit]
+"""
+
+import argparse
+import copy
+import os
+import sys
+
+import harness
+
+BATCH, N_ROWS, STEPS, LR = 8, 32, 8, 0.05
+LOSS_RTOL, LOSS_ATOL = 1e-4, 1e-6
+W_RTOL, W_ATOL = 1e-3, 1e-5
+STRATEGIES = [
+    ("single", 1, []),
+    ("dp2", 2, ["--ranks", "2", "--strategy", "dp"]),
+    ("pipeline2_1f1b", 2, ["--ranks", "2", "--strategy", "pipeline", "--microbatches", "2", "--schedule", "1f1b"]),
+    ("hybrid2x2", 4, ["--ranks", "4", "--strategy", "hybrid", "--dp", "2", "--pp", "2", "--microbatches", "2"]),
+]
+
+torch = np = lm = None
+
+
+def ce(logits, y):
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=-100)
+
+
+def reference(model, x, y):
+    """Float64 SGD on batches i*B mod N: (losses before each update, the
+    state afterwards)."""
+    model = copy.deepcopy(model).double()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    losses = []
+    for s in range(STEPS):
+        lo = (s * BATCH) % N_ROWS
+        inputs = [v[lo:lo + BATCH].double() if v.is_floating_point() else v[lo:lo + BATCH] for v in x.values()]
+        opt.zero_grad()
+        loss = ce(model(*inputs), y[lo:lo + BATCH])
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, {k: v.detach().numpy() for k, v in model.state_dict().items() if v.is_floating_point()}
+
+
+def check_weights(rep, tag, saved, state, start):
+    """Every float initializer the program saved against the reference's
+    tensor of that name (a tied weight is one initializer, under either
+    of its module's names); and the run moved them further than the
+    tolerance, so that the check says something."""
+    compared, worst, worst_key, moved = 0, 0.0, None, 0.0
+    for k, got in saved.items():
+        if k not in state or got.dtype.kind != "f":
+            continue
+        want = state[k]
+        moved = max(moved, float(np.max(np.abs(want - start[k]) / (W_RTOL * np.abs(want) + W_ATOL))))
+        if got.shape != want.shape:
+            rep.check("%s: %s has the reference's shape" % (tag, k), False, "%s vs %s" % (got.shape, want.shape))
+            return
+        r = float(np.max(np.abs(got.astype(np.float64) - want) / (W_RTOL * np.abs(want) + W_ATOL)))
+        if r > worst:
+            worst, worst_key = r, k
+        compared += 1
+    rep.check("%s: %d initializers match PyTorch's (worst %.3g of the tolerance, %s)" % (tag, compared, worst, worst_key),
+              compared > 0 and worst <= 1.0, "no initializer of the model's names was saved" if not compared else "")
+    rep.check("%s: the run moved the weights beyond the tolerance (%.3g times)" % (tag, moved), moved > 1.0)
+
+
+def run_model(rep, cleave, name, work):
+    spec = lm.MODELS[name]
+    torch.manual_seed(0)
+    model = spec.make()
+    x, y = spec.data(N_ROWS, torch.Generator().manual_seed(1))
+    path = os.path.join(work, name + ".onnx")
+    lm.export(model, x, path, spec.opset)
+    data = []
+    for k, v in list(x.items()) + [("labels", y)]:
+        f = os.path.join(work, "%s_%s.npy" % (name, k))
+        np.save(f, v.numpy())
+        data += ["--data", "%s=%s" % (k, f)]
+    ref_losses, state = reference(model, x, y)
+    start = harness.read_weights(path)
+    for label, ranks, flags in STRATEGIES:
+        tag = "%s %s" % (name, label)
+        prog = os.path.join(work, "%s_%s" % (name, label))
+        metrics, saved = prog + ".jsonl", prog + ".trained.onnx"
+        cmd = [cleave, "compile", path, "-o", prog, "--batch", str(BATCH), "--loss", "ce", "--lr", repr(LR)] + flags
+        p, _ = harness.run(cmd, timeout=900)
+        if not rep.check("%s: compiles" % tag, p.returncode == 0, harness.failure(cmd, p)):
+            continue
+        argv = [prog] + data + ["--steps", str(STEPS), "--metrics", metrics, "--save", saved]
+        if ranks > 1:
+            argv = harness.mpirun(ranks, argv)
+        p, _ = harness.run(argv, env=harness.mpi_env(), timeout=900)
+        if not rep.check("%s: trains" % tag, p.returncode == 0, harness.failure(argv, p)):
+            continue
+        losses = harness.read_losses(metrics)
+        ok, detail = harness.compare(losses, ref_losses, LOSS_RTOL, LOSS_ATOL)
+        rep.check("%s: %d losses match PyTorch's (float64)" % (tag, STEPS), ok and len(losses) == STEPS, detail)
+        check_weights(rep, tag, harness.read_weights(saved), state, start)
+
+
+def main():
+    global torch, np, lm
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cleave", required=True)
+    ap.add_argument("--workdir")
+    ap.add_argument("--models", default=os.environ.get("CLEAVE_LM_MODELS", "encoder"))
+    args = ap.parse_args()
+    why = harness.missing(modules=("torch", "torchvision", "onnx", "numpy"), programs=("mpirun",))
+    if why:
+        return harness.skip(why)
+    import numpy
+    import torch as t
+    torch, np = t, numpy
+    torch.set_num_threads(1)
+    import lm_models
+    lm = lm_models
+    names = [m for m in args.models.split(",") if m]
+    unknown = [m for m in names if m not in lm.MODELS]
+    if unknown:
+        print("unknown models %s (known: %s)" % (unknown, ", ".join(lm.MODELS)))
+        return 2
+    rep = harness.Report()
+    with harness.workdir(args.workdir, "cleave_lm_") as work:
+        for name in names:
+            run_model(rep, args.cleave, name, work)
+    return rep.summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
