@@ -17,9 +17,12 @@ T is --threads (default 1): cleave compiles with --threads T, and torch
 gets T intra-op threads, with OMP_NUM_THREADS, MKL_NUM_THREADS and
 OPENBLAS_NUM_THREADS set to T for its BLAS.
 
-The workloads are the MLPs of MODELS and the CNNs of CNN_MODELS (a small
-VGG-style net, torchvision's resnet18 and mobilenet_v2 at 3x32x32); --models
-picks some of them by name, or all of a family with "mlp" or "cnn".
+The workloads are the MLPs of MODELS, the CNNs of CNN_MODELS (a small
+VGG-style net, torchvision's resnet18 and mobilenet_v2 at 3x32x32) and the
+transformers of LM_MODELS (a two-layer encoder block tagging every token of
+float features, and a GPT-style decoder over tokens, both trained on the
+cross-entropy of every position); --models picks some of them by name, or
+all of a family with "mlp", "cnn" or "lm".
 
 The table gives the medians.  Both sides train on identical weights and
 batches, so the loss of the first and of the last step must agree: the script
@@ -37,7 +40,7 @@ memory PyTorch frees (MALLOC_KEEP below), as an allocator such as jemalloc
 would.
 
     /usr/bin/python3 bench/bench_train.py [--cleave PATH] [--runs 5] [--steps N]
-                                          [--models NAME|mlp|cnn ...]
+                                          [--models NAME|mlp|cnn|lm ...]
                                           [--threads T] [--out results.json]
 
 Needs Debian's /usr/bin/python3 (torch 1.13, numpy); the default --cleave is
@@ -96,7 +99,37 @@ CNN_MODELS = [
     ("resnet18", (3, 32, 32), 32, 20, "first"),
     ("mobilenet_v2", (3, 32, 32), 32, 20, "first"),
 ]
-FAMILIES = {"mlp": [m[0] for m in MODELS], "cnn": [m[0] for m in CNN_MODELS]}
+
+# name, batch, default steps, opset.  Transformers as PyTorch users write
+# them, exported at opset 17 (LayerNormalization is one node there; GELU
+# stays a chain of element-wise ops, erf or tanh form, as the exporter
+# writes it).  Both are trained on the mean cross-entropy over every
+# position of the batch (cleave: --loss ce over logits [B, T, C] and
+# labels [B, T]; torch: cross_entropy over the flattened positions).
+#
+# transformer_block: per-token tagging, chosen over pooled classification
+#   so that the loss is the same per-position cross-entropy as the
+#   language model's and nothing but the block sits between the input and
+#   it.  Float features [B, 64, 128], two pre-norm layers (LayerNorm ->
+#   self-attention with 4 heads of 32, one Linear making q, k and v, no
+#   mask -> residual; LayerNorm -> Linear 128->512, GELU (erf), Linear
+#   512->128 -> residual), a final LayerNorm and a Linear head to 10
+#   classes per token.
+# gpt_mini: tests/py/lm_models.py's Gpt (the model py_lm_train checks)
+#   at 4 layers, width 256, 4 heads, 128 tokens and a vocabulary of 100:
+#   token and position embeddings (Gather), causal mask, GELU (tanh), LM
+#   head tied to the token embedding; logits [B, 128, 100], each position
+#   labelled with the next token.
+LM_MODELS = [
+    ("transformer_block", 16, 40, 17),
+    ("gpt_mini", 8, 20, 17),
+]
+LM_SHAPES = {
+    # name: (input sample shape, classes), the input's dtype from the kind of model
+    "transformer_block": ((64, 128), 10),
+    "gpt_mini": ((128,), 100),
+}
+FAMILIES = {"mlp": [m[0] for m in MODELS], "cnn": [m[0] for m in CNN_MODELS], "lm": [m[0] for m in LM_MODELS]}
 
 np = None
 torch = None
@@ -152,11 +185,50 @@ def build_cnn(name):
     return model
 
 
+def build_lm(name):
+    """One of LM_MODELS, freshly initialised from torch's current seed (see
+    LM_MODELS for what they are)."""
+    nn = torch.nn
+    if name == "gpt_mini":
+        sys.path.insert(0, os.path.join(ROOT, "tests", "py"))
+        import lm_models
+        return lm_models.Gpt(vocab=100, seq=128, d=256, heads=4, layers=4)
+
+    class Attention(nn.Module):
+        def __init__(self, d, heads):
+            super().__init__()
+            self.heads = heads
+            self.qkv = nn.Linear(d, 3 * d)
+            self.proj = nn.Linear(d, d)
+
+        def forward(self, x):
+            b, t, d = x.shape
+            q, k, v = self.qkv(x).split(d, dim=2)
+            q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+            att = torch.softmax((q @ k.transpose(-2, -1)) * (1.0 / (d // self.heads) ** 0.5), dim=-1)
+            return self.proj((att @ v).transpose(1, 2).contiguous().view(b, t, d))
+
+    class Layer(nn.Module):
+        def __init__(self, d, heads):
+            super().__init__()
+            self.ln1, self.attn = nn.LayerNorm(d), Attention(d, heads)
+            self.ln2, self.fc, self.out = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+        def forward(self, x):
+            x = x + self.attn(self.ln1(x))
+            return x + self.out(nn.functional.gelu(self.fc(self.ln2(x))))
+
+    (_, d), classes = LM_SHAPES[name]
+    return nn.Sequential(Layer(d, 4), Layer(d, 4), nn.LayerNorm(d), nn.Linear(d, classes))
+
+
 def build_job_model(job):
-    """The model a torch worker job describes: a CNN by name, or an MLP by
-    its widths (bench_dp.py's jobs name no kind)."""
+    """The model a torch worker job describes: a CNN or transformer by name,
+    or an MLP by its widths (bench_dp.py's jobs name no kind)."""
     if job.get("kind") == "cnn":
         return build_cnn(job["model"])
+    if job.get("kind") == "lm":
+        return build_lm(job["model"])
     return build_model(job["in_dim"], job["hidden"])
 
 
@@ -387,7 +459,12 @@ def torch_worker(job):
     y_all = torch.from_numpy(np.load(job["y"]))
     batch, steps, warm = job["batch"], job["steps"], job["warmup"]
     opt = torch.optim.SGD(model.parameters(), lr=job["lr"])
-    loss_fn = torch.nn.functional.cross_entropy
+    if job.get("kind") == "lm":
+        # logits [B, T, C] and labels [B, T]: the mean over every position
+        def loss_fn(out, y):
+            return torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+    else:
+        loss_fn = torch.nn.functional.cross_entropy
 
     def step(i):
         x = x_all[i * batch:(i + 1) * batch]
@@ -548,6 +625,12 @@ def workloads(names, steps):
         if name in names:
             out.append({"name": name, "kind": "cnn", "sample": sample, "batch": batch,
                         "steps": steps or k, "check": check})
+    for name, batch, k, opset in LM_MODELS:
+        if name in names:
+            sample, classes = LM_SHAPES[name]
+            out.append({"name": name, "kind": "lm", "sample": sample, "batch": batch, "classes": classes,
+                        "tokens": name == "gpt_mini", "opset": opset, "steps": steps or k,
+                        "check": "first last"})
     return out
 
 
@@ -558,14 +641,18 @@ def export_model(w, onnx_path, weights):
     if w["kind"] == "mlp":
         model = build_model(w["in_dim"], w["hidden"])
         layers = [w["in_dim"]] + w["hidden"] + [N_CLASSES]
+    elif w["kind"] == "lm":
+        model = build_lm(w["name"])
+        layers = None
     else:
         model = build_cnn(w["name"])
         layers = None
-    x = torch.zeros((w["batch"],) + tuple(w["sample"]))
+    shape = (w["batch"],) + tuple(w["sample"])
+    x = torch.zeros(shape, dtype=torch.int64) if w.get("tokens") else torch.zeros(shape)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(model.train(), (x,), onnx_path,
-                          export_params=True, opset_version=OPSET,
+                          export_params=True, opset_version=w.get("opset", OPSET),
                           training=torch.onnx.TrainingMode.TRAINING,
                           do_constant_folding=False,
                           input_names=["input"], output_names=["logits"])
@@ -593,8 +680,16 @@ def bench_model(args, workdir, w):
     # One distinct batch per step: rows = steps * batch, no wrap-around.
     rng = np.random.default_rng(DATA_SEED)
     rows = steps * batch
-    np.save(x_path, rng.standard_normal((rows,) + tuple(w["sample"]), dtype=np.float32))
-    np.save(y_path, rng.integers(0, N_CLASSES, size=rows, dtype=np.int64))
+    if w.get("tokens"):
+        # token windows one longer than the input: each position's label is
+        # the next token
+        seq = rng.integers(0, w["classes"], size=(rows, w["sample"][0] + 1), dtype=np.int64)
+        np.save(x_path, np.ascontiguousarray(seq[:, :-1]))
+        np.save(y_path, np.ascontiguousarray(seq[:, 1:]))
+    else:
+        np.save(x_path, rng.standard_normal((rows,) + tuple(w["sample"]), dtype=np.float32))
+        labels = (rows, w["sample"][0]) if w["kind"] == "lm" else rows  # a class per token
+        np.save(y_path, rng.integers(0, w.get("classes", N_CLASSES), size=labels, dtype=np.int64))
 
     warm = warmup_steps(steps)
     job = {"kind": w["kind"], "model": name, "in_dim": w.get("in_dim"), "hidden": w.get("hidden"),
@@ -719,7 +814,7 @@ def main():
         torch_worker(json.loads(sys.argv[2]))
         return
 
-    names = [m[0] for m in MODELS] + [m[0] for m in CNN_MODELS]
+    names = [m[0] for m in MODELS] + [m[0] for m in CNN_MODELS] + [m[0] for m in LM_MODELS]
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cleave", default=os.path.join(ROOT, "build-dev", "cleave"),
                     help="the cleave compiler (default: %(default)s)")
@@ -727,9 +822,10 @@ def main():
     ap.add_argument("--steps", type=int,
                     help="steps per run for every model (default: %s)"
                     % ", ".join("%d for %s" % (m[4], m[0]) for m in MODELS)
-                    + ", %s" % ", ".join("%d for %s" % (m[3], m[0]) for m in CNN_MODELS))
+                    + ", %s" % ", ".join("%d for %s" % (m[3], m[0]) for m in CNN_MODELS)
+                    + ", %s" % ", ".join("%d for %s" % (m[2], m[0]) for m in LM_MODELS))
     ap.add_argument("--models", nargs="+", choices=names + sorted(FAMILIES),
-                    help="only these models; mlp or cnn for all of a family (default: all)")
+                    help="only these models; mlp, cnn or lm for all of a family (default: all)")
     ap.add_argument("--threads", type=int, default=1,
                     help="threads per side: cleave --threads T, torch.set_num_threads(T) (default 1)")
     ap.add_argument("--out", help="also write the results as JSON to this file")
