@@ -57,12 +57,16 @@ bool cg_kernel_begin(Cg *c, const Node *n, int n_bufs, const Value *const *bufs)
 void cg_kernel_end(Cg *c);
 /* The same for a kernel that is not one node's (fused chains, cg_fuse.c):
  * built into k under `name`, errors naming node n; shared[i]: buffer i may
- * overlap another in some call (no noalias). */
+ * overlap another in some call (no noalias); alias[i] (NULL: none): an
+ * earlier buffer that buffer i is the same bytes as in every call, whose
+ * pointer the kernel then uses for both, or -1. */
 bool cg_kernel_begin_as(Cg *c, CgKernel *k, const char *name, const Node *n, int n_bufs, const Value *const *bufs,
-                        const bool *shared);
+                        const bool *shared, const int *alias);
 /* Whether buffers a and b of node n's kernel may be the same bytes in
  * some call (then neither is noalias). */
 bool cg_may_share(const Cg *c, const Node *n, const Value *a, const Value *b);
+/* Whether they are the same bytes in every call (an in-place result). */
+bool cg_always_same(const Cg *c, const Node *n, const Value *a, const Value *b);
 /* Kernel over all present inputs then all present outputs. */
 bool cg_kernel_begin_io(Cg *c, const Node *n);
 /* Base pointer of v's buffer inside the current kernel. */
@@ -88,9 +92,16 @@ LLVMValueRef cg_load(Cg *c, const Value *v, LLVMValueRef idx);
 /* Element idx of v as i64 (integer buffers). */
 LLVMValueRef cg_load_i(Cg *c, const Value *v, LLVMValueRef idx);
 void cg_store(Cg *c, const Value *v, LLVMValueRef idx, LLVMValueRef x);
-/* float32 math from libm / intrinsics: "exp", "log", "tanh", "erf",
- * "sqrt", "pow" (two arguments), "fabs". */
+/* float32 math: "exp", "log", "tanh", "erf", "sqrt", "pow" (two
+ * arguments), "fabs"; exp, tanh and erf inline (cg_vexp, ...), the others
+ * intrinsics or libm. */
 LLVMValueRef cg_math(Cg *c, const char *fn, LLVMValueRef x, LLVMValueRef y);
+/* e^x, erf(x) and tanh(x) of a float32 or a vector of float32, as
+ * straight-line code that vectorises: each lane gets the scalar's
+ * operations, so the bits do not depend on the width (cg_math.c). */
+LLVMValueRef cg_vexp(Cg *c, LLVMValueRef x);
+LLVMValueRef cg_verf(Cg *c, LLVMValueRef x);
+LLVMValueRef cg_vtanh(Cg *c, LLVMValueRef x);
 LLVMValueRef cg_select_gt0(Cg *c, LLVMValueRef cond_x, LLVMValueRef a, LLVMValueRef b); /* x>0 ? a : b */
 LLVMValueRef cg_max(Cg *c, LLVMValueRef a, LLVMValueRef b);
 /* A stack slot in the current function's entry block. */

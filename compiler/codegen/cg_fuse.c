@@ -42,6 +42,9 @@ typedef struct Chain {
     int first_reader[FUSE_MAX_BUFS], last_reader[FUSE_MAX_BUFS]; /* chain positions reading input i */
     int maker[FUSE_MAX_BUFS];     /* chain position making output i */
     bool shared[FUSE_MAX_BUFS];   /* overlaps another buffer in some call */
+    /* differ[a][b] (a < b): not the same bytes in some call; those that are
+     * in every call share one pointer in the kernel (cg_kernel_begin_as) */
+    bool differ[FUSE_MAX_BUFS][FUSE_MAX_BUFS];
     bool unsafe;                /* some call's stores overwrite bytes it still reads */
     CgKernel k;
 } Chain;
@@ -171,6 +174,8 @@ static void check_call(const Cg *c, Chain *ch, const RankPlan *rp, int micro) {
         len[i] = plan_value_bytes(ch->bufs[i]);
         if (off[i] < 0) ch->unsafe = true;
     }
+    for (int a = 0; a < nb; a++)
+        for (int b = a + 1; b < nb; b++) ch->differ[a][b] |= off[a] != off[b] || len[a] != len[b];
     for (int a = 0; a < nb && !ch->unsafe; a++)
         for (int b = a + 1; b < nb; b++) {
             bool overlap = off[a] < off[b] + len[b] && off[b] < off[a] + len[a];
@@ -288,8 +293,13 @@ static bool build_chain(Cg *c, Chain *ch) {
     char name[96];
     const Node *h = ch->nodes[0];
     snprintf(name, sizeof name, "f%d_%s_x%d", h->id, h->op_type, ch->n);
-    if (!cg_kernel_begin_as(c, &ch->k, name, h, ch->n_in + ch->n_out + ch->n_hin, ch->bufs, ch->shared))
-        return false;
+    int nb = ch->n_in + ch->n_out + ch->n_hin, alias[FUSE_MAX_BUFS];
+    for (int b = 0; b < nb; b++) {
+        alias[b] = -1;
+        for (int a = 0; a < b && alias[b] < 0; a++)
+            if (!ch->differ[a][b]) alias[b] = a;
+    }
+    if (!cg_kernel_begin_as(c, &ch->k, name, h, nb, ch->bufs, ch->shared, alias)) return false;
     if (ch->head) {
         CgEpilogue epi = {chain_block, ch};
         h->def->cg_blocks(c, h, &epi);

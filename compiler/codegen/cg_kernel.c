@@ -26,8 +26,30 @@ bool cg_may_share(const Cg *c, const Node *n, const Value *a, const Value *b) {
     return false;
 }
 
+/* Whether buffers a and b of node n's kernel are the same bytes (same
+ * offset and size) in every call of it. */
+bool cg_always_same(const Cg *c, const Node *n, const Value *a, const Value *b) {
+    if (plan_value_bytes(a) != plan_value_bytes(b)) return false;
+    const Plan *p = c->plan;
+    int calls = 0;
+    for (int r = 0; r < p->n_stages; r++) {
+        const RankPlan *rp = plan_stage_rank(p, r);
+        for (int pass = 0; pass < 2; pass++) {
+            const PlanStep *st = pass ? rp->eval : rp->train;
+            int n_st = pass ? rp->n_eval : rp->n_train;
+            for (int i = 0; i < n_st; i++) {
+                if (st[i].kind != STEP_COMPUTE || st[i].node != n) continue;
+                int64_t oa = pipeline_buffer(p, rp, a, st[i].micro);
+                if (oa < 0 || oa != pipeline_buffer(p, rp, b, st[i].micro)) return false;
+                calls++;
+            }
+        }
+    }
+    return calls > 0;
+}
+
 bool cg_kernel_begin_as(Cg *c, CgKernel *k, const char *name, const Node *n, int n_bufs, const Value *const *bufs,
-                        const bool *shared) {
+                        const bool *shared, const int *alias) {
     if (n_bufs > CG_MAX_BUFS)
         return diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (%s): more than %d inputs and outputs are not compiled",
                           c->g->path, n->name, n->op_type, CG_MAX_BUFS);
@@ -53,6 +75,14 @@ bool cg_kernel_begin_as(Cg *c, CgKernel *k, const char *name, const Node *n, int
             LLVMAddAttributeAtIndex(k->fn, (unsigned)i + 1, LLVMCreateEnumAttribute(c->ctx, noalias, 0));
         c->args[i] = LLVMGetParam(k->fn, (unsigned)i);
     }
+    /* A buffer that is another's bytes in every call (an element-wise
+     * result computed in place) is addressed through the other's
+     * pointer: with one base for the load and the store of element i,
+     * LLVM's loop vectorizer sees that they meet only within an iteration,
+     * where with two pointers its run-time overlap check sent every
+     * in-place call to the scalar loop. */
+    for (int i = 0; alias && i < n_bufs; i++)
+        if (alias[i] >= 0) c->args[i] = c->args[alias[i]];
     LLVMBasicBlockRef entry = LLVMAppendBasicBlockInContext(c->ctx, k->fn, "entry");
     LLVMPositionBuilderAtEnd(c->b, entry);
     c->node = n;
@@ -63,15 +93,19 @@ bool cg_kernel_begin_as(Cg *c, CgKernel *k, const char *name, const Node *n, int
 bool cg_kernel_begin(Cg *c, const Node *n, int n_bufs, const Value *const *bufs) {
     if (n_bufs > CG_MAX_BUFS) return diag_error(c->d, DIAG_INTERNAL, "node '%s': too many buffers", n->name);
     bool shared[CG_MAX_BUFS];
+    int alias[CG_MAX_BUFS];
     for (int i = 0; i < n_bufs; i++) {
         shared[i] = false;
+        alias[i] = -1;
         for (int j = 0; j < n_bufs; j++)
             if (j != i && (bufs[j] == bufs[i] || cg_may_share(c, n, bufs[i], bufs[j]))) shared[i] = true;
+        for (int j = 0; j < i && alias[i] < 0; j++)
+            if (bufs[j] != bufs[i] && cg_always_same(c, n, bufs[i], bufs[j])) alias[i] = j;
     }
     char name[64];
     snprintf(name, sizeof name, "k%d_%s%s", n->id, n->op_type, c->eval_form ? "_eval" : "");
     CgKernel *k = c->eval_form ? &c->eval_kernels[n->id] : &c->kernels[n->id];
-    return cg_kernel_begin_as(c, k, name, n, n_bufs, bufs, shared);
+    return cg_kernel_begin_as(c, k, name, n, n_bufs, bufs, shared, alias);
 }
 
 bool cg_kernel_begin_io(Cg *c, const Node *n) {
@@ -253,11 +287,14 @@ static LLVMValueRef declare_math(Cg *c, const char *name, int arity) {
 }
 
 LLVMValueRef cg_math(Cg *c, const char *fn, LLVMValueRef x, LLVMValueRef y) {
-    /* Intrinsics where LLVM has them (they vectorise); libm otherwise. */
+    /* exp, tanh and erf inline, since a call to libm keeps the loop around
+     * it scalar (cg_math.c); intrinsics where LLVM has them (they
+     * vectorise); libm otherwise. */
+    if (strcmp(fn, "exp") == 0) return cg_vexp(c, x);
+    if (strcmp(fn, "tanh") == 0) return cg_vtanh(c, x);
+    if (strcmp(fn, "erf") == 0) return cg_verf(c, x);
     static const struct { const char *op, *sym; int arity; } table[] = {
-        {"sqrt", "llvm.sqrt.f32", 1}, {"fabs", "llvm.fabs.f32", 1}, {"exp", "expf", 1},
-        {"log", "logf", 1},           {"tanh", "tanhf", 1},         {"erf", "erff", 1},
-        {"pow", "powf", 2},
+        {"sqrt", "llvm.sqrt.f32", 1}, {"fabs", "llvm.fabs.f32", 1}, {"log", "logf", 1}, {"pow", "powf", 2},
     };
     for (size_t i = 0; i < sizeof table / sizeof *table; i++) {
         if (strcmp(table[i].op, fn)) continue;

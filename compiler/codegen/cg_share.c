@@ -71,7 +71,10 @@ static char *signature(const Cg *c, const Node *n) {
     for (int i = 0; i < k; i++)
         for (int j = i + 1; j < k; j++) {
             if (!v[i] || !v[j]) continue;
-            text_put(&t, "%c", v[i] == v[j] ? '=' : cg_may_share(c, n, v[i], v[j]) ? '~' : '.');
+            text_put(&t, "%c", v[i] == v[j]                     ? '='
+                               : cg_always_same(c, n, v[i], v[j]) ? '#'
+                               : cg_may_share(c, n, v[i], v[j])   ? '~'
+                                                                  : '.');
         }
     if (t.failed) {
         free(t.s);
