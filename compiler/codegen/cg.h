@@ -143,6 +143,27 @@ void cg_ew_nest(Cg *c, const Value *y, int n_in, const Value *const *ins, CgEwBo
 void cg_ew_nest_rows(Cg *c, const Value *y, LLVMValueRef row0, int64_t rows, int n_in, const Value *const *ins,
                      CgEwBody body, void *ctx);
 
+/* ---- vectors over contiguous rows (cg_vec.c) ---- */
+/* <w x float>; x splatted over w lanes (x of any scalar type). */
+LLVMTypeRef cg_vtype(Cg *c, int w);
+LLVMValueRef cg_vsplat(Cg *c, LLVMValueRef x, int w);
+/* w floats of v from element idx, of which the first `lanes` are read
+ * (masked; the others are fill's, or zero with fill NULL). */
+LLVMValueRef cg_vload(Cg *c, const Value *v, LLVMValueRef idx, int w, int lanes, LLVMValueRef fill);
+/* The first `lanes` lanes of x stored at element idx of v. */
+void cg_vstore(Cg *c, const Value *v, LLVMValueRef idx, LLVMValueRef x, int lanes);
+/* The sum or the maximum (NaN-propagating, cg_max) of x's lanes, combined
+ * pairwise in an order fixed by the width (float or double lanes). */
+LLVMValueRef cg_vsum(Cg *c, LLVMValueRef x);
+LLVMValueRef cg_vmax(Cg *c, LLVMValueRef x);
+/* A row of len floats a vector of w at a time: body(off, lanes) with the
+ * element offset inside the row, lanes = w, then once with the rest (fewer
+ * lanes) when w does not divide len. */
+typedef void (*CgVecBody)(Cg *c, void *ctx, LLVMValueRef off, int lanes);
+void cg_vrow(Cg *c, int64_t len, int w, CgVecBody body, void *ctx);
+/* A stack slot holding init, for an accumulator carried across a loop. */
+LLVMValueRef cg_vacc(Cg *c, LLVMValueRef init);
+
 /* ---- epilogues ---- */
 /* Work a kernel runs on its output 0 each time it finishes a block of it
  * (rows [row0, row0 + rows) of the first axis), while the block is still

@@ -11,6 +11,7 @@
 #include "ops_families.h"
 #include "../autodiff/grad.h"
 #include "../codegen/cg.h"
+#include "../codegen/cg_gemm.h"
 
 /* ---- shape rules ---- */
 
@@ -646,6 +647,59 @@ static int64_t softmax_axis(const Graph *g, const Node *n) {
     return axis < 0 ? axis + n->in[0]->rank : axis;
 }
 
+/* Softmax over contiguous float32 rows, a vector at a time: the maximum,
+ * then e = exp(x - max) stored and summed in vector lanes, then e / sum
+ * (or x - max - log(sum)).  The padding lanes of a row's last vector read
+ * -inf, whose exp adds nothing. */
+typedef struct SoftRow {
+    const Value *x, *y;
+    LLVMValueRef base, m, ls, acc; /* row offset, maximum, log-sum or sum, accumulator slot */
+    int w, pass;
+    bool log;
+} SoftRow;
+
+static void softmax_vec(Cg *c, void *ctx, LLVMValueRef off, int lanes) {
+    SoftRow *r = ctx;
+    LLVMValueRef i = cg_add(c, r->base, off), ninf = cg_vsplat(c, cg_f32(c, -INFINITY), r->w);
+    LLVMTypeRef vt = cg_vtype(c, r->w);
+    if (r->pass == 0) {
+        LLVMValueRef v = cg_vload(c, r->x, i, r->w, lanes, ninf);
+        LLVMBuildStore(c->b, cg_max(c, LLVMBuildLoad2(c->b, vt, r->acc, ""), v), r->acc);
+    } else if (r->pass == 1) {
+        LLVMValueRef sh = LLVMBuildFSub(c->b, cg_vload(c, r->x, i, r->w, lanes, ninf), cg_vsplat(c, r->m, r->w), "");
+        LLVMValueRef e = cg_vexp(c, sh);
+        if (!r->log) cg_vstore(c, r->y, i, e, lanes);
+        LLVMBuildStore(c->b, LLVMBuildFAdd(c->b, LLVMBuildLoad2(c->b, vt, r->acc, ""), e, ""), r->acc);
+    } else if (r->log) {
+        LLVMValueRef sh = LLVMBuildFSub(c->b, cg_vload(c, r->x, i, r->w, lanes, NULL), cg_vsplat(c, r->m, r->w), "");
+        cg_vstore(c, r->y, i, LLVMBuildFSub(c->b, sh, cg_vsplat(c, r->ls, r->w), ""), lanes);
+    } else {
+        LLVMValueRef e = cg_vload(c, r->y, i, r->w, lanes, NULL);
+        cg_vstore(c, r->y, i, LLVMBuildFDiv(c->b, e, cg_vsplat(c, r->ls, r->w), ""), lanes);
+    }
+}
+
+static void softmax_rows(Cg *c, const Value *x, const Value *y, int64_t rows, int64_t len, bool log) {
+    int w = cg_vector_floats();
+    SoftRow r = {.x = x, .y = y, .w = w, .log = log};
+    LLVMTypeRef vt = cg_vtype(c, w);
+    r.acc = cg_alloca(c, vt);
+    CgLoop lr;
+    r.base = cg_mul(c, cg_for(c, &lr, cg_i64(c, rows)), len);
+    LLVMBuildStore(c->b, cg_vsplat(c, cg_f32(c, -INFINITY), w), r.acc);
+    r.pass = 0;
+    cg_vrow(c, len, w, softmax_vec, &r);
+    r.m = cg_vmax(c, LLVMBuildLoad2(c->b, vt, r.acc, ""));
+    LLVMBuildStore(c->b, LLVMConstNull(vt), r.acc);
+    r.pass = 1;
+    cg_vrow(c, len, w, softmax_vec, &r);
+    r.ls = cg_vsum(c, LLVMBuildLoad2(c->b, vt, r.acc, ""));
+    if (log) r.ls = cg_math(c, "log", r.ls, NULL);
+    r.pass = 2;
+    cg_vrow(c, len, w, softmax_vec, &r);
+    cg_for_end(c, &lr);
+}
+
 static bool cg_softmax_common(Cg *c, const Node *n, bool log) {
     const Value *x = n->in[0], *y = n->out[0];
     int64_t axis = softmax_axis(c->g, n), outer, len, inner;
@@ -655,6 +709,11 @@ static bool cg_softmax_common(Cg *c, const Node *n, bool log) {
         inner = 1;
     }
     if (!cg_kernel_begin_io(c, n)) return false;
+    if (inner == 1 && x->dtype == DT_FLOAT && y->dtype == DT_FLOAT && len > 0) {
+        softmax_rows(c, x, y, outer, len, log);
+        cg_kernel_end(c);
+        return true;
+    }
     LLVMValueRef mx = cg_alloca(c, c->t_f32), se = cg_alloca(c, c->t_f32);
     CgLoop lo, li, l1, l2, l3;
     LLVMValueRef o = cg_for(c, &lo, cg_i64(c, outer));

@@ -70,6 +70,11 @@ static bool infer_matmul(OpCtx *c, Node *n) {
     int r = batch;
     if (a->rank != 1) out[r++] = ad[ar - 2];
     if (b->rank != 1) out[r++] = bd[br - 1];
+    /* MatMulT with fold: the batch dims are summed over (folded into K) */
+    if (node_attr_i(n, "fold", 0)) {
+        set_out(n, 0, t, 2, out + batch);
+        return true;
+    }
     set_out(n, 0, t, r, out);
     return true;
 }
@@ -87,7 +92,10 @@ static double flops_matmul(const Node *n) {
     const Value *a = n->in[0], *y = n->out[0];
     if (!value_shape_known(a) || !value_shape_known(y)) return 0;
     int kdim = a->rank >= 2 && node_attr_i(n, "transA", 0) ? a->rank - 2 : a->rank - 1;
-    return 2 * (double)value_numel(y) * (double)a->dims[kdim].k;
+    double k = (double)a->dims[kdim].k;
+    if (node_attr_i(n, "fold", 0)) /* every batch element's products are summed */
+        for (int j = 0; j < a->rank - 2; j++) k *= (double)a->dims[j].k;
+    return 2 * (double)value_numel(y) * k;
 }
 
 /* ---- code generation ---- */
@@ -242,7 +250,48 @@ static bool k_matmul(Cg *c, const Node *n) {
         sa *= da;
         sb *= db;
     }
+    /* A's batch dims are contiguous and every one of them has its own
+     * matrix (none broadcast) */
+    bool a_whole = true, b_whole = true;
+    int64_t batch = 1;
+    for (int j = 0; j < nb; j++) {
+        batch *= bdims[j];
+        a_whole = a_whole && (as[j] != 0 || bdims[j] == 1);
+        b_whole = b_whole && (bs[j] != 0 || bdims[j] == 1);
+    }
+    if (node_attr_i(n, "fold", 0)) {
+        /* sum_b op(A_b) B_b with A [batch.., T, M] read transposed and B
+         * [batch.., T, N] (MatMul's weight gradient, g_matmul): one product
+         * over the batch's rows, K = batch * T, instead of one per batch
+         * element and a sum of their results */
+        if (!ta || tb || nb == 0 || !a_whole || !b_whole) {
+            return diag_error(c->d, DIAG_INTERNAL, "node '%s' (MatMulT): fold needs transA and equal batch dims",
+                              n->name);
+        }
+        if (!cg_kernel_begin_io(c, n)) return false;
+        bool whole = cg_gemm_applies(A, B, Y, M, N, K * batch);
+        if (!whole) cg_fill(c, Y, value_numel(Y), cg_f32(c, 0));
+        Mat a = {A, cg_i64(c, 0), 1, M}, b = {B, cg_i64(c, 0), N, 1};
+        gemm_block(c, &a, &b, Y, cg_i64(c, 0), M, N, K * batch, 1.0f, whole);
+        cg_kernel_end(c);
+        return true;
+    }
     if (!cg_kernel_begin_io(c, n)) return false;
+    if (nb > 0 && !ta && a_whole && batch > 1) {
+        bool b_shared = true;
+        for (int j = 0; j < nb; j++) b_shared = b_shared && bs[j] == 0;
+        if (b_shared) {
+            /* one B for every batch element (a Linear layer over [B, T, K]):
+             * the batch's rows are one product of batch * M rows, which
+             * packs B once instead of once per batch element */
+            bool whole = cg_gemm_applies(A, B, Y, M * batch, N, K);
+            if (!whole) cg_fill(c, Y, value_numel(Y), cg_f32(c, 0));
+            Mat a = {A, cg_i64(c, 0), K, 1}, b = {B, cg_i64(c, 0), tb ? 1 : N, tb ? K : 1};
+            gemm_block(c, &a, &b, Y, cg_i64(c, 0), M * batch, N, K, 1.0f, whole);
+            cg_kernel_end(c);
+            return true;
+        }
+    }
     /* a packed product writes Y outright; the other loops add into zeros */
     bool packed = cg_gemm_applies(A, B, Y, M, N, K);
     if (!packed) cg_fill(c, Y, value_numel(Y), cg_f32(c, 0));
@@ -305,7 +354,20 @@ static bool g_matmul(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bo
         return diag_error(c->d, DIAG_UNSUPPORTED, "%s: node '%s' (MatMul): gradient of 1-D operands is not supported",
                           c->g->path, n->name);
     if (need[0]) dx[0] = gb_sum_to(c, matmul_t(c, dy[0], B, false, true), A);
-    if (need[1]) dx[1] = gb_sum_to(c, matmul_t(c, A, dy[0], true, false), B);
+    if (need[1]) {
+        if (B->rank == 2 && A->rank > 2 && value_shape_known(A)) {
+            /* a weight shared by every batch element: the sum of the
+             * elements' products is one product over all their rows */
+            Value *in[2] = {A, dy[0]};
+            Node *m = gb_start(c, "cleave", "MatMulT", 2, in, 1);
+            gb_attr_i(c, m, "transA", 1);
+            gb_attr_i(c, m, "transB", 0);
+            gb_attr_i(c, m, "fold", 1);
+            dx[1] = gb_finish(c, m);
+        } else {
+            dx[1] = gb_sum_to(c, matmul_t(c, A, dy[0], true, false), B);
+        }
+    }
     return true;
 }
 
@@ -319,7 +381,10 @@ static const AttrSpec attrs_gemm[] = {
     {"alpha", ATTR_FLOAT, .f = 1.0f}, {"beta", ATTR_FLOAT, .f = 1.0f},
     {"transA", ATTR_INT, .i = 0},     {"transB", ATTR_INT, .i = 0}, {0}};
 static const AttrSpec attrs_none[] = {{0}};
-static const AttrSpec attrs_matmul_t[] = {{"transA", ATTR_INT, .i = 0}, {"transB", ATTR_INT, .i = 0}, {0}};
+/* fold: the batch dims of both operands are summed over (A's read
+ * transposed), giving op(A)'s last two dims' product alone */
+static const AttrSpec attrs_matmul_t[] = {
+    {"transA", ATTR_INT, .i = 0}, {"transB", ATTR_INT, .i = 0}, {"fold", ATTR_INT, .i = 0}, {0}};
 
 const OpDef op_Gemm = {"Gemm", "", 1, 0, 2, 3, 1, 1, attrs_gemm, 0, infer_gemm, NULL, flops_gemm, .grad = g_gemm, .cg = k_gemm, .dense = true};
 const OpDef op_MatMul = {"MatMul", "", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_matmul, NULL, flops_matmul, .grad = g_matmul, .cg = k_matmul, .dense = true};

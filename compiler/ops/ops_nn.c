@@ -11,6 +11,7 @@
 #include "ops_families.h"
 #include "../autodiff/grad.h"
 #include "../codegen/cg.h"
+#include "../codegen/cg_gemm.h"
 #include "ops_cg.h"
 #include "ops_conv.h"
 #include "ops_window.h"
@@ -591,6 +592,94 @@ static void ln_stats(Cg *c, const Value *x, LLVMValueRef base, int64_t len, floa
     *inv = inv_std(c, var, eps);
 }
 
+/* ---- LayerNormalization over contiguous float32 rows, in vectors ----
+ * Scale and B (when present) span the row exactly.  The statistics are
+ * the scalar kernel's (sums in double, the variance of X - mean), summed
+ * in double lanes and combined in a fixed order; the element-wise passes
+ * compute each element as the scalar kernel does. */
+typedef enum { LN_SUM, LN_SQ, LN_Y, LN_GSUM, LN_DX } LnPass;
+
+typedef struct LnRow {
+    const Value *x, *s, *b, *y, *dy, *dx, *ds, *db;
+    LLVMValueRef base, mean, inv, mg, mgx; /* row offset and its scalars */
+    LLVMValueRef acc, acc2;                /* slots of <w x double> sums */
+    int w;
+    LnPass pass;
+} LnRow;
+
+static void ln_acc(Cg *c, LLVMValueRef slot, LLVMValueRef v, int w) {
+    LLVMTypeRef dt = LLVMVectorType(c->t_f64, (unsigned)w);
+    LLVMValueRef d = LLVMBuildFPExt(c->b, v, dt, "");
+    LLVMBuildStore(c->b, f_add(c, LLVMBuildLoad2(c->b, dt, slot, ""), d), slot);
+}
+
+static void ln_vec(Cg *c, void *ctx, LLVMValueRef off, int lanes) {
+    LnRow *r = ctx;
+    int w = r->w;
+    LLVMValueRef i = cg_add(c, r->base, off), mean = cg_vsplat(c, r->mean, w);
+    if (r->pass == LN_SUM) {
+        ln_acc(c, r->acc, cg_vload(c, r->x, i, w, lanes, NULL), w);
+        return;
+    }
+    if (r->pass == LN_SQ) {
+        /* padding lanes read the mean: they add 0 */
+        LLVMValueRef d = f_sub(c, cg_vload(c, r->x, i, w, lanes, mean), mean);
+        ln_acc(c, r->acc, f_mul(c, d, d), w);
+        return;
+    }
+    LLVMValueRef xh = f_mul(c, f_sub(c, cg_vload(c, r->x, i, w, lanes, NULL), mean), cg_vsplat(c, r->inv, w));
+    LLVMValueRef sc = cg_vload(c, r->s, off, w, lanes, NULL);
+    if (r->pass == LN_Y) {
+        LLVMValueRef y = f_mul(c, xh, sc);
+        if (r->b) y = f_add(c, y, cg_vload(c, r->b, off, w, lanes, NULL));
+        cg_vstore(c, r->y, i, y, lanes);
+        return;
+    }
+    LLVMValueRef dy = cg_vload(c, r->dy, i, w, lanes, NULL), g = f_mul(c, dy, sc);
+    if (r->pass == LN_GSUM) { /* padding lanes: dy = 0, so g = 0 */
+        ln_acc(c, r->acc, g, w);
+        ln_acc(c, r->acc2, f_mul(c, g, xh), w);
+        return;
+    }
+    LLVMValueRef d = f_sub(c, f_sub(c, g, cg_vsplat(c, r->mg, w)), f_mul(c, xh, cg_vsplat(c, r->mgx, w)));
+    cg_vstore(c, r->dx, i, f_mul(c, cg_vsplat(c, r->inv, w), d), lanes);
+    cg_vstore(c, r->ds, off, f_add(c, cg_vload(c, r->ds, off, w, lanes, NULL), f_mul(c, dy, xh)), lanes);
+    cg_vstore(c, r->db, off, f_add(c, cg_vload(c, r->db, off, w, lanes, NULL), dy), lanes);
+}
+
+/* The row's sum (or sums) of one pass, as float32 means. */
+static void ln_pass(Cg *c, LnRow *r, LnPass pass, int64_t len, LLVMValueRef *m1, LLVMValueRef *m2) {
+    LLVMTypeRef dt = LLVMVectorType(c->t_f64, (unsigned)r->w);
+    if (m1) LLVMBuildStore(c->b, LLVMConstNull(dt), r->acc);
+    if (m2) LLVMBuildStore(c->b, LLVMConstNull(dt), r->acc2);
+    r->pass = pass;
+    cg_vrow(c, len, r->w, ln_vec, r);
+    LLVMValueRef rl = LLVMConstReal(c->t_f64, 1.0 / (double)len);
+    if (m1) *m1 = LLVMBuildFPTrunc(c->b, f_mul(c, cg_vsum(c, LLVMBuildLoad2(c->b, dt, r->acc, "")), rl), c->t_f32, "");
+    if (m2) *m2 = LLVMBuildFPTrunc(c->b, f_mul(c, cg_vsum(c, LLVMBuildLoad2(c->b, dt, r->acc2, "")), rl), c->t_f32, "");
+}
+
+/* Mean and 1/sqrt(var + eps) of row r->base. */
+static void ln_vec_stats(Cg *c, LnRow *r, int64_t len, float eps) {
+    LLVMValueRef var;
+    r->mean = cg_f32(c, 0);
+    ln_pass(c, r, LN_SUM, len, &r->mean, NULL);
+    ln_pass(c, r, LN_SQ, len, &var, NULL);
+    r->inv = inv_std(c, var, eps);
+}
+
+static LnRow ln_row(Cg *c) {
+    LnRow r = {.w = cg_vector_floats()};
+    LLVMTypeRef dt = LLVMVectorType(c->t_f64, (unsigned)r.w);
+    r.acc = cg_alloca(c, dt);
+    r.acc2 = cg_alloca(c, dt);
+    return r;
+}
+
+static bool ln_vector_form(const Value *x, const Bcast *bs, const Value *b, const Bcast *bb) {
+    return x->dtype == DT_FLOAT && bs->same && (!b || bb->same);
+}
+
 static int ln_axis(const Node *n, const Value *x) {
     int64_t axis = node_attr_i(n, "axis", -1);
     return (int)(axis < 0 ? axis + x->rank : axis);
@@ -609,6 +698,21 @@ static bool k_layernorm(Cg *c, const Node *n) {
     bcast_init(&bs, X, axis, S);
     if (B) bcast_init(&bb, X, axis, B);
     if (!cg_kernel_begin_io(c, n)) return false;
+    if (ln_vector_form(X, &bs, B, &bb) && S->dtype == DT_FLOAT && (!B || B->dtype == DT_FLOAT)) {
+        LnRow v = ln_row(c);
+        v.x = X, v.s = S, v.b = B, v.y = Y;
+        CgLoop lr;
+        LLVMValueRef r = cg_for(c, &lr, cg_i64(c, outer));
+        v.base = cg_mul(c, r, len);
+        ln_vec_stats(c, &v, len, eps);
+        if (Mo) cg_store(c, Mo, r, v.mean);
+        if (Io) cg_store(c, Io, r, v.inv);
+        v.pass = LN_Y;
+        cg_vrow(c, len, v.w, ln_vec, &v);
+        cg_for_end(c, &lr);
+        cg_kernel_end(c);
+        return true;
+    }
     CgLoop lr, lj;
     LLVMValueRef r = cg_for(c, &lr, cg_i64(c, outer)), base = cg_mul(c, r, len), mean, inv;
     ln_stats(c, X, base, len, eps, &mean, &inv);
@@ -640,6 +744,19 @@ static bool k_layernorm_grad(Cg *c, const Node *n) {
     if (!cg_kernel_begin_io(c, n)) return false;
     cg_fill(c, dS, len, cg_f32(c, 0));
     cg_fill(c, dB, len, cg_f32(c, 0));
+    if (ln_vector_form(X, &bs, NULL, NULL) && S->dtype == DT_FLOAT && dY->dtype == DT_FLOAT) {
+        LnRow v = ln_row(c);
+        v.x = X, v.s = S, v.dy = dY, v.dx = dX, v.ds = dS, v.db = dB;
+        CgLoop lr;
+        v.base = cg_mul(c, cg_for(c, &lr, cg_i64(c, outer)), len);
+        ln_vec_stats(c, &v, len, eps);
+        ln_pass(c, &v, LN_GSUM, len, &v.mg, &v.mgx);
+        v.pass = LN_DX;
+        cg_vrow(c, len, v.w, ln_vec, &v);
+        cg_for_end(c, &lr);
+        cg_kernel_end(c);
+        return true;
+    }
     LLVMValueRef sg = cg_alloca(c, c->t_f64), sgx = cg_alloca(c, c->t_f64);
     CgLoop lr, l1, l2;
     LLVMValueRef r = cg_for(c, &lr, cg_i64(c, outer)), base = cg_mul(c, r, len), mean, inv;
