@@ -111,7 +111,9 @@ bool driver_build_plan(const CompileOptions *o, const Layout *l, KernelProfile *
     to.replicas = l->replicas * l->microbatches;
     to.stat_replicas = o->train.bn_local ? 1 : l->replicas;
     to.microbatches = l->microbatches;
-    if (!train_build(g, &to, t, d) || !ir_verify(g, d) || !plan_layout(o, l, profile, g, t, p, d)) {
+    bool built = train_build(g, &to, t, d);
+    if (built && matmul_fold_transposes(g) < 0) built = diag_error(d, DIAG_NOMEM, "out of memory");
+    if (!built || !ir_verify(g, d) || !plan_layout(o, l, profile, g, t, p, d)) {
         graph_free(g);
         return false;
     }

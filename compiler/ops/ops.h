@@ -115,5 +115,14 @@ const OpDef *const *op_table(int *count);
 const AttrSpec *op_attr_spec(const OpDef *def, const char *name);
 /* "Add, Concat, Conv, ..." into buf, for error messages. */
 const char *op_supported_list(char *buf, size_t len);
+/* In a training graph, matrix products (MatMul, MatMulT) whose 2-D
+ * operand is a float32 Transpose's output read the Transpose's input in
+ * place instead (MatMulT's permA/permB), a Transpose of a weight
+ * gradient's fold product becomes the product with its operands swapped,
+ * and Transposes nobody reads any more are removed: the exporter's W^T of
+ * every Linear layer over 3-D inputs then costs no copy, forward or
+ * backward.  Returns the Transposes folded, or -1 when out of memory
+ * (ops_linalg.c). */
+int matmul_fold_transposes(Graph *g);
 
 #endif

@@ -2,6 +2,8 @@
  * operand's last two dims swapped, which MatMul's gradient uses so that no
  * transposed copy is made: the packed GEMM folds the swap into its
  * packing). */
+#include <string.h>
+
 #include "op_util.h"
 #include "ops_families.h"
 #include "../autodiff/grad.h"
@@ -45,8 +47,11 @@ static bool infer_matmul(OpCtx *c, Node *n) {
      * dimension is removed again from the result, as numpy.matmul does. */
     Dim ad[MAX_RANK], bd[MAX_RANK];
     int ar = a->rank, br = b->rank;
-    for (int i = 0; i < ar; i++) ad[i] = a->dims[i];
-    for (int i = 0; i < br; i++) bd[i] = b->dims[i];
+    /* MatMulT's permA/permB: the operand is its input transposed so */
+    const int64_t *pa, *pb;
+    bool perm_a = node_attr_ints(n, "permA", &pa) == ar, perm_b = node_attr_ints(n, "permB", &pb) == br;
+    for (int i = 0; i < ar; i++) ad[i] = a->dims[perm_a ? pa[i] : i];
+    for (int i = 0; i < br; i++) bd[i] = b->dims[perm_b ? pb[i] : i];
     if (ar == 1) { ad[1] = ad[0]; ad[0] = dim_const(1); ar = 2; }
     if (br == 1) { bd[1] = dim_const(1); br = 2; }
     /* MatMulT: the operand's last two dims are read swapped */
@@ -92,6 +97,8 @@ static double flops_matmul(const Node *n) {
     const Value *a = n->in[0], *y = n->out[0];
     if (!value_shape_known(a) || !value_shape_known(y)) return 0;
     int kdim = a->rank >= 2 && node_attr_i(n, "transA", 0) ? a->rank - 2 : a->rank - 1;
+    const int64_t *perm;
+    if (node_attr_ints(n, "permA", &perm) == a->rank) kdim = (int)perm[kdim];
     double k = (double)a->dims[kdim].k;
     if (node_attr_i(n, "fold", 0)) /* every batch element's products are summed */
         for (int j = 0; j < a->rank - 2; j++) k *= (double)a->dims[j].k;
@@ -228,56 +235,94 @@ static bool k_gemm(Cg *c, const Node *n) {
     return true;
 }
 
+/* Operand `slot` of a MatMul or MatMulT as the matrices it reads: its dims
+ * and each dim's stride in its buffer, after MatMulT's perm (the operand
+ * is the input read through that transposition, matmul_fold_transposes)
+ * and its trans (the last two dims swapped).  A 1-D operand is promoted
+ * as numpy.matmul does: A [K] to a row [1, K], B [K] to a column [K, 1].
+ * Returns the rank. */
+static int operand_view(const Node *n, int slot, int64_t *dims, int64_t *st) {
+    const Value *v = n->in[slot];
+    int r = v->rank;
+    int64_t vs[MAX_RANK], s = 1;
+    for (int j = r - 1; j >= 0; j--) {
+        vs[j] = s;
+        s *= v->dims[j].k;
+    }
+    if (r == 1) {
+        dims[1 - slot] = v->dims[0].k, st[1 - slot] = 1;
+        dims[slot] = 1, st[slot] = 0;
+        return 2;
+    }
+    const int64_t *perm;
+    bool permuted = node_attr_ints(n, slot ? "permB" : "permA", &perm) == r;
+    for (int j = 0; j < r; j++) {
+        int from = permuted ? (int)perm[j] : j;
+        dims[j] = v->dims[from].k;
+        st[j] = vs[from];
+    }
+    if (node_attr_i(n, slot ? "transB" : "transA", 0)) {
+        int64_t t = dims[r - 1];
+        dims[r - 1] = dims[r - 2], dims[r - 2] = t;
+        t = st[r - 1];
+        st[r - 1] = st[r - 2], st[r - 2] = t;
+    }
+    return r;
+}
+
+/* Whether an operand's batch dims (strides st, sizes dims) continue its
+ * dim of stride `stride` and size `len`: element b's run starts where
+ * element b - 1's ends, so the batch and that dim are one dim of stride
+ * `stride`.  Batch dims of size 1 do not count. */
+static bool continues(const int64_t *st, const int64_t *dims, int nb, int64_t stride, int64_t len) {
+    int64_t next = stride * len;
+    for (int j = nb - 1; j >= 0; j--) {
+        if (dims[j] == 1) continue;
+        if (st[j] != next) return false;
+        next *= dims[j];
+    }
+    return true;
+}
+
 /* Batched matmul with numpy broadcasting of the batch dims; 1-D operands
- * are promoted as in infer_matmul (A [K] is a row [1,K], B [K] a column
- * [K,1]), and the promoted dims are absent from Y. */
+ * are promoted as in infer_matmul, and the promoted dims are absent from
+ * Y.  Operands are read at any strides (operand_view), Y is written
+ * contiguous. */
 static bool k_matmul(Cg *c, const Node *n) {
     const Value *A = n->in[0], *B = n->in[1], *Y = n->out[0];
-    /* MatMulT's operands are at least 2-D (infer_matmul_t) */
-    bool ta = node_attr_i(n, "transA", 0) != 0, tb = node_attr_i(n, "transB", 0) != 0;
-    int64_t M = A->rank >= 2 ? A->dims[A->rank - (ta ? 1 : 2)].k : 1, K = A->dims[A->rank - (ta ? 2 : 1)].k;
-    int64_t N = B->rank >= 2 ? B->dims[B->rank - (tb ? 2 : 1)].k : 1;
-    int ab = A->rank > 2 ? A->rank - 2 : 0, bb = B->rank > 2 ? B->rank - 2 : 0;
-    int nb = ab > bb ? ab : bb;
+    int64_t ad[MAX_RANK], ast[MAX_RANK], bd[MAX_RANK], bst[MAX_RANK];
+    int ra = operand_view(n, 0, ad, ast), rb = operand_view(n, 1, bd, bst);
+    int64_t M = ad[ra - 2], K = ad[ra - 1], N = bd[rb - 1];
+    int ab = ra - 2, bb = rb - 2, nb = ab > bb ? ab : bb;
     int64_t bdims[MAX_RANK], as[MAX_RANK], bs[MAX_RANK];
-    int64_t sa = M * K, sb = K * N;
     for (int j = nb - 1; j >= 0; j--) {
         int ja = j - (nb - ab), jb = j - (nb - bb);
-        int64_t da = ja >= 0 ? A->dims[ja].k : 1, db = jb >= 0 ? B->dims[jb].k : 1;
+        int64_t da = ja >= 0 ? ad[ja] : 1, db = jb >= 0 ? bd[jb] : 1;
         bdims[j] = da > db ? da : db;
-        as[j] = da == 1 ? 0 : sa;
-        bs[j] = db == 1 ? 0 : sb;
-        sa *= da;
-        sb *= db;
+        as[j] = da == 1 ? 0 : ast[ja];
+        bs[j] = db == 1 ? 0 : bst[jb];
     }
-    /* A's batch dims are contiguous and every one of them has its own
-     * matrix (none broadcast) */
-    bool a_whole = true, b_whole = true;
     int64_t batch = 1;
-    for (int j = 0; j < nb; j++) {
-        batch *= bdims[j];
-        a_whole = a_whole && (as[j] != 0 || bdims[j] == 1);
-        b_whole = b_whole && (bs[j] != 0 || bdims[j] == 1);
-    }
+    for (int j = 0; j < nb; j++) batch *= bdims[j];
+    Mat a0 = {A, NULL, ast[ra - 2], ast[ra - 1]}, b0 = {B, NULL, bst[rb - 2], bst[rb - 1]};
     if (node_attr_i(n, "fold", 0)) {
         /* sum_b op(A_b) B_b with A [batch.., T, M] read transposed and B
          * [batch.., T, N] (MatMul's weight gradient, g_matmul): one product
          * over the batch's rows, K = batch * T, instead of one per batch
          * element and a sum of their results */
-        if (!ta || tb || nb == 0 || !a_whole || !b_whole) {
-            return diag_error(c->d, DIAG_INTERNAL, "node '%s' (MatMulT): fold needs transA and equal batch dims",
-                              n->name);
-        }
+        if (nb == 0 || !continues(as, bdims, nb, ast[ra - 1], K) || !continues(bs, bdims, nb, bst[rb - 2], K))
+            return diag_error(c->d, DIAG_INTERNAL, "node '%s' (MatMulT): fold needs operands whose batch continues "
+                              "their rows", n->name);
         if (!cg_kernel_begin_io(c, n)) return false;
         bool whole = cg_gemm_applies(A, B, Y, M, N, K * batch);
         if (!whole) cg_fill(c, Y, value_numel(Y), cg_f32(c, 0));
-        Mat a = {A, cg_i64(c, 0), 1, M}, b = {B, cg_i64(c, 0), N, 1};
-        gemm_block(c, &a, &b, Y, cg_i64(c, 0), M, N, K * batch, 1.0f, whole);
+        a0.base = b0.base = cg_i64(c, 0);
+        gemm_block(c, &a0, &b0, Y, cg_i64(c, 0), M, N, K * batch, 1.0f, whole);
         cg_kernel_end(c);
         return true;
     }
     if (!cg_kernel_begin_io(c, n)) return false;
-    if (nb > 0 && !ta && a_whole && batch > 1) {
+    if (nb > 0 && batch > 1 && continues(as, bdims, nb, ast[ra - 2], M)) {
         bool b_shared = true;
         for (int j = 0; j < nb; j++) b_shared = b_shared && bs[j] == 0;
         if (b_shared) {
@@ -286,8 +331,8 @@ static bool k_matmul(Cg *c, const Node *n) {
              * packs B once instead of once per batch element */
             bool whole = cg_gemm_applies(A, B, Y, M * batch, N, K);
             if (!whole) cg_fill(c, Y, value_numel(Y), cg_f32(c, 0));
-            Mat a = {A, cg_i64(c, 0), K, 1}, b = {B, cg_i64(c, 0), tb ? 1 : N, tb ? K : 1};
-            gemm_block(c, &a, &b, Y, cg_i64(c, 0), M * batch, N, K, 1.0f, whole);
+            a0.base = b0.base = cg_i64(c, 0);
+            gemm_block(c, &a0, &b0, Y, cg_i64(c, 0), M * batch, N, K, 1.0f, whole);
             cg_kernel_end(c);
             return true;
         }
@@ -305,8 +350,8 @@ static bool k_matmul(Cg *c, const Node *n) {
     }
     yo = cg_mul(c, yo, M * N);
     /* element (i, k) of op(A) and (k, j) of op(B) */
-    Mat a = {A, ao, ta ? 1 : K, ta ? M : 1}, b = {B, bo, tb ? 1 : N, tb ? K : 1};
-    gemm_block(c, &a, &b, Y, yo, M, N, K, 1.0f, packed);
+    a0.base = ao, b0.base = bo;
+    gemm_block(c, &a0, &b0, Y, yo, M, N, K, 1.0f, packed);
     for (int j = nb - 1; j >= 0; j--) cg_for_end(c, &loops[j]);
     cg_kernel_end(c);
     return true;
@@ -377,14 +422,133 @@ static bool infer_matmul_t(OpCtx *c, Node *n) {
     return infer_matmul(c, n);
 }
 
+/* ---- Transposes read in place by matrix products ---- */
+
+/* The permutation of Transpose node t (reversed dims by default). */
+static void transpose_perm(const Node *t, int rank, int64_t *perm) {
+    const int64_t *p;
+    if (node_attr_ints(t, "perm", &p) == rank) {
+        for (int j = 0; j < rank; j++) perm[j] = p[j];
+    } else {
+        for (int j = 0; j < rank; j++) perm[j] = rank - 1 - j;
+    }
+}
+
+/* Node n's attribute `name` set to the ints v, added when absent (the
+ * node's attribute array is copied into a larger one). */
+static bool set_ints(Graph *g, Node *n, const char *name, const int64_t *v, int count) {
+    Attr *a = (Attr *)node_attr(n, name);
+    if (!a) {
+        Attr *na = ARENA_ARRAY(&g->arena, Attr, n->n_attr + 1);
+        if (!na) return false;
+        if (n->n_attr) memcpy(na, n->attrs, sizeof *na * (size_t)n->n_attr);
+        n->attrs = na;
+        a = &na[n->n_attr++];
+        memset(a, 0, sizeof *a);
+        a->name = arena_strdup(&g->arena, name);
+        a->kind = ATTR_INTS;
+    }
+    a->ints = ARENA_ARRAY(&g->arena, int64_t, count);
+    if (!a->name || !a->ints) return false;
+    memcpy(a->ints, v, sizeof *v * (size_t)count);
+    a->n = count;
+    return true;
+}
+
+/* Whether value v is read by a live node other than `but`, or is a graph
+ * output. */
+static bool read_elsewhere(Graph *g, const Value *v, const Node *but) {
+    if (v->is_output) return true;
+    GRAPH_FOR_NODES(g, m) {
+        if (m == but) continue;
+        for (int i = 0; i < m->n_in; i++)
+            if (m->in[i] == v) return true;
+    }
+    return false;
+}
+
+int matmul_fold_transposes(Graph *g) {
+    int folded = 0;
+    GRAPH_FOR_NODES(g, n) {
+        bool t_node = n->def == &op_MatMulT;
+        if ((n->def != &op_MatMul && !t_node) || node_attr_i(n, "fold", 0)) continue;
+        if (n->in[0]->rank < 2 || n->in[1]->rank < 2) continue; /* MatMulT's operands are matrices */
+        for (int slot = 0; slot < 2; slot++) {
+            /* rank 2 only (the exporter's W^T of a Linear layer): reading
+             * attention's q, k and v through their [B, T, H, dh] layout
+             * instead of copying them measured no faster, the packing's
+             * rows 512 bytes apart conflicting in L1 (docs/perf.md) */
+            Value *v = n->in[slot];
+            Node *t = v ? v->producer : NULL;
+            if (!t || t->dead || t->def != &op_Transpose || v->rank != 2 || !value_shape_known(v)) continue;
+            const Value *x = t->in[0];
+            if (x->dtype != DT_FLOAT || x->rank != v->rank) continue;
+            /* the operand read through the node's perm is x read through
+             * the composition of the two */
+            int r = v->rank;
+            int64_t p[MAX_RANK], q[MAX_RANK];
+            const int64_t *old;
+            bool had = node_attr_ints(n, slot ? "permB" : "permA", &old) == r;
+            transpose_perm(t, r, p);
+            for (int j = 0; j < r; j++) q[j] = p[had ? old[j] : j];
+            if (!t_node) {
+                n->op_type = "MatMulT";
+                n->domain = "cleave";
+                n->def = &op_MatMulT;
+                t_node = true;
+            }
+            if (!set_ints(g, n, slot ? "permB" : "permA", q, r)) return -1;
+            n->in[slot] = t->in[0];
+            folded++;
+            if (read_elsewhere(g, v, NULL)) continue;
+            /* partitioning places the gradient and update nodes serving
+             * the Transpose with it: they follow the product now */
+            Node *heir = n->phase == PHASE_FORWARD ? n : n->origin;
+            if (t->phase == PHASE_FORWARD && !heir) continue;
+            GRAPH_FOR_NODES(g, m) {
+                if (m->origin == t) m->origin = heir;
+            }
+            t->dead = true;
+        }
+    }
+    /* The exporter's W^T also sends a Linear weight's gradient through a
+     * Transpose of the product that makes it: (sum_b A_b^T B_b)^T is
+     * sum_b B_b^T A_b, the fold product with its operands swapped, which
+     * then writes the Transpose's output itself. */
+    GRAPH_FOR_NODES(g, t) {
+        Value *v = t->def == &op_Transpose ? t->in[0] : NULL;
+        Node *f = v ? v->producer : NULL;
+        if (!f || f->dead || f->def != &op_MatMulT || !node_attr_i(f, "fold", 0) || v->rank != 2) continue;
+        int64_t p[2];
+        transpose_perm(t, 2, p);
+        if (p[0] != 1 || read_elsewhere(g, v, t)) continue;
+        Value *a = f->in[0], *y = t->out[0];
+        f->in[0] = f->in[1];
+        f->in[1] = a;
+        f->out[0] = y;
+        y->producer = f;
+        y->producer_slot = 0;
+        v->producer = NULL; /* read by nothing now */
+        GRAPH_FOR_NODES(g, m) {
+            if (m->origin == t) m->origin = t->origin;
+        }
+        t->dead = true;
+        folded++;
+    }
+    return folded;
+}
+
 static const AttrSpec attrs_gemm[] = {
     {"alpha", ATTR_FLOAT, .f = 1.0f}, {"beta", ATTR_FLOAT, .f = 1.0f},
     {"transA", ATTR_INT, .i = 0},     {"transB", ATTR_INT, .i = 0}, {0}};
 static const AttrSpec attrs_none[] = {{0}};
 /* fold: the batch dims of both operands are summed over (A's read
- * transposed), giving op(A)'s last two dims' product alone */
-static const AttrSpec attrs_matmul_t[] = {
-    {"transA", ATTR_INT, .i = 0}, {"transB", ATTR_INT, .i = 0}, {"fold", ATTR_INT, .i = 0}, {0}};
+ * transposed), giving op(A)'s last two dims' product alone.  permA, permB:
+ * the operand is its input transposed by this permutation (before trans),
+ * read in place (matmul_fold_transposes). */
+static const AttrSpec attrs_matmul_t[] = {{"transA", ATTR_INT, .i = 0}, {"transB", ATTR_INT, .i = 0},
+                                          {"fold", ATTR_INT, .i = 0},   {"permA", ATTR_INTS},
+                                          {"permB", ATTR_INTS},         {0}};
 
 const OpDef op_Gemm = {"Gemm", "", 1, 0, 2, 3, 1, 1, attrs_gemm, 0, infer_gemm, NULL, flops_gemm, .grad = g_gemm, .cg = k_gemm, .dense = true};
 const OpDef op_MatMul = {"MatMul", "", 1, 0, 2, 2, 1, 1, attrs_none, 0, infer_matmul, NULL, flops_matmul, .grad = g_matmul, .cg = k_matmul, .dense = true};

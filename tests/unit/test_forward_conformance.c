@@ -842,6 +842,58 @@ START_TEST(softmax_before_opset_13_coerces_to_2d) {
 }
 END_TEST
 
+/* Distance of got from the float32 nearest to want, in units in the last
+ * place of that float (at least the smallest subnormal). */
+static double ulps(double want, float got) {
+    float w = (float)want;
+    if (isinf(w) || isinf(got)) return w == got ? 0 : INFINITY;
+    double spacing = fabs((double)nextafterf(fabsf(w), INFINITY) - fabsf(w));
+    return fabs((double)got - want) / fmax(spacing, 0x1p-149);
+}
+
+/* Exp, Erf and Tanh are inline polynomials (codegen/cg_math.c), not
+ * libm's: within 2 ulp of the correctly rounded result over their whole
+ * range (exp from the underflow through subnormal results to the
+ * overflow, erf and tanh through their saturation), with infinities,
+ * signed zeros and NaN as libm gives them. */
+START_TEST(exp_erf_tanh_within_two_ulp) {
+    enum { N = 1 << 16 };
+    static double x[N];
+    static const double special[] = {0.0, -0.0, INFINITY, -INFINITY, NAN, 1e-30, -1e-30, 1e-45, 88.72, 88.73,
+                                     -87.33, -103.2, -103.98, -104.5, 3.99, 4.01, 0.8999, 0.9001, 9.1, -9.1};
+    int ns = (int)(sizeof special / sizeof *special);
+    for (int i = 0; i < N; i++) {
+        if (i < ns) x[i] = special[i];
+        else if (i % 2) x[i] = -110.0 + 205.0 * i / N;      /* exp's whole range */
+        else x[i] = -6.0 + 12.0 * i / N;                    /* where erf and tanh curve */
+    }
+    const int64_t d[] = {N};
+    Graph *g = kg_new(13);
+    Value *in = test_graph_input(g, "x", DT_FLOAT, 1, d);
+    Node *ops[3] = {test_graph_op(g, "Exp", 1, (Value *[]){in}), test_graph_op(g, "Erf", 1, (Value *[]){in}),
+                    test_graph_op(g, "Tanh", 1, (Value *[]){in})};
+    TestProg tp;
+    kg_build(&tp, g);
+    kg_put(&tp, in, x, NULL);
+    tp.eval(tp.arena);
+    for (int k = 0; k < 3; k++) {
+        const float *y = test_buf(&tp, ops[k]->out[0]);
+        for (int i = 0; i < N; i++) {
+            double xi = (double)(float)x[i], want = k == 0 ? exp(xi) : k == 1 ? erf(xi) : tanh(xi);
+            if (isnan(want)) {
+                ck_assert_msg(isnan(y[i]), "%s(NaN) gave %g", ops[k]->op_type, y[i]);
+                continue;
+            }
+            if (want == 0) ck_assert_msg(y[i] == 0 && !signbit(y[i]) == !signbit(want), "%s(%g) gave %g, want %g",
+                                         ops[k]->op_type, xi, y[i], want);
+            double u = ulps(want, y[i]);
+            ck_assert_msg(u <= 2.0, "%s(%.9g) = %.9g, want %.9g (%.2f ulp)", ops[k]->op_type, xi, y[i], want, u);
+        }
+    }
+    test_prog_free(&tp);
+}
+END_TEST
+
 /* A 1-D int64 constant of g (an operand such as Pad's pads). */
 static Value *kg_const_ints(Graph *g, const char *name, int n, const int64_t *x) {
     Value *v = graph_add_value(g, name);
@@ -959,6 +1011,7 @@ int main(void) {
     tcase_add_test(k, matmul_promotes_1d_operands);
     tcase_add_test(k, pow_where_gather_with_integers);
     tcase_add_test(k, softmax_before_opset_13_coerces_to_2d);
+    tcase_add_test(k, exp_erf_tanh_within_two_ulp);
     tcase_add_test(k, clip_and_pad_attribute_forms);
     tcase_add_test(k, clip_and_pad_with_run_time_operands);
     tcase_add_test(k, unsupported_forms_are_refused);
