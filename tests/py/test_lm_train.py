@@ -26,6 +26,7 @@ Prints PASS/FAIL lines and `N passed, M failed`; exits 1 on failure, 77
 
 import argparse
 import copy
+import json
 import os
 import sys
 
@@ -34,6 +35,7 @@ import harness
 BATCH, N_ROWS, STEPS, LR = 8, 32, 8, 0.05
 LOSS_RTOL, LOSS_ATOL = 1e-4, 1e-6
 W_RTOL, W_ATOL = 1e-3, 1e-5
+TOKEN_FILES = {"gpt": "uint16", "bert": "int32"}
 STRATEGIES = [
     ("single", 1, []),
     ("dp2", 2, ["--ranks", "2", "--strategy", "dp"]),
@@ -88,6 +90,20 @@ def check_weights(rep, tag, saved, state, start):
     rep.check("%s: the run moved the weights beyond the tolerance (%.3g times)" % (tag, moved), moved > 1.0)
 
 
+def check_tied(rep, tag, plan_path, name):
+    """The tied table is used on both stages (the embedding on the first,
+    the LM head on the last): each holds a copy, and the plan sums its
+    gradient across them (gradient_sum transfers), so that both copies
+    take the same update."""
+    with open(plan_path) as f:
+        plan = json.load(f)
+    holders = [r["stage"] for r in plan["rank_plans"] if any(h["name"] == name for h in r["holds"])]
+    sums = [t for t in plan["transfers"] if t["direction"] == "gradient_sum"]
+    rep.check("%s: the tied '%s' is held by both stages, its gradient summed across them" % (tag, name),
+              sorted(set(holders)) == [0, 1] and len(sums) >= 2, "held by stages %s; %d gradient_sum transfers" %
+              (holders, len(sums)))
+
+
 def run_model(rep, cleave, name, work):
     spec = lm.MODELS[name]
     torch.manual_seed(0)
@@ -98,7 +114,8 @@ def run_model(rep, cleave, name, work):
     data = []
     for k, v in list(x.items()) + [("labels", y)]:
         f = os.path.join(work, "%s_%s.npy" % (name, k))
-        np.save(f, v.numpy())
+        # token files as people keep them: uint16 (GPT), int32 (BERT)
+        np.save(f, v.numpy().astype(TOKEN_FILES[name]) if k == "input" and name in TOKEN_FILES else v.numpy())
         data += ["--data", "%s=%s" % (k, f)]
     ref_losses, state = reference(model, x, y)
     start = harness.read_weights(path)
@@ -106,10 +123,13 @@ def run_model(rep, cleave, name, work):
         tag = "%s %s" % (name, label)
         prog = os.path.join(work, "%s_%s" % (name, label))
         metrics, saved = prog + ".jsonl", prog + ".trained.onnx"
-        cmd = [cleave, "compile", path, "-o", prog, "--batch", str(BATCH), "--loss", "ce", "--lr", repr(LR)] + flags
+        cmd = [cleave, "compile", path, "-o", prog, "--batch", str(BATCH), "--loss", "ce", "--lr", repr(LR),
+               "--emit-plan", prog + ".plan.json"] + flags
         p, _ = harness.run(cmd, timeout=900)
         if not rep.check("%s: compiles" % tag, p.returncode == 0, harness.failure(cmd, p)):
             continue
+        if spec.tied and ("pipeline" in label or "hybrid" in label):
+            check_tied(rep, tag, prog + ".plan.json", spec.tied)
         argv = [prog] + data + ["--steps", str(STEPS), "--metrics", metrics, "--save", saved]
         if ranks > 1:
             argv = harness.mpirun(ranks, argv)
