@@ -128,6 +128,9 @@ expect 2 "--stages: the model has no node named 'nosuchnode'" -- "$CLEAVE" compi
 expect 2 "--target-cpu 'frobcpu' is not a processor LLVM knows" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --target-cpu frobcpu
 expect 2 "--freeze: 'nope' is not a float initializer" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --freeze nope
 expect 1 "--loss model needs a scalar first output; 'output' has 1024 elements" -- "$CLEAVE" compile "$(cd "$HERE/../.." && pwd)/samples/transformer.onnx" -o "$OUTP" --batch 2 --loss model
+expect 2 "--accumulate needs an integer from 1 to 65536, got '0'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --accumulate 0
+expect 2 "--accumulate does not go with --strategy auto yet" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --accumulate 2 --ranks 2 --strategy auto
+expect 2 "--accumulate runs K batches through the stages one after another" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --accumulate 2 --ranks 2 --strategy layer
 expect 2 "--ignore-index needs an integer, got '1.5'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --ignore-index 1.5
 
 # No arguments at all: the overall usage text, on stderr, with status 2.
