@@ -1123,38 +1123,40 @@ static int eval_in_child(TestProg *tp, char *msg, size_t len) {
 
 /* An index outside [-len, len) fed at run time stops the program before
  * any memory is read or written: status 1 and one line naming the program,
- * the model, the node, the index and the axis, in the forward kernel and
- * in the gradient's (which names the forward Gather it serves).  The
- * values at both ends and the extremes of int64 (which must not wrap into
- * range). */
+ * the model, the node, the index and the axis, in the forward kernel, in
+ * a twin Gather of the same shapes (which must not run the first one's
+ * kernel and name it) and in the gradient's kernel (which names the
+ * forward Gather it serves).  The values at both ends and the extremes of
+ * int64 (which must not wrap into range). */
 START_TEST(gather_index_out_of_range_stops_the_program) {
     static const int64_t bad[] = {5, -6, INT64_MAX, INT64_MIN, 1000};
     Graph *g = kg_new(13);
     const int64_t dt[] = {5, 3}, di[] = {2}, dd[] = {2, 3};
-    Value *table = test_graph_input(g, "table", DT_FLOAT, 2, dt);
-    Value *ids = test_graph_input(g, "ids", DT_INT64, 1, di), *gids = test_graph_input(g, "gids", DT_INT64, 1, di);
-    Value *dy = test_graph_input(g, "dy", DT_FLOAT, 2, dd);
-    Node *fwd = test_graph_op(g, "Gather", 2, (Value *[]){table, ids});
-    Node *grad = kg_gather_grad(g, dy, gids, 2, dt, 0);
+    Value *table = test_graph_input(g, "table", DT_FLOAT, 2, dt), *dy = test_graph_input(g, "dy", DT_FLOAT, 2, dd);
+    Value *ids[3];
+    for (int s = 0; s < 3; s++) ids[s] = test_graph_input(g, arena_printf(&g->arena, "ids%d", s), DT_INT64, 1, di);
+    Node *fwd = test_graph_op(g, "Gather", 2, (Value *[]){table, ids[0]});
+    Node *twin = test_graph_op(g, "Gather", 2, (Value *[]){table, ids[1]});
+    Node *grad = kg_gather_grad(g, dy, ids[2], 2, dt, 0);
     grad->origin = fwd;
+    static const char *const site[] = {"the forward kernel", "its twin", "the gradient"};
+    const Node *named[] = {fwd, twin, fwd};
     TestProg tp;
     kg_build(&tp, g);
-    for (size_t c = 0; c < 2 * sizeof bad / sizeof *bad; c++) {
-        bool in_grad = c % 2;
-        int64_t v = bad[c / 2];
-        /* the other kernel's indices stay in range */
-        kg_put(&tp, ids, NULL, (int64_t[]){1, in_grad ? -5 : v});
-        kg_put(&tp, gids, NULL, (int64_t[]){in_grad ? v : 4, 0});
+    for (size_t c = 0; c < 3 * sizeof bad / sizeof *bad; c++) {
+        int at = (int)(c % 3);
+        int64_t v = bad[c / 3];
+        /* the other kernels' indices stay in range */
+        for (int s = 0; s < 3; s++) kg_put(&tp, ids[s], NULL, (int64_t[]){s == at ? v : 4, -5});
         char msg[1024], want[512];
         int status = eval_in_child(&tp, msg, sizeof msg);
         snprintf(want, sizeof want, "%s: error: kernels.onnx: node '%s' (Gather): index %lld is out of range for axis 0 "
-                 "of size 5\n", program_invocation_short_name, fwd->name, (long long)v);
+                 "of size 5\n", program_invocation_short_name, named[at]->name, (long long)v);
         ck_assert_msg(status == 1 && strcmp(msg, want) == 0, "index %lld in %s: status %d, stderr '%s'", (long long)v,
-                      in_grad ? "the gradient" : "the forward kernel", status, msg);
+                      site[at], status, msg);
     }
-    /* and in range, both run through */
-    kg_put(&tp, ids, NULL, (int64_t[]){-5, 4});
-    kg_put(&tp, gids, NULL, (int64_t[]){4, -1});
+    /* and in range, all run through */
+    for (int s = 0; s < 3; s++) kg_put(&tp, ids[s], NULL, (int64_t[]){-5, 4});
     char msg[256];
     ck_assert_int_eq(eval_in_child(&tp, msg, sizeof msg), 0);
     ck_assert_str_eq(msg, "");
