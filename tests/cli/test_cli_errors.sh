@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Command-line behaviour of `cleave`: exit codes and one-line errors, on bad
-# command lines and on malformed inputs (written by make_bad_models.py).
+# command lines and on malformed inputs (written by make_bad_models.py),
+# and of a compiled program fed data it cannot run on.
 #
 # Every failing run must exit with the status of its kind (2 for usage
 # errors, 1 for bad input), print exactly one line on stderr naming the
@@ -374,6 +375,25 @@ for f in "$BAD"/*.onnx; do
     ;;
   esac
 done
+
+# ---- a compiled program fed bad data ---------------------------------------
+
+# A token id past the embedding's table, fed at run time: the program stops
+# with status 1 and one line naming the model, the node and the index
+# (cg_checked_index), before reading outside the table.
+DATA=$BAD/bad_data
+if [ -e "$DATA/embedding.onnx" ]; then
+  RUN_DIR=$DATA
+  run "$CLEAVE" compile embedding.onnx -o "$WORK/embedding.train" --batch 4 --loss ce
+  if [ "$status" -eq 0 ]; then
+    expect 1 "^embedding\.train: error: embedding\.onnx: node 'tok_embed' \(Gather\): index 7 is out of range for axis 0 of size 7$" -- \
+      "$WORK/embedding.train" --data ids=ids_oob.npy --data labels=labels.npy --epochs 1
+  else
+    fail=$((fail + 1))
+    echo "FAIL: compiling bad_data/embedding.onnx -> status $status$(crashed), stderr: $err"
+  fi
+  RUN_DIR=$BAD
+fi
 
 # ---- no input reaches an internal error ------------------------------------
 
