@@ -33,14 +33,7 @@ static Value *op(GradCase *k, const char *name, int n_in, Value **in, const char
 
 /* A 1-D int64 constant of n elements. */
 static Value *int64_const(GradCase *k, const char *name, int64_t n, const int64_t *x) {
-    Value *v = graph_add_value(k->g, name);
-    v->kind = VAL_CONSTANT;
-    v->dtype = DT_INT64;
-    v->rank = 1;
-    v->dims[0] = dim_const(n);
-    v->konst = const_new(k->g, DT_INT64, n);
-    for (int64_t i = 0; i < n; i++) const_set_i(v->konst, i, x[i]);
-    return v;
+    return grad_int_const(k, name, DT_INT64, 1, &n, x);
 }
 
 static void gemm_case(int ta, int tb, float alpha, float beta, int bias_rank) {
@@ -520,36 +513,16 @@ END_TEST
 
 /* An int64 constant of any rank holding x. */
 static Value *ints_of(GradCase *k, const char *name, int rank, const int64_t *dims, const int64_t *x) {
-    Value *v = graph_add_value(k->g, name);
-    v->kind = VAL_CONSTANT;
-    v->dtype = v->file_dtype = DT_INT64;
-    v->rank = rank;
-    int64_t n = 1;
-    for (int j = 0; j < rank; j++) {
-        v->dims[j] = dim_const(dims[j]);
-        n *= dims[j];
-    }
-    v->konst = const_new(k->g, DT_INT64, n);
-    ck_assert_ptr_nonnull(v->konst);
-    for (int64_t i = 0; i < n; i++) const_set_i(v->konst, i, x[i]);
-    return v;
+    return grad_int_const(k, name, DT_INT64, rank, dims, x);
 }
 
-/* A bool constant: element i true where keep(i). */
+/* A bool constant of at most 64 elements: element i true where keep(i). */
 static Value *mask_of(GradCase *k, const char *name, int rank, const int64_t *dims, bool (*keep)(int64_t i)) {
-    Value *v = graph_add_value(k->g, name);
-    v->kind = VAL_CONSTANT;
-    v->dtype = v->file_dtype = DT_BOOL;
-    v->rank = rank;
-    int64_t n = 1;
-    for (int j = 0; j < rank; j++) {
-        v->dims[j] = dim_const(dims[j]);
-        n *= dims[j];
-    }
-    v->konst = const_new(k->g, DT_INT64, n);
-    ck_assert_ptr_nonnull(v->konst);
-    for (int64_t i = 0; i < n; i++) const_set_i(v->konst, i, keep(i));
-    return v;
+    int64_t bits[64], n = 1;
+    for (int j = 0; j < rank; j++) n *= dims[j];
+    ck_assert_int_le(n, 64);
+    for (int64_t i = 0; i < n; i++) bits[i] = keep(i);
+    return grad_int_const(k, name, DT_BOOL, rank, dims, bits);
 }
 
 static Value *gather(GradCase *k, Value *x, Value *idx, int64_t axis) {
