@@ -13,8 +13,6 @@
  * touched, and one out of range stops the program with an error naming
  * the node (cg_checked_index): never a read or write outside the tensors,
  * and never a silently clamped or zeroed row. */
-#include <string.h>
-
 #include "op_util.h"
 #include "ops_families.h"
 #include "../autodiff/grad.h"

@@ -8,8 +8,6 @@
  * the matrix keeps everything or nothing.  Trilu is linear and keeps or
  * zeroes each element by its position alone, so its gradient is Trilu of
  * dY with the same k and upper. */
-#include <string.h>
-
 #include "op_util.h"
 #include "ops_families.h"
 #include "../autodiff/grad.h"
