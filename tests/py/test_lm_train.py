@@ -171,7 +171,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cleave", required=True)
     ap.add_argument("--workdir")
-    ap.add_argument("--models", default=os.environ.get("CLEAVE_LM_MODELS", "encoder"))
+    ap.add_argument("--models", default=os.environ.get("CLEAVE_LM_MODELS", "encoder,gpt,bert,vit"))
     args = ap.parse_args()
     why = harness.missing(modules=("torch", "torchvision", "onnx", "numpy"), programs=("mpirun",))
     if why:
