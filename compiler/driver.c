@@ -71,25 +71,40 @@ static void report_plan(const Plan *p, const CompileOptions *o) {
         snprintf(detail, sizeof detail, " (%d stage%s x %d replica%s, %d micro-batch%s, %s)", p->n_stages,
                  p->n_stages > 1 ? "s" : "", p->replicas, p->replicas > 1 ? "s" : "", p->microbatches,
                  p->microbatches > 1 ? "es" : "", p->schedule);
+    char acc[64] = "";
+    if (o->train.accumulate > 1)
+        snprintf(acc, sizeof acc, " (%lld accumulated batches of %lld)", (long long)o->train.accumulate,
+                 (long long)o->batch);
     char threads[48] = "";
     if (p->threads > 1) snprintf(threads, sizeof threads, " x %d threads", p->threads);
-    fprintf(stderr, "cleave: %s -> %s: %s%s on %d rank%s%s, batch %lld; arena %.1f MiB per rank (largest)\n", o->model,
+    fprintf(stderr, "cleave: %s -> %s: %s%s on %d rank%s%s, batch %lld%s; arena %.1f MiB per rank (largest)\n", o->model,
             o->output, strategy_name(p->strategy), detail, p->n_ranks, p->n_ranks > 1 ? "s" : "", threads,
-            (long long)o->batch, (double)arena / (1 << 20));
+            (long long)compile_step_batch(o), acc, (double)arena / (1 << 20));
 }
+
+int64_t compile_step_batch(const CompileOptions *o) { return o->batch * (o->train.accumulate > 1 ? o->train.accumulate : 1); }
 
 /* The plan of layout l: stages cut where l says, or balanced by FLOPs or
  * (balance_time) by the predicted time of their nodes on the cluster. */
 static bool plan_layout(const CompileOptions *o, const Layout *l, KernelProfile *profile, Graph *g, TrainGraph *t,
                         Plan *p, Diag *d) {
-    if (l->strategy == STRATEGY_SINGLE) return plan_single(g, t, o->batch, p, d);
-    if (l->strategy == STRATEGY_DP) return plan_dp(g, t, o->batch, l->replicas, o->bucket_mb, p, d);
+    int64_t batch = compile_step_batch(o);
+    if (!strategy_staged(l->strategy) && l->microbatches > 1) {
+        /* --accumulate: single and dp, one stage through its micro-batches */
+        if (!plan_hybrid_weighted(g, t, batch, l->replicas, 1, l->microbatches, schedule_name(l->schedule), NULL, 0,
+                                  o->bucket_mb, NULL, PLACE_BY_REPLICA, p, d))
+            return false;
+        p->strategy = l->strategy;
+        return true;
+    }
+    if (l->strategy == STRATEGY_SINGLE) return plan_single(g, t, batch, p, d);
+    if (l->strategy == STRATEGY_DP) return plan_dp(g, t, batch, l->replicas, o->bucket_mb, p, d);
     ClusterStages cs;
     bool timed = l->balance_time && l->n_cuts == 0;
     if (timed && !cluster_stages_open(&cs, o->cluster, profile, g, l->replicas, l->stages, l->microbatches,
                                       l->schedule, l->placement, &o->train, d))
         return false;
-    bool ok = plan_hybrid_weighted(g, t, o->batch, l->replicas, l->stages, l->microbatches,
+    bool ok = plan_hybrid_weighted(g, t, batch, l->replicas, l->stages, l->microbatches,
                                    schedule_name(l->schedule), l->cuts, l->n_cuts, o->bucket_mb,
                                    timed ? &cs.weight : NULL, l->placement, p, d);
     if (timed) cluster_stages_close(&cs);
@@ -103,7 +118,7 @@ bool driver_build_plan(const CompileOptions *o, const Layout *l, KernelProfile *
      * once: a replica's share, or its share of one micro-batch; summing the
      * gradients over replicas and micro-batches, each seeded with
      * 1 / (replicas x micro-batches), gives the global batch's. */
-    int64_t rows = o->batch / l->replicas / l->microbatches;
+    int64_t rows = compile_step_batch(o) / l->replicas / l->microbatches;
     DriverOptions fo = {.model = o->model, .batch = rows, .require_supported = true};
     Graph *g = driver_front_end(&fo, d);
     if (!g) return false;

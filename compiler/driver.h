@@ -57,6 +57,9 @@ typedef struct CompileOptions {
     const struct PlanFile *plan_file;
 } CompileOptions;
 
+/* The rows one optimizer step trains on: batch x train.accumulate. */
+int64_t compile_step_batch(const CompileOptions *o);
+
 /* How the ranks split the work: D replicas x P stages on D x P ranks, each
  * replica's batch in M micro-batches.  The command line gives one
  * (cli/compile_options.h); the search enumerates them (search.h). */

@@ -176,6 +176,19 @@ bool plan_file_load(const char *path, CompileOptions *o, PlanFile *f, Diag *d) {
     if (!get_int(f, f->root, "", "threads", false, 1, 64, &threads, d)) return false;
     if (!o->threads) o->threads = threads;
     if (!o->model) o->model = model;
+    /* batch and microbatches are the step's: K batches of batch / K rows,
+     * as the command line's --batch and --microbatches before --accumulate */
+    int64_t acc = 1;
+    if (!get_int(f, f->root, "", "accumulate", false, 1, 65536, &acc, d)) return false;
+    if (batch % acc || (staged && st != STRATEGY_LAYER && micro % acc))
+        return diag_error(d, DIAG_FORMAT, "%s: accumulate %lld does not divide batch %lld%s", path, (long long)acc,
+                          (long long)batch, staged ? " and microbatches" : "");
+    if (acc > 1 && st == STRATEGY_LAYER)
+        return diag_error(d, DIAG_FORMAT, "%s: accumulate needs strategy single, dp, pipeline or hybrid, not layer",
+                          path);
+    o->train.accumulate = acc;
+    batch /= acc;
+    micro /= acc;
     o->batch = batch;
     o->ranks = ranks;
     o->strategy = st;

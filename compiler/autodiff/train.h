@@ -35,6 +35,10 @@ typedef struct TrainOptions {
     bool bn_local;
     /* --loss ce: labels equal to this count for nothing (torch's -100) */
     int64_t ignore_index;
+    /* --accumulate K: each optimizer step sums the gradients of K batches
+     * (0 or 1: one).  The layout runs K times the micro-batches
+     * (compile_options.c), so the graph itself does not change. */
+    int64_t accumulate;
 } TrainOptions;
 
 typedef struct TrainGraph {

@@ -30,6 +30,9 @@ static const char compile_help[] =
     "                       (default ce)\n"
     "  --ignore-index I     --loss ce: labels equal to I count for nothing (default\n"
     "                       -100, as PyTorch's cross_entropy)\n"
+    "  --accumulate K       each optimizer step sums the gradients of K batches of B\n"
+    "                       rows, one after another (K x B rows a step, trained as\n"
+    "                       one batch of K x B would be; not with --strategy auto)\n"
     "  --optimizer sgd|momentum|adam   (default sgd)\n"
     "  --lr LR              learning rate (default 0.01; the program's --lr overrides)\n"
     "  --momentum MU        momentum (default 0.9 with --optimizer momentum)\n"
@@ -109,7 +112,7 @@ typedef struct CompileFlags {
 /* Flags whose value a plan file states (plan_file.c reads them there). */
 static bool plan_decides(const char *flag) {
     static const char *const names[] = {"--batch", "--loss", "--optimizer", "--lr", "--momentum", "--weight-decay",
-                                        "--beta1", "--beta2", "--eps", "--nesterov", "--ignore-index", "--ranks", "--strategy",
+                                        "--beta1", "--beta2", "--eps", "--nesterov", "--ignore-index", "--accumulate", "--ranks", "--strategy",
                                         "--microbatches", "--dp", "--pp", "--schedule", "--stages", "--bucket-mb", "--bn-stats", "--placement",
                                         "--balance", "--cluster"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
@@ -190,6 +193,10 @@ static int parse_flags(const char *cmd, int argc, char **argv, CompileFlags *f) 
             else if (strcmp(v, "mse") == 0) t->loss = LOSS_MSE;
             else if (strcmp(v, "model") == 0) t->loss = LOSS_MODEL;
             else status = cli_usage(cmd, "--loss must be ce, mse or model, got '%s'", v);
+        } else if (strcmp(a, "--accumulate") == 0) {
+            NEED_VALUE();
+            if (!cli_parse_i64(v, 1, 65536, &t->accumulate))
+                status = cli_usage(cmd, "--accumulate needs an integer from 1 to 65536, got '%s'", v);
         } else if (strcmp(a, "--ignore-index") == 0) {
             NEED_VALUE();
             if (!cli_parse_i64(v, INT64_MIN, INT64_MAX, &t->ignore_index))
@@ -314,6 +321,11 @@ static int parse_flags(const char *cmd, int argc, char **argv, CompileFlags *f) 
         else if (!o.batch) status = cli_usage(cmd, "--batch is required");
         else if (t->nesterov && t->optimizer != OPT_MOMENTUM)
             status = cli_usage(cmd, "--nesterov needs --optimizer momentum");
+        else if (t->accumulate > 1 && o.strategy_auto)
+            status = cli_usage(cmd, "--accumulate does not go with --strategy auto yet: choose the strategy");
+        else if (t->accumulate > 1 && o.batch > ((int64_t)1 << 31) / t->accumulate)
+            status = cli_usage(cmd, "--batch %lld x --accumulate %lld is above 2^31 rows a step", (long long)o.batch,
+                               (long long)t->accumulate);
     }
     if (status < 0 && t->optimizer == OPT_MOMENTUM && !momentum_set) t->momentum = 0.9f;
     f->o = o;

@@ -79,6 +79,24 @@ static bool staged_layout(const CompileOptions *o, int64_t ranks, Layout *l, Dia
     return true;
 }
 
+/* --accumulate K: the batches of a step are K times the micro-batches, so
+ * that the planner's gradient sums over micro-batches accumulate them.
+ * single and dp run their one stage 1F1B, a batch's forward and backward
+ * before the next one's, which keeps one batch of activations, as a
+ * PyTorch loop of K backward() calls before step() does. */
+static bool accumulate_layout(const CompileOptions *o, Layout *l, Diag *d) {
+    if (o->train.accumulate <= 1) return true;
+    if (o->strategy == STRATEGY_LAYER)
+        return diag_error(d, DIAG_USAGE, "--accumulate runs K batches through the stages one after another; use "
+                          "--strategy pipeline (or single, dp, hybrid), not layer");
+    if ((int64_t)l->microbatches * o->train.accumulate > (1 << 20))
+        return diag_error(d, DIAG_USAGE, "--accumulate %lld x %d micro-batches is too many", (long long)o->train.accumulate,
+                          l->microbatches);
+    l->microbatches *= (int)o->train.accumulate;
+    if (!strategy_staged(o->strategy)) l->schedule = SCHED_1F1B;
+    return true;
+}
+
 bool compile_options_layout(const CompileOptions *o, Layout *l, Diag *d) {
     int64_t ranks = o->ranks > 0 ? o->ranks : 1;
     /* balance_time is set whatever the strategy: with --profile it makes
@@ -88,5 +106,6 @@ bool compile_options_layout(const CompileOptions *o, Layout *l, Diag *d) {
     if (o->placement && o->strategy != STRATEGY_HYBRID && strcmp(o->placement, "by_replica"))
         return diag_error(d, DIAG_USAGE, "--placement %s needs --strategy hybrid (with one replica or one stage the "
                           "placements are the same)", o->placement);
-    return strategy_staged(o->strategy) ? staged_layout(o, ranks, l, d) : flat_layout(o, ranks, l, d);
+    if (!(strategy_staged(o->strategy) ? staged_layout(o, ranks, l, d) : flat_layout(o, ranks, l, d))) return false;
+    return accumulate_layout(o, l, d);
 }

@@ -49,7 +49,7 @@ static void why_lost(const Candidate *c, const Candidate *best, char *buf, size_
 static void print_text(const CompileOptions *o, const Search *s) {
     bool chose = o->strategy_auto;
     const Candidate *best = s->best >= 0 ? &s->c[s->best] : NULL;
-    printf("%s: batch %lld on %lld rank%s; cluster: %s (%.2f GB per rank)\n", o->model, (long long)o->batch,
+    printf("%s: batch %lld on %lld rank%s; cluster: %s (%.2f GB per rank)\n", o->model, (long long)compile_step_batch(o),
            (long long)o->ranks, o->ranks > 1 ? "s" : "", s->cluster, (double)s->memory_per_rank / 1e9);
     char lay[160], why[300];
     if (best) {
@@ -57,7 +57,7 @@ static void print_text(const CompileOptions *o, const Search *s) {
         printf("\n%s: %s\n", chose ? "chosen" : "plan", lay);
         printf("  predicted step %.3f ms (%.0f samples/s), bubble %.1f%%, communication %.2f MB per step, "
                "largest arena %.1f MB\n",
-               best->step_s * 1e3, best->step_s > 0 ? (double)o->batch / best->step_s : 0, best->bubble * 100,
+               best->step_s * 1e3, best->step_s > 0 ? (double)compile_step_batch(o) / best->step_s : 0, best->bubble * 100,
                (double)best->comm_bytes / 1e6, (double)best->peak_bytes / 1e6);
         if (best->batch_stats) {
             const Layout *l = &best->layout;

@@ -110,6 +110,16 @@ LLVMValueRef cg_alloca(Cg *c, LLVMTypeRef t);
  * kernel computed at compile time), and element i of it as type t. */
 LLVMValueRef cg_table(Cg *c, const void *data, size_t bytes);
 LLVMValueRef cg_table_get(Cg *c, LLVMValueRef table, LLVMTypeRef t, LLVMValueRef i);
+/* Element i of the integer buffer idx read as an index into an axis of
+ * `len` elements, negative values counting from the end as ONNX's
+ * indexing ops say: returns it in [0, len).  Any other value never reaches
+ * memory: the program prints one line on stderr, "PROG: error: FILE: node
+ * 'NAME' (OP): index V is out of range for axis A of size LEN", naming
+ * node `who`, and exits with status 1 (under mpirun the job ends with it).
+ * The check is one compare and a branch that is never taken in a correct
+ * program.  A kernel using it names its node, so it keeps its own kernel
+ * (OpDef.names_node). */
+LLVMValueRef cg_checked_index(Cg *c, const Node *who, const Value *idx, LLVMValueRef i, int64_t axis, int64_t len);
 /* Vector dot product of K contiguous floats of a and b. */
 LLVMValueRef cg_dot(Cg *c, const Value *a, LLVMValueRef abase, const Value *b, LLVMValueRef bbase, int64_t K);
 /* Sum over K contiguous floats of a (from abase) of a*b, a, a^2 or |a|,

@@ -476,6 +476,81 @@ LLVMValueRef cg_table_get(Cg *c, LLVMValueRef table, LLVMTypeRef t, LLVMValueRef
     return LLVMBuildLoad2(c->b, t, LLVMBuildInBoundsGEP2(c->b, t, table, &i, 1, ""), "");
 }
 
+static void add_fn_attr(Cg *c, LLVMValueRef fn, const char *name) {
+    unsigned kind = LLVMGetEnumAttributeKindForName(name, strlen(name));
+    LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex, LLVMCreateEnumAttribute(c->ctx, kind, 0));
+}
+
+/* The module's one reporter of bad indices:
+ *   cleave.index_error(file, node, op, index, axis, len)
+ * prints the line cg_checked_index promises and exits with status 1.  It
+ * uses libc alone (dprintf, exit and glibc's name of the program, which is
+ * argv[0]'s last component, as the runtime's own messages use): the
+ * runtime's ABI (runtime/rt_abi.h) has no error call, and the programs
+ * tests run in-process through the JIT have no runtime at all.  dprintf
+ * writes straight to the descriptor, so the line is out before exit
+ * flushes the runtime's buffered output. */
+static LLVMValueRef index_error_fn(Cg *c, LLVMTypeRef *fty) {
+    LLVMTypeRef ps[6] = {c->t_ptr, c->t_ptr, c->t_ptr, c->t_i64, c->t_i64, c->t_i64};
+    *fty = LLVMFunctionType(c->t_void, ps, 6, 0);
+    LLVMValueRef f = LLVMGetNamedFunction(c->mod, "cleave.index_error");
+    if (f) return f;
+    f = LLVMAddFunction(c->mod, "cleave.index_error", *fty);
+    LLVMSetLinkage(f, LLVMInternalLinkage);
+    add_fn_attr(c, f, "noreturn");
+    add_fn_attr(c, f, "cold");
+    add_fn_attr(c, f, "noinline");
+    LLVMBuilderRef b = LLVMCreateBuilderInContext(c->ctx);
+    LLVMPositionBuilderAtEnd(b, LLVMAppendBasicBlockInContext(c->ctx, f, "entry"));
+    LLVMValueRef prog = LLVMGetNamedGlobal(c->mod, "program_invocation_short_name");
+    if (!prog) prog = LLVMAddGlobal(c->mod, c->t_ptr, "program_invocation_short_name");
+    LLVMTypeRef pf[2] = {c->t_i32, c->t_ptr};
+    LLVMTypeRef printf_ty = LLVMFunctionType(c->t_i32, pf, 2, 1);
+    LLVMValueRef dprintf_fn = LLVMGetNamedFunction(c->mod, "dprintf");
+    if (!dprintf_fn) dprintf_fn = LLVMAddFunction(c->mod, "dprintf", printf_ty);
+    LLVMValueRef args[9] = {
+        LLVMConstInt(c->t_i32, 2, 0),
+        LLVMBuildGlobalStringPtr(b, "%s: error: %s: node '%s' (%s): index %lld is out of range for axis %lld of size "
+                                    "%lld\n", "index_error_fmt"),
+        LLVMBuildLoad2(b, c->t_ptr, prog, "")};
+    for (unsigned i = 0; i < 6; i++) args[3 + i] = LLVMGetParam(f, i);
+    LLVMBuildCall2(b, printf_ty, dprintf_fn, args, 9, "");
+    LLVMTypeRef exit_ty = LLVMFunctionType(c->t_void, &c->t_i32, 1, 0);
+    LLVMValueRef exit_fn = LLVMGetNamedFunction(c->mod, "exit");
+    if (!exit_fn) {
+        exit_fn = LLVMAddFunction(c->mod, "exit", exit_ty);
+        add_fn_attr(c, exit_fn, "noreturn");
+    }
+    LLVMValueRef one = LLVMConstInt(c->t_i32, 1, 0);
+    LLVMBuildCall2(b, exit_ty, exit_fn, &one, 1, "");
+    LLVMBuildUnreachable(b);
+    LLVMDisposeBuilder(b);
+    return f;
+}
+
+LLVMValueRef cg_checked_index(Cg *c, const Node *who, const Value *idx, LLVMValueRef i, int64_t axis, int64_t len) {
+    LLVMValueRef v = cg_load_i(c, idx, i);
+    /* v in [-len, len) exactly when v + len, wrapping, read unsigned, is
+     * below 2 len: one compare for both ends, and no overflow trap */
+    LLVMValueRef shifted = LLVMBuildAdd(c->b, v, cg_i64(c, len), "");
+    LLVMValueRef ok = LLVMBuildICmp(c->b, LLVMIntULT, shifted, cg_i64(c, 2 * len), "");
+    LLVMValueRef fn = LLVMGetBasicBlockParent(LLVMGetInsertBlock(c->b));
+    LLVMBasicBlockRef bad = LLVMAppendBasicBlockInContext(c->ctx, fn, "bad_index");
+    LLVMBasicBlockRef good = LLVMAppendBasicBlockInContext(c->ctx, fn, "index_ok");
+    LLVMBuildCondBr(c->b, ok, good, bad);
+    LLVMPositionBuilderAtEnd(c->b, bad);
+    LLVMTypeRef fty;
+    LLVMValueRef report = index_error_fn(c, &fty);
+    LLVMValueRef args[6] = {LLVMBuildGlobalStringPtr(c->b, c->g->path ? c->g->path : "model", ""),
+                            LLVMBuildGlobalStringPtr(c->b, who->name ? who->name : "", ""),
+                            LLVMBuildGlobalStringPtr(c->b, who->op_type, ""), v, cg_i64(c, axis), cg_i64(c, len)};
+    LLVMBuildCall2(c->b, fty, report, args, 6, "");
+    LLVMBuildUnreachable(c->b);
+    LLVMPositionBuilderAtEnd(c->b, good);
+    LLVMValueRef neg = LLVMBuildICmp(c->b, LLVMIntSLT, v, cg_i64(c, 0), "");
+    return LLVMBuildSelect(c->b, neg, shifted, v, "");
+}
+
 /* Term k of a row sum: a[k] * b[k], a[k], a[k]^2 or |a[k]| (vectors or
  * scalars alike). */
 static LLVMValueRef sum_term(Cg *c, CgSumKind kind, LLVMValueRef a, LLVMValueRef b) {

@@ -12,13 +12,15 @@
  * every pair of its buffers whether they are the same value or may share
  * bytes in some call (which decides the kernel's noalias flags).  Code generation may read the contents of
  * constant inputs and tensor attributes (a Reshape's shape, say), so
- * nodes with either are never shared. */
+ * nodes with either are never shared, nor are nodes whose kernels name
+ * them in run-time errors (OpDef.names_node). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cg_share.h"
 #include "../ir/node_key.h"
+#include "../ops/ops.h"
 
 typedef struct Entry {
     uint64_t hash;
@@ -53,6 +55,7 @@ static int slots(const Node *n, const Value **v) {
 /* NULL when the node must have a kernel of its own. */
 static char *signature(const Cg *c, const Node *n) {
     if (n->n_in + n->n_out > 2 * CG_MAX_BUFS) return NULL;
+    if (n->def && n->def->names_node) return NULL; /* its messages name it: the name is part of its code */
     for (int i = 0; i < n->n_in; i++) {
         const Value *v = n->in[i];
         if (v && v->konst && !(v->kind == VAL_INITIALIZER && dtype_is_float(v->dtype))) return NULL;

@@ -104,6 +104,10 @@ typedef struct OpDef {
      * node) when the node's "replicas" attribute is above 1: batch
      * statistics computed over the global batch. */
     uint32_t replica_sums;
+    /* The kernel names its node in a run-time error (an index out of
+     * range, cg_checked_index), so the node never runs another node's
+     * kernel (codegen/cg_share.c), whose message would name that one. */
+    bool names_node;
 } OpDef;
 
 enum { DENSE_GEMM = 1, DENSE_CONV = 2 };

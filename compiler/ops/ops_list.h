@@ -11,7 +11,7 @@ X(Or) X(Pad) X(Pow) X(Range) X(Reciprocal) X(ReduceL1) X(ReduceL2) X(ReduceLogSu
 X(ReduceLogSumExp) X(ReduceMax) X(ReduceMean) X(ReduceMin) X(ReduceProd)
 X(ReduceSum) X(ReduceSumSquare) X(Sum) X(Mean) X(Relu) X(Reshape) X(Resize) X(Shape)
 X(Sigmoid) X(Size) X(Slice) X(Softmax) X(Split) X(Sqrt) X(Squeeze) X(Sub)
-X(Tanh) X(Transpose) X(Unsqueeze) X(Upsample) X(Where) X(Xor)
+X(Tanh) X(Transpose) X(Trilu) X(Unsqueeze) X(Upsample) X(Where) X(Xor)
 X(SoftmaxCrossEntropyLoss)
 /* cleave's own ops (domain "cleave"): gradients and optimizer updates */
 X(SoftmaxCrossEntropyLossGrad) X(SumTo) X(ReluGrad) X(LeakyReluGrad) X(SigmoidGrad)
@@ -28,3 +28,5 @@ X(BatchNormStats) X(BatchNormTrain) X(BatchNormMoment) X(BatchNormRunning) X(Bat
 X(DropoutTrain)
 /* the gradient of Resize and Upsample (ops_resize.c) */
 X(ResizeGrad)
+/* the gradient of Gather (ops_gather.c) */
+X(GatherGrad)

@@ -1,9 +1,9 @@
 /* ops_shape.c - operators that move or describe data without arithmetic:
  * Shape, Size, Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Concat,
- * Slice, Pad, Split, Gather, Expand, Constant, ConstantOfShape, Range, and
- * the gradient ops of Slice and Pad.  Their fold rules let the shape
- * subgraphs PyTorch exports (Shape -> Gather -> Unsqueeze -> Concat ->
- * Reshape) collapse to constants. */
+ * Slice, Pad, Split, Expand, Constant, ConstantOfShape, Range, and the
+ * gradient ops of Slice and Pad (Gather is in ops_gather.c).  Their fold
+ * rules let the shape subgraphs PyTorch exports (Shape -> Gather ->
+ * Unsqueeze -> Concat -> Reshape) collapse to constants. */
 #include <math.h>
 #include <string.h>
 
@@ -757,54 +757,6 @@ static bool infer_pad_grad(OpCtx *c, Node *n) {
     return true;
 }
 
-/* ---- Gather ---- */
-
-static bool infer_gather(OpCtx *c, Node *n) {
-    const Value *x = n->in[0], *idx = n->in[1];
-    if (idx->dtype != DT_UNDEFINED && idx->dtype != DT_INT64 && idx->dtype != DT_INT32)
-        return op_error(c, n, "indices '%s' are %s; int32 or int64 required", idx->name, dtype_name(idx->dtype));
-    int64_t axis = node_attr_i(n, "axis", 0);
-    if (!norm_axis(c, n, &axis, x->rank)) return false;
-    int r = x->rank - 1 + idx->rank;
-    if (r > MAX_RANK) return op_error(c, n, "result rank %d exceeds %d", r, MAX_RANK);
-    Dim out[MAX_RANK];
-    int k = 0;
-    for (int j = 0; j < axis; j++) out[k++] = x->dims[j];
-    for (int j = 0; j < idx->rank; j++) out[k++] = idx->dims[j];
-    for (int j = (int)axis + 1; j < x->rank; j++) out[k++] = x->dims[j];
-    /* Constant indices must lie inside the axis. */
-    if (in_const(n, 1) && dim_is_const(x->dims[axis])) {
-        int64_t len = x->dims[axis].k;
-        for (int64_t i = 0; i < idx->konst->n; i++) {
-            int64_t v = const_get_i(idx->konst, i);
-            if (v < -len || v >= len)
-                return op_error(c, n, "index %lld is out of range for axis %lld of size %lld", (long long)v,
-                                (long long)axis, (long long)len);
-        }
-    }
-    set_out(n, 0, x->dtype, r, out);
-    return true;
-}
-
-static int64_t map_gather(const Node *n, int64_t e, const void *ctx) {
-    (void)ctx;
-    const Value *x = n->in[0], *idx = n->in[1];
-    int64_t axis = node_attr_i(n, "axis", 0);
-    if (axis < 0) axis += x->rank;
-    int64_t inner = 1, n_idx = idx->konst->n, len = x->dims[axis].k;
-    for (int j = (int)axis + 1; j < x->rank; j++) inner *= x->dims[j].k;
-    int64_t in_pos = e % inner, rest = e / inner;
-    int64_t ii = rest % n_idx, outer = rest / n_idx;
-    int64_t v = const_get_i(idx->konst, ii);
-    if (v < 0) v += len;
-    return (outer * len + v) * inner + in_pos;
-}
-
-static FoldResult fold_gather(OpCtx *c, Node *n) {
-    if (!in_const(n, 1) || n->in[1]->konst->sym || !value_shape_known(n->in[1])) return FOLD_NO;
-    return fold_map(c, n, map_gather, NULL);
-}
-
 /* ---- Expand ---- */
 
 static bool infer_expand(OpCtx *c, Node *n) {
@@ -1196,32 +1148,6 @@ static bool k_expand(Cg *c, const Node *n) {
     return true;
 }
 
-/* y[outer, idx, inner] = x[outer, indices[idx] (wrapped if negative), inner] */
-static bool k_gather(Cg *c, const Node *n) {
-    const Value *x = n->in[0], *idx = n->in[1], *y = n->out[0];
-    int64_t axis = node_attr_i(n, "axis", 0);
-    if (axis < 0) axis += x->rank;
-    int64_t outer, len, inner, ni = value_numel(idx);
-    cg_axis_split(x, (int)axis, &outer, &len, &inner);
-    if (!cg_kernel_begin_io(c, n)) return false;
-    CgLoop lo, li, lk;
-    LLVMValueRef o = cg_for(c, &lo, cg_i64(c, outer));
-    LLVMValueRef i = cg_for(c, &li, cg_i64(c, ni));
-    LLVMValueRef v = cg_load_i(c, idx, i);
-    LLVMValueRef neg = LLVMBuildICmp(c->b, LLVMIntSLT, v, cg_i64(c, 0), "");
-    v = LLVMBuildSelect(c->b, neg, cg_add(c, v, cg_i64(c, len)), v, "");
-    LLVMValueRef k = cg_for(c, &lk, cg_i64(c, inner));
-    LLVMValueRef src = cg_add(c, cg_mul(c, cg_add(c, cg_mul(c, o, len), v), inner), k);
-    LLVMValueRef dst = cg_add(c, cg_mul(c, cg_add(c, cg_mul(c, o, ni), i), inner), k);
-    if (dtype_is_float(x->dtype)) cg_store(c, y, dst, cg_load(c, x, src));
-    else cg_store(c, y, dst, cg_load_i(c, x, src));
-    cg_for_end(c, &lk);
-    cg_for_end(c, &li);
-    cg_for_end(c, &lo);
-    cg_kernel_end(c);
-    return true;
-}
-
 /* ---- gradient rules ---- */
 
 static bool g_same_order(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
@@ -1363,7 +1289,6 @@ const OpDef op_Concat = {"Concat", "", 1, 0, 1, 1 << 16, 1, 1, attrs_axis0, 0, i
 const OpDef op_Slice = {"Slice", "", 1, 0, 1, 5, 1, 1, attrs_slice, 0, infer_slice, fold_slice, flops_zero, .grad = g_slice, .cg = k_slice};
 const OpDef op_Pad = {"Pad", "", 2, 0, 1, 4, 1, 1, attrs_pad, 0, infer_pad, fold_pad, flops_zero, .grad = g_pad, .cg = k_pad};
 const OpDef op_Split = {"Split", "", 1, 0, 1, 2, 1, 1 << 16, attrs_split, 0, infer_split, fold_split, flops_zero, .grad = g_split, .cg = k_split};
-const OpDef op_Gather = {"Gather", "", 1, 0, 2, 2, 1, 1, attrs_axis0, 0, infer_gather, fold_gather, flops_zero, .cg = k_gather};
 /* dX: dY summed over the dimensions X was broadcast along. */
 static bool g_expand(GradCtx *c, Node *n, Value *const *dy, Value **dx, const bool *need) {
     if (need[0]) dx[0] = gb_sum_to(c, dy[0], n->in[0]);

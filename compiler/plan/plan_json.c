@@ -217,6 +217,7 @@ json_t *plan_json(const Plan *p, const TrainOptions *o) {
         json_object_set_new(root, "optimizer", options_json(o));
         json_object_set_new(root, "loss", json_string(loss_kind_name(o->loss)));
         if (o->loss == LOSS_CE) json_object_set_new(root, "ignore_index", json_integer(o->ignore_index));
+        json_object_set_new(root, "accumulate", json_integer(o->accumulate > 1 ? o->accumulate : 1));
     }
     json_object_set_new(root, "threads", json_integer(p->threads > 1 ? p->threads : 1));
     json_t *ranks = json_array();

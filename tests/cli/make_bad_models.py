@@ -9,6 +9,9 @@ package; without it the script says SKIP on stderr and exits 77 after the
 byte-level ones.  Models are built with onnx.helper and never passed through
 onnx.checker: most of them are invalid on purpose.
 
+OUTDIR/bad_data holds a valid model and .npy data for it with a token id
+out of range, for the check that a compiled program stops on it.
+
 Besides OUTDIR, two files are written into OUTDIR's parent folder
 (escape.bin, outside.bin) so that the external-data cases point at files
 that really exist and are refused for their location, not for being
@@ -529,6 +532,28 @@ def model_cases(outdir):
 
     # A valid model using external data: the suite checks it loads.
     external("ext_ok.onnx", "weights.bin", offset=0, length=24)
+
+    # --- a valid model fed bad data ------------------------------------------
+    # In bad_data/ (the suite's loops over OUTDIR/*.onnx do not see it): an
+    # embedding of 7 rows read by int64 token ids, pooled and classified.
+    # ids_oob.npy holds one id past the table (row 3, column 1); the
+    # compiled program must stop on it with one line naming the node.
+    data = os.path.join(outdir, "bad_data")
+    os.makedirs(data, exist_ok=True)
+    rng = np.random.default_rng(7)
+    g = helper.make_graph([
+        helper.make_node("Gather", ["table", "ids"], ["emb"], name="tok_embed", axis=0),
+        helper.make_node("ReduceMean", ["emb"], ["pooled"], axes=[1], keepdims=0),
+        helper.make_node("MatMul", ["pooled", "w"], ["logits"], name="classify"),
+    ], "embedding", [vi("ids", I64, ["batch", 3])], [vi("logits", F, ["batch", 2])],
+        initializer=[const_init("table", rng.standard_normal((7, 4)).astype(np.float32)),
+                     const_init("w", rng.standard_normal((4, 2)).astype(np.float32))])
+    write(data, "embedding.onnx", helper.make_model(
+        g, producer_name="make_bad_models", opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    ids = rng.integers(-7, 7, (4, 3)).astype(np.int64)
+    ids[3, 1] = 7
+    np.save(os.path.join(data, "ids_oob.npy"), ids)
+    np.save(os.path.join(data, "labels.npy"), rng.integers(0, 2, 4).astype(np.int64))
 
 
 def main():

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Command-line behaviour of `cleave`: exit codes and one-line errors, on bad
-# command lines and on malformed inputs (written by make_bad_models.py).
+# command lines and on malformed inputs (written by make_bad_models.py),
+# and of a compiled program fed data it cannot run on.
 #
 # Every failing run must exit with the status of its kind (2 for usage
 # errors, 1 for bad input), print exactly one line on stderr naming the
@@ -128,6 +129,9 @@ expect 2 "--stages: the model has no node named 'nosuchnode'" -- "$CLEAVE" compi
 expect 2 "--target-cpu 'frobcpu' is not a processor LLVM knows" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --target-cpu frobcpu
 expect 2 "--freeze: 'nope' is not a float initializer" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --freeze nope
 expect 1 "--loss model needs a scalar first output; 'output' has 1024 elements" -- "$CLEAVE" compile "$(cd "$HERE/../.." && pwd)/samples/transformer.onnx" -o "$OUTP" --batch 2 --loss model
+expect 2 "--accumulate needs an integer from 1 to 65536, got '0'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --accumulate 0
+expect 2 "--accumulate does not go with --strategy auto yet" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --accumulate 2 --ranks 2 --strategy auto
+expect 2 "--accumulate runs K batches through the stages one after another" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --accumulate 2 --ranks 2 --strategy layer
 expect 2 "--ignore-index needs an integer, got '1.5'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --ignore-index 1.5
 
 # No arguments at all: the overall usage text, on stderr, with status 2.
@@ -371,6 +375,25 @@ for f in "$BAD"/*.onnx; do
     ;;
   esac
 done
+
+# ---- a compiled program fed bad data ---------------------------------------
+
+# A token id past the embedding's table, fed at run time: the program stops
+# with status 1 and one line naming the model, the node and the index
+# (cg_checked_index), before reading outside the table.
+DATA=$BAD/bad_data
+if [ -e "$DATA/embedding.onnx" ]; then
+  RUN_DIR=$DATA
+  run "$CLEAVE" compile embedding.onnx -o "$WORK/embedding.train" --batch 4 --loss ce
+  if [ "$status" -eq 0 ]; then
+    expect 1 "^embedding\.train: error: embedding\.onnx: node 'tok_embed' \(Gather\): index 7 is out of range for axis 0 of size 7$" -- \
+      "$WORK/embedding.train" --data ids=ids_oob.npy --data labels=labels.npy --epochs 1
+  else
+    fail=$((fail + 1))
+    echo "FAIL: compiling bad_data/embedding.onnx -> status $status$(crashed), stderr: $err"
+  fi
+  RUN_DIR=$BAD
+fi
 
 # ---- no input reaches an internal error ------------------------------------
 

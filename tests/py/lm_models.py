@@ -134,11 +134,11 @@ def vit():
 
 class LmSpec:
     """make(): the module; data(n, generator): (inputs as {name: tensor},
-    labels); opset; the loss's ignored label (-100: torch's default, which
-    the data may use)."""
+    labels, -100 where ignored); opset; tied: the initializer two layers
+    share, if any."""
 
-    def __init__(self, make, data, opset):
-        self.make, self.data, self.opset = make, data, opset
+    def __init__(self, make, data, opset, tied=None):
+        self.make, self.data, self.opset, self.tied = make, data, opset, tied
 
 
 def token_data(n, g, ignore_share=0.0):
@@ -174,7 +174,7 @@ def tag_data(n, g):
 
 
 MODELS = {
-    "gpt": LmSpec(Gpt, lambda n, g: token_data(n, g, 0.1), 17),
+    "gpt": LmSpec(Gpt, lambda n, g: token_data(n, g, 0.1), 17, tied="wte.weight"),
     "bert": LmSpec(Bert, bert_data, 13),
     "encoder": LmSpec(TorchEncoder, lambda n, g: tag_data(n, g), 17),
     "vit": LmSpec(vit, lambda n, g: ({"input": torch.randn(n, 3, 16, 16, generator=g)},

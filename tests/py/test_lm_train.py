@@ -13,7 +13,9 @@ For each: build it from a fixed seed, export it for training at its opset,
 train STEPS steps in float64 in PyTorch (the reference: batches i*B mod N,
 torch's cross_entropy over the positions with ignore_index -100, which the
 GPT's and BERT's labels use), then compile and train it in cleave under
-single, dp 2, pipeline 2 (1F1B, 2 micro-batches) and hybrid 2x2, and check
+single, dp 2, pipeline 2 (1F1B, 2 micro-batches) and hybrid 2x2 (and the
+encoder with --accumulate 2 of half batches under single, dp 2 and
+pipeline 2, which must train as the whole batch does), and check
 every step's loss (rtol 1e-4) and every saved initializer (rtol 1e-3): the
 mean over the counted labels of the global batch, however the replicas'
 and micro-batches' shares of them fall.
@@ -26,6 +28,7 @@ Prints PASS/FAIL lines and `N passed, M failed`; exits 1 on failure, 77
 
 import argparse
 import copy
+import json
 import os
 import sys
 
@@ -34,11 +37,19 @@ import harness
 BATCH, N_ROWS, STEPS, LR = 8, 32, 8, 0.05
 LOSS_RTOL, LOSS_ATOL = 1e-4, 1e-6
 W_RTOL, W_ATOL = 1e-3, 1e-5
+TOKEN_FILES = {"gpt": "uint16", "bert": "int32"}
 STRATEGIES = [
     ("single", 1, []),
     ("dp2", 2, ["--ranks", "2", "--strategy", "dp"]),
     ("pipeline2_1f1b", 2, ["--ranks", "2", "--strategy", "pipeline", "--microbatches", "2", "--schedule", "1f1b"]),
     ("hybrid2x2", 4, ["--ranks", "4", "--strategy", "hybrid", "--dp", "2", "--pp", "2", "--microbatches", "2"]),
+]
+# --accumulate 2 of half batches: trained as the whole batch is
+ACCUMULATE = ["--batch", str(BATCH // 2), "--accumulate", "2"]
+ACCUMULATE_STRATEGIES = [
+    ("single_accumulate2", 1, ACCUMULATE),
+    ("dp2_accumulate2", 2, ACCUMULATE + ["--ranks", "2", "--strategy", "dp"]),
+    ("pipeline2_accumulate2", 2, ACCUMULATE + ["--ranks", "2", "--strategy", "pipeline", "--microbatches", "2"]),
 ]
 
 torch = np = lm = None
@@ -88,6 +99,32 @@ def check_weights(rep, tag, saved, state, start):
     rep.check("%s: the run moved the weights beyond the tolerance (%.3g times)" % (tag, moved), moved > 1.0)
 
 
+def check_accumulated(rep, tag, plan_path, flags):
+    """The plan runs the K batches one after another, as K times the
+    micro-batches of one batch."""
+    with open(plan_path) as f:
+        plan = json.load(f)
+    k = int(flags[flags.index("--accumulate") + 1])
+    m = int(flags[flags.index("--microbatches") + 1]) if "--microbatches" in flags else 1
+    got = (plan["accumulate"], plan["batch"], plan["microbatches"])
+    rep.check("%s: the plan accumulates %d batches of %s rows as %d micro-batches" % (tag, k, flags[1], k * m),
+              got == (k, k * int(flags[1]), k * m), "accumulate, batch, microbatches: %s" % (got,))
+
+
+def check_tied(rep, tag, plan_path, name):
+    """The tied table is used on both stages (the embedding on the first,
+    the LM head on the last): each holds a copy, and the plan sums its
+    gradient across them (gradient_sum transfers), so that both copies
+    take the same update."""
+    with open(plan_path) as f:
+        plan = json.load(f)
+    holders = [r["stage"] for r in plan["rank_plans"] if any(h["name"] == name for h in r["holds"])]
+    sums = [t for t in plan["transfers"] if t["direction"] == "gradient_sum"]
+    rep.check("%s: the tied '%s' is held by both stages, its gradient summed across them" % (tag, name),
+              sorted(set(holders)) == [0, 1] and len(sums) >= 2, "held by stages %s; %d gradient_sum transfers" %
+              (holders, len(sums)))
+
+
 def run_model(rep, cleave, name, work):
     spec = lm.MODELS[name]
     torch.manual_seed(0)
@@ -98,18 +135,25 @@ def run_model(rep, cleave, name, work):
     data = []
     for k, v in list(x.items()) + [("labels", y)]:
         f = os.path.join(work, "%s_%s.npy" % (name, k))
-        np.save(f, v.numpy())
+        # token files as people keep them: uint16 (GPT), int32 (BERT)
+        np.save(f, v.numpy().astype(TOKEN_FILES[name]) if k == "input" and name in TOKEN_FILES else v.numpy())
         data += ["--data", "%s=%s" % (k, f)]
     ref_losses, state = reference(model, x, y)
     start = harness.read_weights(path)
-    for label, ranks, flags in STRATEGIES:
+    for label, ranks, flags in STRATEGIES + (ACCUMULATE_STRATEGIES if name == "encoder" else []):
         tag = "%s %s" % (name, label)
         prog = os.path.join(work, "%s_%s" % (name, label))
         metrics, saved = prog + ".jsonl", prog + ".trained.onnx"
-        cmd = [cleave, "compile", path, "-o", prog, "--batch", str(BATCH), "--loss", "ce", "--lr", repr(LR)] + flags
+        batch = [] if "--batch" in flags else ["--batch", str(BATCH)]
+        cmd = [cleave, "compile", path, "-o", prog, "--loss", "ce", "--lr", repr(LR), "--emit-plan",
+               prog + ".plan.json"] + batch + flags
         p, _ = harness.run(cmd, timeout=900)
         if not rep.check("%s: compiles" % tag, p.returncode == 0, harness.failure(cmd, p)):
             continue
+        if "--accumulate" in flags:
+            check_accumulated(rep, tag, prog + ".plan.json", flags)
+        if spec.tied and ("pipeline" in label or "hybrid" in label):
+            check_tied(rep, tag, prog + ".plan.json", spec.tied)
         argv = [prog] + data + ["--steps", str(STEPS), "--metrics", metrics, "--save", saved]
         if ranks > 1:
             argv = harness.mpirun(ranks, argv)
@@ -127,7 +171,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cleave", required=True)
     ap.add_argument("--workdir")
-    ap.add_argument("--models", default=os.environ.get("CLEAVE_LM_MODELS", "encoder"))
+    ap.add_argument("--models", default=os.environ.get("CLEAVE_LM_MODELS", "encoder,gpt,bert,vit"))
     args = ap.parse_args()
     why = harness.missing(modules=("torch", "torchvision", "onnx", "numpy"), programs=("mpirun",))
     if why:

@@ -339,18 +339,33 @@ void grad_case_init(GradCase *k, const GradRules *rules) {
     k->gc = (GradCtx){k->g, &k->d, PHASE_FORWARD};
 }
 
-Value *grad_tensor(GradCase *k, const char *name, ValueKind kind, int rank, const int64_t *dims, Fill fill) {
+/* A value of the case's graph with contents of dtype t and the given
+ * shape, the contents allocated (as the loader stores them) and unset. */
+static Value *case_value(GradCase *k, const char *name, ValueKind kind, DType t, int rank, const int64_t *dims) {
     Value *v = graph_add_value(k->g, name);
+    ck_assert_ptr_nonnull(v);
     v->kind = kind;
-    v->dtype = v->file_dtype = DT_FLOAT;
+    v->dtype = v->file_dtype = t;
     v->rank = rank;
     int64_t n = 1;
     for (int j = 0; j < rank; j++) {
         v->dims[j] = dim_const(dims[j]);
         n *= dims[j];
     }
-    v->konst = const_new(k->g, DT_FLOAT, n);
+    v->konst = const_new(k->g, dtype_store(t), n);
     ck_assert_ptr_nonnull(v->konst);
+    return v;
+}
+
+Value *grad_int_const(GradCase *k, const char *name, DType t, int rank, const int64_t *dims, const int64_t *x) {
+    Value *v = case_value(k, name, VAL_CONSTANT, t, rank, dims);
+    for (int64_t i = 0; i < v->konst->n; i++) const_set_i(v->konst, i, x[i]);
+    return v;
+}
+
+Value *grad_tensor(GradCase *k, const char *name, ValueKind kind, int rank, const int64_t *dims, Fill fill) {
+    Value *v = case_value(k, name, kind, DT_FLOAT, rank, dims);
+    int64_t n = v->konst->n;
     for (int64_t i = 0; i < n; i++) {
         float x = k->rules->rand(&k->rng);
         const_set_f(v->konst, i, fill == FILL_POSITIVE ? 0.5f + fabsf(x) : x);

@@ -185,6 +185,8 @@ void grad_case_init(GradCase *k, const GradRules *rules);
  * so finite differences of +-0.01 never change which element of a window
  * is the maximum. */
 Value *grad_tensor(GradCase *k, const char *name, ValueKind kind, int rank, const int64_t *dims, Fill fill);
+/* A constant of an integer type or bool holding x (indices, masks, k). */
+Value *grad_int_const(GradCase *k, const char *name, DType t, int rank, const int64_t *dims, const int64_t *x);
 /* A parameter: a uniformly filled initializer. */
 Value *grad_param(GradCase *k, const char *name, int rank, const int64_t *dims);
 /* gb_start and gb_finish with one output, failing the test on error. */

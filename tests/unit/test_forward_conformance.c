@@ -32,12 +32,15 @@
  * unsupported; CLEAVE_FORWARD_ONLY=<substring> runs the matching folders
  * only (for debugging one op).  The "kernels" cases at the end cover what
  * the ONNX data does not: large and narrow integers, casts, NaN, float16. */
+#include <errno.h> /* program_invocation_short_name (_GNU_SOURCE, set by the build) */
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "support.h"
 #include "ir/shapes.h"
@@ -993,6 +996,226 @@ START_TEST(unsupported_forms_are_refused) {
 }
 END_TEST
 
+/* ---- Gather and GatherGrad with run-time indices ----
+ *
+ * Embeddings and picks read token ids fed at run time, which the node
+ * tests (constant indices, folded) never do.  Results are checked against
+ * plain loops over the same data. */
+
+/* y[o, i, k] = x[o, idx[i] (from the end if negative), k] over int64
+ * elements, as a reference for any element type. */
+static void gather_reference(const int64_t *x, const int64_t *idx, int64_t outer, int64_t len, int64_t inner,
+                             int64_t ni, int64_t *y) {
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t i = 0; i < ni; i++)
+            for (int64_t k = 0; k < inner; k++)
+                y[(o * ni + i) * inner + k] = x[(o * len + idx[i] + (idx[i] < 0 ? len : 0)) * inner + k];
+}
+
+/* Data of float32 (rows of 37 floats: whole vectors and a tail for the
+ * row copies), int64 and bool, indices of int64 and int32 with negatives
+ * and repeats, on the first axis (embedding), the middle one (a scalar
+ * pick) and the last. */
+START_TEST(gather_run_time_indices_match_a_reference) {
+    static const struct {
+        DType data, index;
+        int rank, idx_rank;
+        int64_t dims[3], idx_dims[2], axis;
+    } cases[] = {
+        {DT_FLOAT, DT_INT64, 2, 2, {9, 37}, {2, 3}, 0},
+        {DT_FLOAT, DT_INT32, 3, 0, {3, 4, 10}, {1}, 1},
+        {DT_INT64, DT_INT64, 3, 1, {2, 3, 5}, {4}, -1},
+        {DT_BOOL, DT_INT64, 2, 1, {6, 3}, {5}, 0},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        Graph *g = kg_new(13);
+        Value *x = test_graph_input(g, "x", cases[c].data, cases[c].rank, cases[c].dims);
+        Value *idx = test_graph_input(g, "idx", cases[c].index, cases[c].idx_rank, cases[c].idx_dims);
+        Node *n = test_graph_op(g, "Gather", 2, (Value *[]){x, idx});
+        test_attr_i(n, "axis", cases[c].axis);
+        TestProg tp;
+        kg_build(&tp, g);
+        int64_t axis = cases[c].axis < 0 ? cases[c].axis + cases[c].rank : cases[c].axis, outer, len, inner;
+        cg_axis_split(x, (int)axis, &outer, &len, &inner);
+        int64_t nx = value_numel(x), ni = value_numel(idx), ny = value_numel(n->out[0]);
+        int64_t *xi = malloc(sizeof *xi * (size_t)nx), *ii = malloc(sizeof *ii * (size_t)ni);
+        int64_t *want = malloc(sizeof *want * (size_t)ny);
+        double *xf = malloc(sizeof *xf * (size_t)nx);
+        ck_assert(xi && ii && want && xf);
+        for (int64_t e = 0; e < nx; e++) {
+            /* exact in each type: small for float32, past 2^40 for int64 */
+            xi[e] = cases[c].data == DT_BOOL    ? (e * 7) % 3 == 0
+                    : cases[c].data == DT_INT64 ? e * P40 - 5
+                                                : e * 101 - 7;
+            xf[e] = (double)xi[e];
+        }
+        /* every index from -len to len - 1 in turn, wrapping around */
+        for (int64_t i = 0; i < ni; i++) ii[i] = (i * 5 + 3) % (2 * len) - len;
+        gather_reference(xi, ii, outer, len, inner, ni, want);
+        kg_put(&tp, x, xf, xi);
+        kg_put(&tp, idx, NULL, ii);
+        tp.eval(tp.arena);
+        for (int64_t e = 0; e < ny; e++) {
+            int64_t got = dtype_is_float(cases[c].data) ? (int64_t)kg_float(&tp, n, e) : kg_int(&tp, n, e);
+            ck_assert_msg(got == want[e], "case %zu element %lld: %lld, reference %lld", c, (long long)e,
+                          (long long)got, (long long)want[e]);
+        }
+        free(xi);
+        free(ii);
+        free(want);
+        free(xf);
+        test_prog_free(&tp);
+    }
+}
+END_TEST
+
+/* A cleave.GatherGrad node of g over run-time dY and indices, dX of `shape`
+ * (a graph output). */
+static Node *kg_gather_grad(Graph *g, Value *dy, Value *idx, int rank, const int64_t *shape, int64_t axis) {
+    Node *n = graph_add_node(g, "gather_grad", "GatherGrad", "cleave", 2, 1);
+    ck_assert_ptr_nonnull(n);
+    n->def = op_lookup("cleave", "GatherGrad");
+    n->in[0] = dy;
+    n->in[1] = idx;
+    n->attrs = ARENA_ARRAY(&g->arena, Attr, 2);
+    int64_t *s = ARENA_ARRAY(&g->arena, int64_t, rank);
+    ck_assert(n->attrs && s);
+    memcpy(s, shape, sizeof *s * (size_t)rank);
+    n->attrs[n->n_attr++] = (Attr){.name = "axis", .kind = ATTR_INT, .i = axis};
+    n->attrs[n->n_attr++] = (Attr){.name = "shape", .kind = ATTR_INTS, .n = rank, .ints = s};
+    Value *y = graph_add_value(g, "dx");
+    y->producer = n;
+    y->is_output = true;
+    n->out[0] = y;
+    g->outputs[g->n_outputs++] = y;
+    return n;
+}
+
+/* The gradient's sums where indices repeat, bit for bit against float32
+ * additions in the documented order (zero, then each index in turn), with
+ * dY spread over twelve orders of magnitude so that another order would
+ * round differently: an embedding [5, 19] read by 12 ids, and a pick of
+ * three of four positions on axis 1. */
+START_TEST(gather_grad_sums_in_a_fixed_order) {
+    static const struct {
+        int rank;
+        int64_t shape[3], axis, ni;
+    } cases[] = {{2, {5, 19}, 0, 12}, {3, {3, 4, 10}, 1, 3}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        int64_t outer, len, inner, ni = cases[c].ni, dyd[3];
+        Graph *g = kg_new(17);
+        Value probe = {.rank = cases[c].rank};
+        for (int j = 0; j < cases[c].rank; j++) probe.dims[j] = dim_const(cases[c].shape[j]);
+        cg_axis_split(&probe, (int)cases[c].axis, &outer, &len, &inner);
+        int r = 0;
+        for (int j = 0; j < cases[c].rank; j++) dyd[r++] = j == cases[c].axis ? ni : cases[c].shape[j];
+        Value *dy = test_graph_input(g, "dy", DT_FLOAT, cases[c].rank, dyd);
+        Value *idx = test_graph_input(g, "idx", DT_INT64, 1, &ni);
+        Node *n = kg_gather_grad(g, dy, idx, cases[c].rank, cases[c].shape, cases[c].axis);
+        TestProg tp;
+        kg_build(&tp, g);
+        int64_t ndy = value_numel(dy), nx = value_numel(n->out[0]);
+        double *dyv = malloc(sizeof *dyv * (size_t)ndy);
+        int64_t ii[12];
+        float *want = calloc((size_t)nx, sizeof *want);
+        ck_assert(dyv && want);
+        uint64_t rng = 99;
+        for (int64_t e = 0; e < ndy; e++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            dyv[e] = ldexp((double)(rng >> 40) / (1 << 24) - 0.5, (int)((rng >> 20) % 40) - 20);
+        }
+        for (int64_t i = 0; i < ni; i++) ii[i] = (i * 3) % len - (i % 2 ? len : 0); /* repeats, negatives */
+        for (int64_t i = 0; i < ni; i++)
+            for (int64_t o = 0; o < outer; o++)
+                for (int64_t k = 0; k < inner; k++) {
+                    float *w = &want[(o * len + ii[i] + (ii[i] < 0 ? len : 0)) * inner + k];
+                    *w = *w + (float)dyv[(o * ni + i) * inner + k];
+                }
+        kg_put(&tp, dy, dyv, NULL);
+        kg_put(&tp, idx, NULL, ii);
+        /* the kernel zeroes dX itself: garbage there first */
+        memset(test_buf(&tp, n->out[0]), 0x7f, sizeof(float) * (size_t)nx);
+        tp.eval(tp.arena);
+        const float *got = test_buf(&tp, n->out[0]);
+        for (int64_t e = 0; e < nx; e++)
+            ck_assert_msg(memcmp(&got[e], &want[e], sizeof *got) == 0, "case %zu dX[%lld]: %.9g, in order %.9g", c,
+                          (long long)e, (double)got[e], (double)want[e]);
+        free(dyv);
+        free(want);
+        test_prog_free(&tp);
+    }
+}
+END_TEST
+
+/* Runs the program's eval step in a child process with stderr captured:
+ * the exit status (-1 for a signal) and the text, in msg. */
+static int eval_in_child(TestProg *tp, char *msg, size_t len) {
+    int fd[2];
+    ck_assert_int_eq(pipe(fd), 0);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        dup2(fd[1], 2);
+        close(fd[0]);
+        tp->eval(tp->arena);
+        _exit(0);
+    }
+    close(fd[1]);
+    size_t n = 0;
+    ssize_t got;
+    while (n + 1 < len && (got = read(fd[0], msg + n, len - 1 - n)) > 0) n += (size_t)got;
+    msg[n] = 0;
+    close(fd[0]);
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* An index outside [-len, len) fed at run time stops the program before
+ * any memory is read or written: status 1 and one line naming the program,
+ * the model, the node, the index and the axis, in the forward kernel, in
+ * a twin Gather of the same shapes (which must not run the first one's
+ * kernel and name it) and in the gradient's kernel (which names the
+ * forward Gather it serves).  The values at both ends and the extremes of
+ * int64 (which must not wrap into range). */
+START_TEST(gather_index_out_of_range_stops_the_program) {
+    static const int64_t bad[] = {5, -6, INT64_MAX, INT64_MIN, 1000};
+    Graph *g = kg_new(13);
+    const int64_t dt[] = {5, 3}, di[] = {2}, dd[] = {2, 3};
+    Value *table = test_graph_input(g, "table", DT_FLOAT, 2, dt), *dy = test_graph_input(g, "dy", DT_FLOAT, 2, dd);
+    Value *ids[3];
+    for (int s = 0; s < 3; s++) ids[s] = test_graph_input(g, arena_printf(&g->arena, "ids%d", s), DT_INT64, 1, di);
+    Node *fwd = test_graph_op(g, "Gather", 2, (Value *[]){table, ids[0]});
+    Node *twin = test_graph_op(g, "Gather", 2, (Value *[]){table, ids[1]});
+    Node *grad = kg_gather_grad(g, dy, ids[2], 2, dt, 0);
+    grad->origin = fwd;
+    static const char *const site[] = {"the forward kernel", "its twin", "the gradient"};
+    const Node *named[] = {fwd, twin, fwd};
+    TestProg tp;
+    kg_build(&tp, g);
+    for (size_t c = 0; c < 3 * sizeof bad / sizeof *bad; c++) {
+        int at = (int)(c % 3);
+        int64_t v = bad[c / 3];
+        /* the other kernels' indices stay in range */
+        for (int s = 0; s < 3; s++) kg_put(&tp, ids[s], NULL, (int64_t[]){s == at ? v : 4, -5});
+        char msg[1024], want[512];
+        int status = eval_in_child(&tp, msg, sizeof msg);
+        snprintf(want, sizeof want, "%s: error: kernels.onnx: node '%s' (Gather): index %lld is out of range for axis 0 "
+                 "of size 5\n", program_invocation_short_name, named[at]->name, (long long)v);
+        ck_assert_msg(status == 1 && strcmp(msg, want) == 0, "index %lld in %s: status %d, stderr '%s'", (long long)v,
+                      site[at], status, msg);
+    }
+    /* and in range, all run through */
+    for (int s = 0; s < 3; s++) kg_put(&tp, ids[s], NULL, (int64_t[]){-5, 4});
+    char msg[256];
+    ck_assert_int_eq(eval_in_child(&tp, msg, sizeof msg), 0);
+    ck_assert_str_eq(msg, "");
+    test_prog_free(&tp);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("forward_conformance");
     TCase *tc = tcase_create("onnx_node_tests");
@@ -1015,6 +1238,9 @@ int main(void) {
     tcase_add_test(k, clip_and_pad_attribute_forms);
     tcase_add_test(k, clip_and_pad_with_run_time_operands);
     tcase_add_test(k, unsupported_forms_are_refused);
+    tcase_add_test(k, gather_run_time_indices_match_a_reference);
+    tcase_add_test(k, gather_grad_sums_in_a_fixed_order);
+    tcase_add_test(k, gather_index_out_of_range_stops_the_program);
     suite_add_tcase(s, k);
     return test_run_suite(s);
 }

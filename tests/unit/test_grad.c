@@ -5,11 +5,13 @@
  * training program (LLVM, run in-process), and compares the gradient the
  * program computes for each parameter with central differences of the
  * loss evaluated by more train steps of the same program at learning rate 0. */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "support.h"
+#include "ir/shapes.h"
 #include "ops/ops.h"
 
 /* |fd - g| <= tol * (1 + |fd|) */
@@ -31,14 +33,7 @@ static Value *op(GradCase *k, const char *name, int n_in, Value **in, const char
 
 /* A 1-D int64 constant of n elements. */
 static Value *int64_const(GradCase *k, const char *name, int64_t n, const int64_t *x) {
-    Value *v = graph_add_value(k->g, name);
-    v->kind = VAL_CONSTANT;
-    v->dtype = DT_INT64;
-    v->rank = 1;
-    v->dims[0] = dim_const(n);
-    v->konst = const_new(k->g, DT_INT64, n);
-    for (int64_t i = 0; i < n; i++) const_set_i(v->konst, i, x[i]);
-    return v;
+    return grad_int_const(k, name, DT_INT64, 1, &n, x);
 }
 
 static void gemm_case(int ta, int tb, float alpha, float beta, int bias_rank) {
@@ -509,6 +504,224 @@ START_TEST(softmax_cross_entropy) {
 }
 END_TEST
 
+/* ---- transformer blocks ----
+ *
+ * The gradients GPT-2, BERT and ViT style models exported by PyTorch in
+ * training mode rely on: embeddings and index picks (Gather), causal masks
+ * (Trilu, Where with a bool mask, -inf or float32's lowest before
+ * Softmax), and GELU written out in its erf and tanh forms. */
+
+/* An int64 constant of any rank holding x. */
+static Value *ints_of(GradCase *k, const char *name, int rank, const int64_t *dims, const int64_t *x) {
+    return grad_int_const(k, name, DT_INT64, rank, dims, x);
+}
+
+/* A bool constant of at most 64 elements: element i true where keep(i). */
+static Value *mask_of(GradCase *k, const char *name, int rank, const int64_t *dims, bool (*keep)(int64_t i)) {
+    int64_t bits[64], n = 1;
+    for (int j = 0; j < rank; j++) n *= dims[j];
+    ck_assert_int_le(n, 64);
+    for (int64_t i = 0; i < n; i++) bits[i] = keep(i);
+    return grad_int_const(k, name, DT_BOOL, rank, dims, bits);
+}
+
+static Value *gather(GradCase *k, Value *x, Value *idx, int64_t axis) {
+    Value *in[2] = {x, idx};
+    Node *n = grad_node(k, "Gather", 2, in);
+    gb_attr_i(&k->gc, n, "axis", axis);
+    return grad_finish(k, n);
+}
+
+/* nn.Embedding: a [7, 12] table read by [2, 5] token ids that repeat
+ * (3 three times; 0 twice more as -7; 6 as -1 and 6), so the gradient
+ * sums the rows of dY that share an id; 12 columns are a vector of 8 and a
+ * tail.  Then GPT-2's sum of token and position embeddings, the position
+ * table's 1-D indices broadcast over the batch. */
+START_TEST(gather_embedding) {
+    static const int64_t ids[] = {3, 0, 6, 3, -1, 2, 3, 0, -7, 5};
+    {
+        GradCase k;
+        grad_case_init(&k, &rules);
+        Value *table = grad_param(&k, "table", 2, D(7, 12));
+        grad_check(&k, gather(&k, table, ints_of(&k, "ids", 2, D(2, 5), ids), 0), 1e-2);
+    }
+    {
+        GradCase k;
+        grad_case_init(&k, &rules);
+        Value *wte = grad_param(&k, "wte", 2, D(7, 12)), *wpe = grad_param(&k, "wpe", 2, D(6, 12));
+        Value *tok = gather(&k, wte, ints_of(&k, "ids", 2, D(2, 5), ids), 0);
+        Value *pos = gather(&k, wpe, ints_of(&k, "pos", 1, D(5), D(0, 1, 2, 3, 4)), 0);
+        grad_check(&k, gb_op2(&k.gc, "Add", tok, pos), 1e-2);
+    }
+}
+END_TEST
+
+/* ViT's class token x[:, 0] (a scalar index on axis 1), the last element
+ * of each row by a negative index on a negative axis, and 1-D indices
+ * with a repeat in the middle of three axes; a product after each, so the
+ * loss is not linear in X. */
+START_TEST(gather_pick) {
+    static const struct {
+        int idx_rank;
+        int64_t idx[3], axis;
+    } cases[] = {{0, {0}, 1}, {0, {-1}, -1}, {1, {2, 0, 2}, 1}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        GradCase k;
+        grad_case_init(&k, &rules);
+        Value *x = grad_param(&k, "X", 3, D(3, 4, 10));
+        Value *y = gather(&k, x, ints_of(&k, "idx", cases[c].idx_rank, D(3), cases[c].idx), cases[c].axis);
+        grad_check(&k, gb_op2(&k.gc, "Mul", y, y), 1e-2);
+    }
+}
+END_TEST
+
+/* torch.tril and torch.triu: both triangles, k omitted, a scalar or a
+ * one-element k, above and below the diagonal and beyond the matrix. */
+START_TEST(trilu) {
+    static const struct {
+        int upper, k_rank;
+        int64_t k;
+    } cases[] = {{1, -1, 0}, {0, -1, 0}, {1, 0, 2}, {0, 0, -1}, {1, 1, -2}, {0, 1, 3}, {1, 0, 9}, {0, 0, -9}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        GradCase k;
+        grad_case_init(&k, &rules);
+        Value *in[2] = {grad_param(&k, "X", 3, D(2, 5, 6)), NULL};
+        if (cases[c].k_rank >= 0) in[1] = ints_of(&k, "k", cases[c].k_rank, D(1), &cases[c].k);
+        Node *n = grad_node(&k, "Trilu", in[1] ? 2 : 1, in);
+        gb_attr_i(&k.gc, n, "upper", cases[c].upper);
+        Value *y = grad_finish(&k, n);
+        grad_check(&k, gb_op2(&k.gc, "Mul", y, y), 1e-2);
+    }
+}
+END_TEST
+
+static bool every_third_false(int64_t i) { return i % 3 != 1; }
+
+/* Where with a bool mask: the condition gets no gradient, each branch gets
+ * dY where it was chosen, summed over the dimensions it was broadcast
+ * along (B [5] across both leading axes; the mask itself broadcast). */
+START_TEST(where_bool_mask) {
+    for (int c = 0; c < 2; c++) {
+        GradCase k;
+        grad_case_init(&k, &rules);
+        Value *cond = c ? mask_of(&k, "mask", 3, D(3, 1, 5), every_third_false)
+                        : mask_of(&k, "mask", 2, D(4, 5), every_third_false);
+        Value *in[3] = {cond, grad_param(&k, "A", 3, c ? D(3, 4, 1) : D(3, 4, 5)), grad_param(&k, "B", 1, D(5))};
+        Value *y = grad_finish(&k, grad_node(&k, "Where", 3, in));
+        grad_check(&k, gb_op2(&k.gc, "Mul", y, y), 1e-2);
+    }
+}
+END_TEST
+
+/* Causal mask of a 4 x 4 score matrix: keep (i, j) for j <= i. */
+static bool causal_4x4(int64_t e) { return e % 4 <= e / 4; }
+
+static Value *softmax_last(GradCase *k, Value *x) {
+    Value *in[1] = {x};
+    Node *n = grad_node(k, "Softmax", 1, in);
+    gb_attr_i(&k->gc, n, "axis", -1);
+    return grad_finish(k, n);
+}
+
+/* Masked attention scores: GPT-2's Where(mask, scores, lowest float32)
+ * and the same with -inf, and BERT's additive mask (0 or -inf added)
+ * before Softmax over the last axis.  Masked scores get gradient 0, and
+ * every row keeps at least its diagonal, so no row is fully masked. */
+START_TEST(masked_softmax) {
+    for (int c = 0; c < 3; c++) {
+        GradCase k;
+        grad_case_init(&k, &rules);
+        Value *scores = grad_param(&k, "scores", 3, D(2, 4, 4)), *z;
+        if (c < 2) {
+            Value *in[3] = {mask_of(&k, "mask", 2, D(4, 4), causal_4x4), scores,
+                            scalar_const(&k, "fill", c ? -INFINITY : -FLT_MAX)};
+            z = grad_finish(&k, grad_node(&k, "Where", 3, in));
+        } else {
+            Value *add = grad_tensor(&k, "mask_add", VAL_CONSTANT, 2, D(4, 4), FILL_UNIFORM);
+            for (int64_t e = 0; e < 16; e++) const_set_f(add->konst, e, causal_4x4(e) ? 0 : -INFINITY);
+            z = gb_op2(&k.gc, "Add", scores, add);
+        }
+        grad_check(&k, softmax_last(&k, z), 1e-2);
+    }
+}
+END_TEST
+
+/* Softmax as ONNX defines it, exp(x - max) / sum(exp(x - max)) per row,
+ * in double: the reference PyTorch's and ONNX Runtime's kernels follow. */
+static void softmax_reference(const float *x, int64_t rows, int64_t len, double *y) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = x + r * len;
+        double m = -INFINITY, s = 0;
+        for (int64_t j = 0; j < len; j++) m = fmax(m, row[j]);
+        for (int64_t j = 0; j < len; j++) s += exp((double)row[j] - m);
+        for (int64_t j = 0; j < len; j++) y[r * len + j] = exp((double)row[j] - m) / s;
+    }
+}
+
+/* Forward rows with -inf entries: partly masked rows give 0 where masked;
+ * a fully masked row gives NaN everywhere (max - max is -inf - -inf), as
+ * torch.softmax and ONNX Runtime compute it.  Rows of 3 (scalar only) and
+ * 19 (vectors and a tail). */
+START_TEST(softmax_masked_rows_forward) {
+    for (int c = 0; c < 2; c++) {
+        int64_t len = c ? 19 : 3, rows = 4;
+        Graph *g = test_graph_new("grad_case", 17, 1, 1);
+        Value *x = test_graph_input(g, "x", DT_FLOAT, 2, D(rows, len));
+        Node *n = test_graph_op(g, "Softmax", 1, (Value *[]){x});
+        Diag d = {0};
+        ShapeOptions so = {.batch = 0, .fold = true};
+        ck_assert_msg(ir_verify(g, &d) && ir_infer_shapes(g, &so, &d), "%s", d.msg);
+        TestProg tp;
+        char msg[1024];
+        ck_assert_msg(test_prog_forward(&tp, g, msg, sizeof msg), "compile: %s", msg);
+        float *xb = test_buf(&tp, x);
+        uint64_t rng = 7;
+        for (int64_t e = 0; e < rows * len; e++) {
+            int64_t r = e / len, j = e % len;
+            /* row 0 whole, row 1 masked past its first element, row 2
+             * every other element, row 3 fully masked */
+            bool masked = (r == 1 && j > 0) || (r == 2 && j % 2) || r == 3;
+            xb[e] = masked ? -INFINITY : 3 * grad_rand_lcg(&rng);
+        }
+        double want[4 * 19];
+        softmax_reference(xb, rows, len, want);
+        tp.eval(tp.arena);
+        const float *yb = test_buf(&tp, n->out[0]);
+        for (int64_t e = 0; e < rows * len; e++) {
+            bool same = isnan(want[e]) ? isnan(yb[e]) : fabs(yb[e] - want[e]) <= 1e-6 + 1e-5 * fabs(want[e]);
+            ck_assert_msg(same, "row %lld of %lld, element %lld: %g, reference %g", (long long)(e / len),
+                          (long long)len, (long long)(e % len), (double)yb[e], want[e]);
+        }
+        ck_assert(isnan(want[3 * len])); /* the reference agrees that a fully masked row is NaN */
+        test_prog_free(&tp);
+    }
+}
+END_TEST
+
+/* F.gelu as PyTorch exports it, x * 0.5 * (1 + erf(x / sqrt 2)), and the
+ * tanh form of GPT-2's NewGELU, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715
+ * x^3))) with Pow(x, 3.0), on X spread over [-3, 3]. */
+START_TEST(gelu_forms) {
+    for (int tanh_form = 0; tanh_form < 2; tanh_form++) {
+        GradCase k;
+        grad_case_init(&k, &rules);
+        Value *x = grad_param(&k, "X", 2, D(3, 10));
+        for (int64_t e = 0; e < 30; e++) const_set_f(x->konst, e, 3 * const_get_f(x->konst, e));
+        Value *inner;
+        if (!tanh_form) {
+            inner = gb_op1(&k.gc, "Erf", gb_op2(&k.gc, "Div", x, scalar_const(&k, "sqrt2", sqrt(2.0))));
+        } else {
+            Value *cube = gb_op2(&k.gc, "Pow", x, scalar_const(&k, "three", 3.0));
+            Value *poly = gb_op2(&k.gc, "Add", x, gb_op2(&k.gc, "Mul", cube, scalar_const(&k, "c", 0.044715)));
+            inner = gb_op1(&k.gc, "Tanh", gb_op2(&k.gc, "Mul", poly, scalar_const(&k, "s", sqrt(2.0 / M_PI))));
+        }
+        Value *one_plus = gb_op2(&k.gc, "Add", inner, scalar_const(&k, "one", 1.0));
+        Value *y = gb_op2(&k.gc, "Mul", gb_op2(&k.gc, "Mul", x, one_plus), scalar_const(&k, "half", 0.5));
+        grad_check(&k, y, 1e-2);
+    }
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("grad");
     TCase *tc = tcase_create("grad");
@@ -532,6 +745,13 @@ int main(void) {
     tcase_add_test(tc, split);
     tcase_add_test(tc, reductions);
     tcase_add_test(tc, softmax_cross_entropy);
+    tcase_add_test(tc, gather_embedding);
+    tcase_add_test(tc, gather_pick);
+    tcase_add_test(tc, trilu);
+    tcase_add_test(tc, where_bool_mask);
+    tcase_add_test(tc, masked_softmax);
+    tcase_add_test(tc, softmax_masked_rows_forward);
+    tcase_add_test(tc, gelu_forms);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

@@ -618,6 +618,51 @@ START_TEST(layernorm_last_two_axes) {
 }
 END_TEST
 
+/* Transformer widths (768 in GPT-2 and BERT): rows of 20, two vectors of
+ * 8 and a tail in the kernels' row sums, with and without bias. */
+START_TEST(layernorm_transformer_rows) {
+    layernorm_case(D(2, 3, 20), 3, -1, D(20), 1, true);
+    layernorm_case(D(2, 3, 20), 3, -1, D(20), 1, false);
+}
+END_TEST
+
+/* A scalar float constant. */
+static Value *nn_scalar(GradCase *k, const char *name, double x) {
+    Value *v = grad_tensor(k, name, VAL_CONSTANT, 0, NULL, FILL_UNIFORM);
+    const_set_f(v->konst, 0, x);
+    return v;
+}
+
+/* ReduceMean over the last axis, keeping it: the axes an attribute before
+ * opset 18, an input from 18. */
+static Value *mean_last(GradCase *k, Value *x) {
+    int64_t last = -1;
+    bool input = graph_opset(k->g, "") >= 18;
+    Value *in[2] = {x, input ? gb_const_ints(&k->gc, &last, 1) : NULL};
+    Node *n = grad_node(k, "ReduceMean", input ? 2 : 1, in);
+    if (!input) gb_attr_ints(&k->gc, n, "axes", &last, 1);
+    return grad_finish(k, n);
+}
+
+/* LayerNorm as PyTorch exports it before opset 17 (and as models written
+ * out by hand compute it): (x - mean) / sqrt(mean((x - mean)^2) + eps) *
+ * gamma + beta, from ReduceMean, Sub, Pow, Add, Sqrt, Div, Mul and Add, at
+ * opset 17 (ReduceMean's axes an attribute) and 18 (an input). */
+START_TEST(layernorm_decomposed) {
+    for (int64_t opset = 17; opset <= 18; opset++) {
+        GradCase k;
+        grad_case_init(&k, &rules);
+        k.g->opsets[0].version = opset;
+        Value *x = grad_param(&k, "X", 3, D(2, 3, 12));
+        Value *d = gb_op2(&k.gc, "Sub", x, mean_last(&k, x));
+        Value *var = mean_last(&k, gb_op2(&k.gc, "Pow", d, nn_scalar(&k, "two", 2.0)));
+        Value *sd = gb_op1(&k.gc, "Sqrt", gb_op2(&k.gc, "Add", var, nn_scalar(&k, "eps", 1e-5)));
+        Value *y = gb_op2(&k.gc, "Mul", gb_op2(&k.gc, "Div", d, sd), grad_param(&k, "gamma", 1, D(12)));
+        grad_check(&k, gb_op2(&k.gc, "Add", y, grad_param(&k, "beta", 1, D(12))), 2e-2);
+    }
+}
+END_TEST
+
 /* Conv -> BatchNormalization -> AveragePool -> GlobalAveragePool, and
  * LayerNormalization feeding MatMul, as small networks use them. */
 START_TEST(chains) {
@@ -910,6 +955,8 @@ int main(void) {
     tcase_add_test(tc, batchnorm_inference);
     tcase_add_test(tc, layernorm_last_axis);
     tcase_add_test(tc, layernorm_last_two_axes);
+    tcase_add_test(tc, layernorm_transformer_rows);
+    tcase_add_test(tc, layernorm_decomposed);
     tcase_add_test(tc, chains);
     tcase_add_test(tc, batchnorm_training_grad);
     tcase_add_test(tc, batchnorm_training_refused);
