@@ -104,6 +104,14 @@ typedef struct OpDef {
      * node) when the node's "replicas" attribute is above 1: batch
      * statistics computed over the global batch. */
     uint32_t replica_sums;
+    /* Bit i: input i is a once-per-step sum the node adds into (it is
+     * also in mutates_inputs) over what its own stage holds.  With stages,
+     * the plan runs every such node of a stage before the stage's other
+     * once-per-step work, then sums input i over the stages of the replica
+     * (STEP_ALLREDUCE over the replica's group), and runs every
+     * once-per-step node that reads the sum on every stage.  Gradient
+     * clipping's sum of squares (GradNormSq). */
+    uint32_t stage_sums;
 } OpDef;
 
 enum { DENSE_GEMM = 1, DENSE_CONV = 2 };

@@ -28,3 +28,5 @@ X(BatchNormStats) X(BatchNormTrain) X(BatchNormMoment) X(BatchNormRunning) X(Bat
 X(DropoutTrain)
 /* the gradient of Resize and Upsample (ops_resize.c) */
 X(ResizeGrad)
+/* gradient clipping (ops_train.c) */
+X(GradNormSq) X(ClipCoef)
