@@ -18,18 +18,25 @@ static const char *const lr_schedule_names[] = {"constant", "linear", "cosine"};
 
 const char *optimizer_name(OptKind k) { return optimizer_names[k]; }
 
+/* The position of name among n names (the enum's value), or -1. */
+static int name_index(const char *name, const char *const *names, int n) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(name, names[i]) == 0) return i;
+    return -1;
+}
+
 bool optimizer_parse(const char *name, OptKind *k) {
-    for (int i = 0; i < (int)(sizeof optimizer_names / sizeof *optimizer_names); i++)
-        if (strcmp(name, optimizer_names[i]) == 0) return *k = (OptKind)i, true;
-    return false;
+    int i = name_index(name, optimizer_names, (int)(sizeof optimizer_names / sizeof *optimizer_names));
+    if (i >= 0) *k = (OptKind)i;
+    return i >= 0;
 }
 
 const char *lr_schedule_name(LrSchedule s) { return lr_schedule_names[s]; }
 
 bool lr_schedule_parse(const char *name, LrSchedule *s) {
-    for (int i = 0; i < (int)(sizeof lr_schedule_names / sizeof *lr_schedule_names); i++)
-        if (strcmp(name, lr_schedule_names[i]) == 0) return *s = (LrSchedule)i, true;
-    return false;
+    int i = name_index(name, lr_schedule_names, (int)(sizeof lr_schedule_names / sizeof *lr_schedule_names));
+    if (i >= 0) *s = (LrSchedule)i;
+    return i >= 0;
 }
 
 /* The pattern's pieces between stars, each found at or after the end of

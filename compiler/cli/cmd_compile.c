@@ -150,6 +150,20 @@ static int split_names(char *s, const char ***out) {
     return k;
 }
 
+/* A flag naming things, NAME,...: *copy gets the text the names point
+ * into and *names (malloc'd) the names, both replaced when the flag comes
+ * again.  Returns how many, -1 when out of memory. */
+static int take_names(const char *v, char **copy, const char *const **names) {
+    free((void *)*names);
+    free(*copy);
+    *names = NULL;
+    const char **arr = NULL;
+    *copy = strdup(v);
+    int n = *copy ? split_names(*copy, &arr) : -1;
+    *names = arr;
+    return n;
+}
+
 /* The flags `cleave compile` and `cleave plan` share.  Returns -1 when
  * the command should go on, else the exit status (after --help or a
  * usage error).  For plan, -o is not needed and --format is read. */
@@ -221,12 +235,7 @@ static int parse_flags(const char *cmd, int argc, char **argv, CompileFlags *f) 
                 status = cli_usage(cmd, "--clip-grad-norm needs a positive number, got '%s'", v);
         } else if (strcmp(a, "--no-decay") == 0) {
             NEED_VALUE();
-            free((void *)t->no_decay);
-            free(no_decay_copy);
-            no_decay_copy = strdup(v);
-            const char **names = NULL;
-            t->n_no_decay = no_decay_copy ? split_names(no_decay_copy, &names) : -1;
-            t->no_decay = names;
+            t->n_no_decay = take_names(v, &no_decay_copy, &t->no_decay);
             if (t->n_no_decay < 0) status = cli_usage(cmd, "out of memory");
             else if (t->n_no_decay == 0) status = cli_usage(cmd, "--no-decay needs name patterns, got '%s'", v);
         } else if (strcmp(a, "--lr") == 0 || strcmp(a, "--momentum") == 0 || strcmp(a, "--weight-decay") == 0 ||
@@ -247,11 +256,7 @@ static int parse_flags(const char *cmd, int argc, char **argv, CompileFlags *f) 
             t->nesterov = true;
         } else if (strcmp(a, "--freeze") == 0) {
             NEED_VALUE();
-            free(freeze_copy);
-            freeze_copy = strdup(v);
-            const char **names = NULL;
-            t->n_freeze = freeze_copy ? split_names(freeze_copy, &names) : -1;
-            t->freeze = names;
+            t->n_freeze = take_names(v, &freeze_copy, &t->freeze);
             if (t->n_freeze < 0) status = cli_usage(cmd, "out of memory");
         } else if (strcmp(a, "--emit") == 0) {
             NEED_VALUE();
@@ -304,12 +309,7 @@ static int parse_flags(const char *cmd, int argc, char **argv, CompileFlags *f) 
             o.schedule = v;
         } else if (strcmp(a, "--stages") == 0) {
             NEED_VALUE();
-            free(stages_copy);
-            free((void *)o.cuts);
-            stages_copy = strdup(v);
-            const char **names = NULL;
-            o.n_cuts = stages_copy ? split_names(stages_copy, &names) : -1;
-            o.cuts = names;
+            o.n_cuts = take_names(v, &stages_copy, &o.cuts);
             if (o.n_cuts < 0) status = cli_usage(cmd, "out of memory");
             else if (o.n_cuts == 0) status = cli_usage(cmd, "--stages needs node names, got '%s'", v);
         } else if (strcmp(a, "--bucket-mb") == 0) {
