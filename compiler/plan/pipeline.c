@@ -125,7 +125,7 @@ static bool adds_stage_sum(const Node *n) { return n->def && n->def->stage_sums;
  * update without a transfer. */
 static bool find_stage_sums(Ctx *c) {
     Graph *g = c->g;
-    c->summed = ARENA_ARRAY(&g->arena, Value *, g->n_values ? g->n_values : 1);
+    c->summed = malloc(sizeof *c->summed * (size_t)(g->n_values + 1));
     if (!c->summed) return nomem(c);
     GRAPH_FOR_NODES(g, n) {
         for (int k = 0; k < n->n_in && adds_stage_sum(n); k++) {
@@ -836,6 +836,7 @@ bool plan_hybrid_weighted(Graph *g, const TrainGraph *t, int64_t batch, int dp, 
     free(c.opt);
     free(c.norm);
     free(c.everywhere);
+    free(c.summed);
     free(c.reads);
     free(c.grad);
     free(c.acc);
