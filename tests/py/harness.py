@@ -189,6 +189,22 @@ def mpirun(ranks, argv):
     return ["mpirun", "--oversubscribe", "-np", str(ranks)] + list(argv)
 
 
+def run_mpi(ranks, argv, timeout=TIMEOUT):
+    """run() of argv under mpirun on `ranks` processes, with the MCA
+    settings of a shared machine (no single-copy mechanism: containers
+    often forbid it).  Open MPI's launcher sometimes fails to set up its
+    session folder when other mpirun jobs come and go at the same moment
+    ("orte_session_dir failed", before any rank starts): that launch is
+    tried again, twice at most."""
+    env = mpi_env(OMPI_MCA_btl_vader_single_copy_mechanism="none", OMPI_MCA_rmaps_base_oversubscribe="1")
+    for _ in range(3):
+        p, secs = run(mpirun(ranks, argv), env=env, timeout=timeout)
+        if p.returncode == 0 or "orte_session_dir failed" not in p.stderr:
+            break
+        time.sleep(1)
+    return p, secs
+
+
 @contextlib.contextmanager
 def workdir(path, prefix):
     """The folder a script writes into: `path` (created when missing and
