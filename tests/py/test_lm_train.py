@@ -29,7 +29,6 @@ Prints PASS/FAIL lines and `N passed, M failed`; exits 1 on failure, 77
     /usr/bin/python3 tests/py/test_lm_train.py --cleave build/cleave [--workdir /tmp/w] [--models gpt,vit]
 """
 
-import argparse
 import copy
 import json
 import math
@@ -214,24 +213,13 @@ def run_model(rep, cleave, name, work):
         if spec.tied and ("pipeline" in label or "hybrid" in label):
             check_tied(rep, tag, prog + ".plan.json", spec.tied)
         argv = [prog] + data + ["--steps", str(STEPS), "--metrics", metrics, "--save", saved]
-        if ranks > 1:
-            argv = harness.mpirun(ranks, argv)
-        p, _ = harness.run(argv, env=harness.mpi_env(), timeout=900)
-        if not rep.check("%s: trains" % tag, p.returncode == 0, harness.failure(argv, p)):
-            continue
-        losses = harness.read_losses(metrics)
-        ok, detail = harness.compare(losses, ref_losses, LOSS_RTOL, LOSS_ATOL)
-        rep.check("%s: %d losses match PyTorch's (float64)" % (tag, STEPS), ok and len(losses) == STEPS, detail)
-        check_weights(rep, tag, harness.read_weights(saved), state, start)
+        if harness.train_against(rep, tag, argv, ranks, metrics, ref_losses, LOSS_RTOL, LOSS_ATOL):
+            check_weights(rep, tag, harness.read_weights(saved), state, start)
 
 
 def main():
     global torch, np, lm
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--cleave", required=True)
-    ap.add_argument("--workdir")
-    ap.add_argument("--models", default=os.environ.get("CLEAVE_LM_MODELS", "encoder,gpt,bert,vit"))
-    args = ap.parse_args()
+    args = harness.model_args("CLEAVE_LM_MODELS", "encoder,gpt,bert,vit")
     why = harness.missing(modules=("torch", "torchvision", "onnx", "numpy"), programs=("mpirun",))
     if why:
         return harness.skip(why)
@@ -241,16 +229,8 @@ def main():
     torch.set_num_threads(1)
     import lm_models
     lm = lm_models
-    names = [m for m in args.models.split(",") if m]
-    unknown = [m for m in names if m not in lm.MODELS]
-    if unknown:
-        print("unknown models %s (known: %s)" % (unknown, ", ".join(lm.MODELS)))
-        return 2
-    rep = harness.Report()
-    with harness.workdir(args.workdir, "cleave_lm_") as work:
-        for name in names:
-            run_model(rep, args.cleave, name, work)
-    return rep.summary()
+    return harness.run_models(args.models, lm.MODELS, args.workdir, "cleave_lm_",
+                              lambda rep, name, work: run_model(rep, args.cleave, name, work))
 
 
 if __name__ == "__main__":
