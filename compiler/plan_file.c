@@ -21,6 +21,7 @@
 void plan_file_free(PlanFile *f) {
     json_decref(f->root);
     free(f->cuts);
+    free(f->no_decay);
     *f = (PlanFile){0};
 }
 
@@ -62,6 +63,44 @@ static bool one_of(const char *s, const char *const *names, int n) {
     return false;
 }
 
+/* optimizer.lr_schedule (a name, or null or absent: none given) and
+ * optimizer.warmup_steps, which needs one, as --warmup-steps needs
+ * --lr-schedule. */
+static bool read_schedule(const PlanFile *f, const json_t *opt, TrainOptions *t, Diag *d) {
+    json_t *s = json_object_get(opt, "lr_schedule");
+    if (s && !json_is_null(s)) {
+        if (!json_is_string(s) || !lr_schedule_parse(json_string_value(s), &t->lr_schedule))
+            return diag_error(d, DIAG_FORMAT, "%s: optimizer.lr_schedule must be constant, linear, cosine or null",
+                              f->path);
+        t->lr_schedule_set = true;
+    }
+    if (!get_int(f, opt, "optimizer.", "warmup_steps", false, 0, INT64_MAX, &t->warmup_steps, d)) return false;
+    if (t->warmup_steps && !t->lr_schedule_set)
+        return diag_error(d, DIAG_FORMAT, "%s: optimizer.warmup_steps needs optimizer.lr_schedule", f->path);
+    return true;
+}
+
+/* optimizer.no_decay: the --no-decay patterns, an array of strings. */
+static bool read_no_decay(PlanFile *f, const json_t *opt, TrainOptions *t, Diag *d) {
+    json_t *a = json_object_get(opt, "no_decay");
+    if (!a) return true;
+    if (!json_is_array(a)) return diag_error(d, DIAG_FORMAT, "%s: optimizer.no_decay must be an array of names", f->path);
+    size_t n = json_array_size(a);
+    f->no_decay = calloc(n + 1, sizeof *f->no_decay);
+    if (!f->no_decay) return diag_error(d, DIAG_NOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        json_t *p = json_array_get(a, i);
+        if (!json_is_string(p) || !*json_string_value(p))
+            return diag_error(d, DIAG_FORMAT, "%s: optimizer.no_decay[%zu] must be a name pattern", f->path, i);
+        f->no_decay[i] = json_string_value(p);
+    }
+    t->no_decay = f->no_decay;
+    t->n_no_decay = (int)n;
+    if (n && !(t->weight_decay > 0))
+        return diag_error(d, DIAG_FORMAT, "%s: optimizer.no_decay needs optimizer.weight_decay above 0", f->path);
+    return true;
+}
+
 static bool read_training(PlanFile *f, CompileOptions *o, Diag *d) {
     const char *loss = NULL, *name = NULL;
     if (!get_str(f, f->root, "", "loss", true, &loss, d)) return false;
@@ -77,13 +116,16 @@ static bool read_training(PlanFile *f, CompileOptions *o, Diag *d) {
     if (!json_is_object(opt)) return diag_error(d, DIAG_FORMAT, "%s: optimizer must be an object", f->path);
     if (!get_str(f, opt, "optimizer.", "name", true, &name, d)) return false;
     TrainOptions *t = &o->train;
-    if (strcmp(name, "sgd") == 0) t->optimizer = OPT_SGD;
-    else if (strcmp(name, "momentum") == 0) t->optimizer = OPT_MOMENTUM;
-    else if (strcmp(name, "adam") == 0) t->optimizer = OPT_ADAM;
-    else return diag_error(d, DIAG_FORMAT, "%s: optimizer.name must be sgd, momentum or adam, got '%s'", f->path, name);
+    if (!optimizer_parse(name, &t->optimizer))
+        return diag_error(d, DIAG_FORMAT, "%s: optimizer.name must be sgd, momentum, adam or adamw, got '%s'", f->path,
+                          name);
+    /* AdamW decays by default, as torch.optim.AdamW and --optimizer adamw */
+    if (t->optimizer == OPT_ADAMW) t->weight_decay = 0.01f;
     if (!get_num(f, opt, "lr", 0, &t->lr, d) || !get_num(f, opt, "momentum", 0, &t->momentum, d) ||
         !get_num(f, opt, "weight_decay", 0, &t->weight_decay, d) || !get_num(f, opt, "beta1", 0, &t->beta1, d) ||
-        !get_num(f, opt, "beta2", 0, &t->beta2, d) || !get_num(f, opt, "eps", 0, &t->eps, d))
+        !get_num(f, opt, "beta2", 0, &t->beta2, d) || !get_num(f, opt, "eps", 0, &t->eps, d) ||
+        !get_num(f, opt, "clip_grad_norm", 0, &t->clip_grad_norm, d) || !read_schedule(f, opt, t, d) ||
+        !read_no_decay(f, opt, t, d))
         return false;
     json_t *nes = json_object_get(opt, "nesterov");
     if (nes && !json_is_boolean(nes)) return diag_error(d, DIAG_FORMAT, "%s: optimizer.nesterov must be true or false", f->path);

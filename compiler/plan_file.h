@@ -16,6 +16,7 @@ typedef struct PlanFile {
     const char *path;
     struct json_t *root;  /* owns every string the options point to */
     const char **cuts;    /* stage k + 1's first node, k = 0 .. stages - 2 */
+    const char **no_decay; /* optimizer.no_decay's patterns */
 } PlanFile;
 
 /* Sets o's decisions from the plan at path (o->model only when NULL);

@@ -35,8 +35,17 @@ static void plan_hash(const Plan *p, const CompileOptions *o, char hash[32]) {
 }
 
 static json_t *optimizer_json(const CompileOptions *o) {
-    static const char *opt_names[] = {"sgd", "momentum", "adam"};
-    return json_pack("{s:s}", "name", opt_names[o->train.optimizer]);
+    return json_pack("{s:s}", "name", optimizer_name(o->train.optimizer));
+}
+
+/* The learning rate compiled in, and the schedule when one was given. */
+static json_t *lr_json(const TrainOptions *t) {
+    json_t *lr = json_pack("{s:f}", "value", (double)t->lr);
+    if (lr && t->lr_schedule_set) {
+        json_object_set_new(lr, "schedule", json_string(lr_schedule_name(t->lr_schedule)));
+        json_object_set_new(lr, "warmup_steps", json_integer(t->warmup_steps));
+    }
+    return lr;
 }
 
 /* {"offset": o} when rank rp holds v, else nothing added. */
@@ -117,13 +126,13 @@ char *program_meta(const Plan *p, const CompileOptions *o) {
     char hash[32];
     plan_hash(p, o, hash);
     json_t *root = json_pack(
-        "{s:i, s:s, s:i, s:i, s:s, s:I, s:I, s:i, s:i, s:i, s:I, s:s, s:i, s:{s:f}, s:o, s:{s:s, s:o}, s:o, s:s, "
+        "{s:i, s:s, s:i, s:i, s:s, s:I, s:I, s:i, s:i, s:i, s:I, s:s, s:i, s:o, s:o, s:{s:s, s:o}, s:o, s:s, "
         "s:o, s:o}",
         "abi", META_ABI, "plan_hash", hash, "ranks", p->n_ranks, "rank_programs", p->n_stages, "strategy",
         strategy_name(p->strategy),
         "batch", (json_int_t)p->batch, "local_batch", (json_int_t)p->local_batch, "stages", p->n_stages, "dp",
         p->replicas, "microbatches", p->microbatches, "micro_batch", (json_int_t)p->micro_batch, "schedule",
-        p->schedule, "tag_bound", p->tag_bound, "lr", "value", (double)o->train.lr, "inputs", inputs, "output",
+        p->schedule, "tag_bound", p->tag_bound, "lr", lr_json(&o->train), "inputs", inputs, "output",
         "name", t->output->name, "shape", shape_json(t->output, output_rows(p, t->output)), "params",
         params, "loss_kind", loss_kind_name(o->train.loss), "optimizer", optimizer_json(o), "programs", programs);
     if (root) json_object_set_new(root, "placement", json_string(plan_placement_name(p->placement)));

@@ -84,6 +84,11 @@ typedef struct RtTensor {
 
 typedef enum { RT_LOSS_CE, RT_LOSS_MSE, RT_LOSS_MODEL } RtLossKind;
 
+/* How the learning rate moves over a run (docs/cli.md, "Learning-rate
+ * schedules"): constant, or decaying linearly or along a half cosine to 0
+ * at the run's last step, each after an optional linear warmup. */
+typedef enum { RT_LR_CONSTANT, RT_LR_LINEAR, RT_LR_COSINE } RtLrSchedule;
+
 /* A gradient bucket of a program with replicas: `count` float32 values at
  * byte `offset` of the arena, summed over the replicas of this rank's
  * stage in one allreduce. */
@@ -130,6 +135,9 @@ typedef struct RtMeta {
     uint64_t seed_offset; /* int64: --seed, for dropout masks (layout.has_seed) */
     uint64_t label_count_offset; /* float32: counted labels / (D x M) (layout.has_label_count) */
     float lr;
+    RtLrSchedule lr_schedule; /* "lr": "schedule" (absent: constant) */
+    bool has_lr_schedule;     /* compiled with --lr-schedule */
+    int64_t warmup_steps;     /* "lr": "warmup_steps" (absent: 0) */
     RtTensor *inputs;
     int n_inputs;
     RtTensor output; /* float32 */
@@ -323,6 +331,17 @@ void rt_trace_step_end(void);
 /* Collective: rank 0 writes every rank's events to path. */
 bool rt_trace_write(const char *path, const RtMeta *m, int64_t steps, RtErr *e);
 
+/* ---- learning-rate schedules: rt_schedule.c ------------------------------ */
+
+/* The factor of the base learning rate for the optimizer step that follows
+ * `k` earlier steps (k = 0 for the first) of a run of `total` steps, as
+ * transformers' get_{constant,linear,cosine}_schedule_with_warmup give it
+ * to torch's LambdaLR, stepped after every optimizer step. */
+double rt_lr_factor(RtLrSchedule s, int64_t warmup, int64_t total, int64_t k);
+/* The schedule's name as the flags spell it, and its parse (false: none). */
+const char *rt_lr_schedule_name(RtLrSchedule s);
+bool rt_lr_schedule_parse(const char *name, RtLrSchedule *s);
+
 /* ---- command line: rt_args.c --------------------------------------------- */
 
 typedef struct RtNamedFile {
@@ -339,6 +358,9 @@ typedef struct RtArgs {
     int64_t epochs; /* > 0 with --epochs */
     bool has_lr;
     float lr;
+    bool has_lr_schedule, has_warmup; /* --lr-schedule, --warmup-steps */
+    RtLrSchedule lr_schedule;
+    int64_t warmup_steps;
     bool shuffle;
     uint64_t seed;      /* --shuffle's */
     bool has_mask_seed;
@@ -363,8 +385,9 @@ bool rt_args_bind(const RtMeta *m, const RtNamedFile *files, int n, const char *
 /* Fails now, before training, when `path` could not be created later. */
 bool rt_args_check_writable(const char *flag, const char *path, RtErr *e);
 /* A hash of the flags every rank must agree on, since they decide how many
- * steps and collectives run: --steps, --epochs, --shuffle, --lr,
- * --eval-data given, --predict given, --check-replicas. */
+ * steps and collectives run or what the replicas compute: --steps,
+ * --epochs, --shuffle, --lr, --lr-schedule, --warmup-steps, --eval-data
+ * given, --predict given, --check-replicas. */
 uint64_t rt_args_fingerprint(const RtArgs *a);
 
 /* ---- --calibrate-comm: rt_calibrate.c ------------------------------------ */
@@ -477,7 +500,7 @@ bool rt_log_open(RtLog *l, const char *metrics_path, bool quiet, bool tty, int64
                  int64_t batch, int64_t log_every, RtErr *e);
 /* loss: the global batch's mean loss; comm: the step's communication
  * times (programs of several ranks), NULL for none. */
-void rt_log_step(RtLog *l, int64_t step, double loss, double step_seconds, const RtStepComm *comm);
+void rt_log_step(RtLog *l, int64_t step, double loss, float lr, double step_seconds, const RtStepComm *comm);
 void rt_log_eval(RtLog *l, int64_t epoch, double eval_loss, bool has_accuracy, double accuracy);
 /* Closes the metrics file (reporting a failed write) and ends the bar. */
 bool rt_log_close(RtLog *l, RtErr *e);
@@ -510,7 +533,9 @@ typedef struct RtRun {
     RtArray *eval;  /* NULL without --eval-data */
     int64_t eval_rows;
     RtOrder order;
-    float lr;
+    float lr; /* the base learning rate the schedule scales */
+    RtLrSchedule lr_schedule;
+    int64_t warmup_steps;
     int64_t total_steps;
     bool predict_on; /* --predict given (on every rank) */
     float *predict;  /* rank 0 with --predict: [eval_rows, output row] */

@@ -43,7 +43,11 @@
  *  "placement": "by_replica"|"by_stage",  rank = replica x P + stage
  *                                   (by_replica, the default when absent)
  *                                   or stage x D + replica
- *  "lr": {"value": x},              the learning rate compiled in (--lr)
+ *  "lr": {"value": x,               the learning rate compiled in (--lr),
+ *         "schedule": s,            and when compiled with --lr-schedule, the
+ *         "warmup_steps": W},       schedule ("constant", "linear" or
+ *                                   "cosine") and its warmup (absent:
+ *                                   constant without warmup)
  *  "inputs": [{"name": s, "dtype": "float32"|"int64", "shape": [L, ...],
  *              "fill": "positions"}],
  *                                   one per graph input incl. "labels";
@@ -192,8 +196,10 @@ void cleave_rt_send(int32_t peer, int32_t tag, void *buf, int64_t bytes);
 void cleave_rt_send_wait(int32_t peer, int32_t tag);
 /* Blocking receive of exactly `bytes` bytes from stage `peer`. */
 void cleave_rt_recv(int32_t peer, int32_t tag, void *buf, int64_t bytes);
-/* In-place sum of `count` floats over the replicas of stage `group` (the
- * caller's own stage). */
+/* In-place sum of `count` floats over a group: with `group` below the
+ * program's stages, the replicas of stage `group` (the caller's own
+ * stage); with `group` equal to the number of stages, the stages of the
+ * caller's replica (gradient clipping's sum of squares). */
 void cleave_rt_group_allreduce(int32_t group, void *buf, int64_t count);
 /* The step starts a unit of work, for traces: kind 0 the forward of
  * micro-batch `micro`, 1 its backward, 2 the once-per-step update

@@ -98,8 +98,9 @@ bool rt_args_parse(int argc, char **argv, RtArgs *a, RtErr *e) {
         memcpy(flag, arg, flen);
         flag[flen] = 0;
         static const char *const known[] = {"--data", "--eval-data", "--steps", "--epochs", "--lr",
-                                            "--shuffle", "--seed", "--metrics", "--save", "--predict",
-                                            "--log-every", "--trace", "--calibrate-comm"};
+                                            "--lr-schedule", "--warmup-steps", "--shuffle", "--seed",
+                                            "--metrics", "--save", "--predict", "--log-every", "--trace",
+                                            "--calibrate-comm"};
         bool is_known = false;
         for (size_t k = 0; k < sizeof known / sizeof *known; k++) is_known |= strcmp(flag, known[k]) == 0;
         if (!is_known) return rt_usage_error(e, "unknown option '%s' (see --help)", flag);
@@ -124,6 +125,15 @@ bool rt_args_parse(int argc, char **argv, RtArgs *a, RtErr *e) {
             if (have_lr) return rt_usage_error(e, "--lr given twice");
             ok = parse_lr(value, &a->lr, e);
             have_lr = a->has_lr = true;
+        } else if (strcmp(flag, "--lr-schedule") == 0) {
+            if (a->has_lr_schedule) return rt_usage_error(e, "--lr-schedule given twice");
+            if (!rt_lr_schedule_parse(value, &a->lr_schedule))
+                return rt_usage_error(e, "--lr-schedule must be constant, linear or cosine, got '%s'", value);
+            a->has_lr_schedule = true;
+        } else if (strcmp(flag, "--warmup-steps") == 0) {
+            if (a->has_warmup) return rt_usage_error(e, "--warmup-steps given twice");
+            ok = parse_count(flag, value, 0, &a->warmup_steps, e);
+            a->has_warmup = true;
         } else if (strcmp(flag, "--shuffle") == 0) {
             if (a->shuffle) return rt_usage_error(e, "--shuffle given twice");
             ok = parse_seed(flag, value, &a->seed, e);
@@ -152,8 +162,8 @@ bool rt_args_parse(int argc, char **argv, RtArgs *a, RtErr *e) {
     if (a->help) return true;
     /* A calibration trains nothing: a training flag with it is a mistake. */
     if (a->calibrate_comm) {
-        if (a->n_data || a->n_eval || a->steps || a->epochs || a->has_lr || a->shuffle || a->has_mask_seed ||
-            have_log_every ||
+        if (a->n_data || a->n_eval || a->steps || a->epochs || a->has_lr || a->has_lr_schedule || a->has_warmup ||
+            a->shuffle || a->has_mask_seed || have_log_every ||
             a->metrics || a->save || a->predict || a->trace || a->check_replicas)
             return rt_usage_error(e, "--calibrate-comm takes no other option");
         return true;
@@ -168,8 +178,10 @@ bool rt_args_parse(int argc, char **argv, RtArgs *a, RtErr *e) {
 uint64_t rt_args_fingerprint(const RtArgs *a) {
     /* Fixed-width fields hashed one by one: no padding bytes get in. */
     uint64_t h = RT_FNV1A64_INIT;
-    int64_t ints[] = {a->steps, a->epochs, a->shuffle, a->has_lr, a->n_eval > 0, a->predict != NULL,
-                      a->check_replicas, a->trace != NULL};
+    int64_t ints[] = {a->steps,        a->epochs,         a->shuffle,        a->has_lr,
+                      a->n_eval > 0,   a->predict != NULL, a->check_replicas, a->trace != NULL,
+                      a->has_lr_schedule ? (int64_t)a->lr_schedule : -1,
+                      a->has_warmup ? a->warmup_steps : -1};
     h = rt_fnv1a64(h, ints, sizeof ints);
     h = rt_fnv1a64(h, &a->seed, sizeof a->seed);
     h = rt_fnv1a64(h, &a->mask_seed, sizeof a->mask_seed);
@@ -247,7 +259,13 @@ void rt_args_usage(FILE *out, const RtMeta *m) {
             "                         IDX bytes feeding a float32 input are scaled to [0, 1].\n"
             "  --steps K              run K optimizer steps, continuing across epochs\n"
             "  --epochs E             run E passes over the rows (E * ceil(rows / batch) steps)\n"
-            "  --lr LR                learning rate (default: the one compiled in)\n"
+            "  --lr LR                learning rate (default: the one compiled in); the schedule\n"
+            "                         scales it\n"
+            "  --lr-schedule constant|linear|cosine\n"
+            "                         how the learning rate moves over the run: linear and cosine\n"
+            "                         decay it to 0 at the last step (default: the one compiled in)\n"
+            "  --warmup-steps W       first W steps raise it linearly from 0 (default: the compiled\n"
+            "                         warmup; needs a schedule, here or compiled in)\n"
             "  --shuffle SEED         new row order every epoch (splitmix64 Fisher-Yates)\n"
             "  --seed SEED            key of the dropout masks (default 0); the same masks under every strategy\n"
             "  --metrics FILE         JSON Lines: one object per step and per evaluation\n"
@@ -278,8 +296,12 @@ void rt_args_usage(FILE *out, const RtMeta *m) {
                 "\nThis program is data-parallel over %d ranks: run it as mpirun -np %d %s ...\n"
                 "Every rank reads the files and computes %" PRId64 " of the %" PRId64 " rows of each batch.\n",
                 m->ranks, m->ranks, p, m->local_batch, m->batch);
-    fprintf(out, "\nInputs of this program (batch %" PRId64 ", learning rate %g%s):\n", m->batch, (double)m->lr,
-            l->dp > 1 ? "; shapes per replica" : "");
+    char schedule[96] = "";
+    if (m->has_lr_schedule)
+        snprintf(schedule, sizeof schedule, ", schedule %s with %" PRId64 " warmup step%s",
+                 rt_lr_schedule_name(m->lr_schedule), m->warmup_steps, m->warmup_steps == 1 ? "" : "s");
+    fprintf(out, "\nInputs of this program (batch %" PRId64 ", learning rate %g%s%s):\n", m->batch, (double)m->lr,
+            schedule, l->dp > 1 ? "; shapes per replica" : "");
     for (int k = 0; k < m->n_inputs; k++) {
         if (m->inputs[k].positions) continue; /* filled by the program */
         char shape[256];

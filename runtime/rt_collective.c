@@ -1,6 +1,7 @@
 /* rt_collective.c - the collectives of a run: the gradient bucket
- * allreduces and the stage group sums the generated step calls
- * (rt_abi.h), both over the replicas of this rank's stage (rt_group.c),
+ * allreduces and the group sums the generated step calls (rt_abi.h),
+ * over the replicas of this rank's stage or the stages of its replica
+ * (rt_group.c),
  * and the reductions over every rank that the runtime itself makes (the
  * step's loss, evaluation sums, --predict rows).
  *
@@ -115,11 +116,11 @@ void cleave_rt_allreduce_wait(int32_t bucket) {
     g_coll.pending--;
 }
 
-/* A blocking sum over the replicas: its time is both waited and spent
+/* A blocking sum over a group: its time is both waited and spent
  * reducing. */
-static void sum_replicas(void *buf, int count) {
+static void sum_over(MPI_Comm group, void *buf, int count) {
     double t0 = rt_trace_wait_begin();
-    MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, rt_comm_replicas());
+    MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, group);
     double dt = rt_trace_wait_end(RT_EV_ALLREDUCE, t0);
     g_coll.wait_s += dt;
     g_coll.allreduce_s += dt;
@@ -127,15 +128,20 @@ static void sum_replicas(void *buf, int count) {
 
 void cleave_rt_allreduce(int32_t bucket) {
     const RtBucket *b = idle_bucket("cleave_rt_allreduce", bucket, "already started");
-    sum_replicas(g_coll.arena + b->offset, b->count);
+    sum_over(rt_comm_replicas(), g_coll.arena + b->offset, b->count);
 }
 
 void cleave_rt_group_allreduce(int32_t group, void *buf, int64_t count) {
-    int stage = rt_group_stage();
-    if (group != stage) rt_fatal("an allreduce over the replicas of stage %d runs on stage %d", group, stage);
+    int stage = rt_group_stage(), stages = rt_group_stages();
     if (count < 0 || count > INT_MAX)
         rt_fatal("an allreduce of %" PRId64 " values is larger than one MPI call sums", count);
-    sum_replicas(buf, (int)count);
+    if (group == stages && stages > 1) {
+        if (rt_comm_stages() == MPI_COMM_NULL) rt_fatal("an allreduce over the stages runs before they are grouped");
+        sum_over(rt_comm_stages(), buf, (int)count);
+        return;
+    }
+    if (group != stage) rt_fatal("an allreduce over the replicas of stage %d runs on stage %d", group, stage);
+    sum_over(rt_comm_replicas(), buf, (int)count);
 }
 
 void rt_coll_progress(void) {

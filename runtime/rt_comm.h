@@ -17,8 +17,10 @@ void rt_group_setup(const RtMeta *m);
  * into the replicas of each stage (nothing otherwise, nor a second time). */
 void rt_group_split(void);
 void rt_group_free(void);
-/* This rank's stage (0 before rt_group_setup). */
+/* This rank's stage (0 before rt_group_setup), and the program's number
+ * of stages. */
 int rt_group_stage(void);
+int rt_group_stages(void);
 /* The rank that runs `stage` in this rank's replica; a stage that is not
  * another of the program's ends the job (a broken program). */
 int rt_group_peer(int32_t stage);

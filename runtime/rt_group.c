@@ -1,7 +1,8 @@
 /* rt_group.c - the groups of ranks a program talks to: every rank (the
  * program's communicator, a duplicate of MPI_COMM_WORLD so nothing else
  * in the process can match its messages), the replicas of this rank's
- * stage, and the neighbour stages of its replica.
+ * stage, the stages of its replica (sums over the stages: gradient
+ * clipping's norm), and the neighbour stages of its replica.
  *
  * Every plan is D replicas of a P-stage pipeline on D x P ranks.  A
  * data-parallel program is D x 1: the replicas of its one stage are all
@@ -20,9 +21,10 @@ static struct {
     bool mpi_up;
     MPI_Comm world;    /* the program's communicator */
     MPI_Comm replicas; /* this stage's replicas after the split (else world) */
+    MPI_Comm stages;   /* this replica's stages after the split (else none) */
     RtLayout layout;   /* stages, dp, placement, this rank's stage and replica
                           (all 0 before rt_group_setup: no stage to send to) */
-} g = {.world = MPI_COMM_NULL, .replicas = MPI_COMM_NULL};
+} g = {.world = MPI_COMM_NULL, .replicas = MPI_COMM_NULL, .stages = MPI_COMM_NULL};
 
 void rt_comm_init(int *argc, char ***argv) {
     /* MPI_Init's default error handler aborts with Open MPI's own message,
@@ -50,19 +52,26 @@ MPI_Comm rt_comm_world(void) { return g.world; }
 
 MPI_Comm rt_comm_replicas(void) { return g.replicas != MPI_COMM_NULL ? g.replicas : g.world; }
 
+MPI_Comm rt_comm_stages(void) { return g.stages; }
+
 void rt_group_setup(const RtMeta *m) { g.layout = m->layout; }
 
 void rt_group_split(void) {
     if (g.layout.stages <= 1 || g.replicas != MPI_COMM_NULL) return;
     MPI_Comm_split(g.world, g.layout.stage, g.layout.replica, &g.replicas);
+    /* ranked by stage, so that a sum over them adds the stages in order */
+    MPI_Comm_split(g.world, g.layout.replica, g.layout.stage, &g.stages);
 }
 
 void rt_group_free(void) {
     if (g.replicas != MPI_COMM_NULL) MPI_Comm_free(&g.replicas);
+    if (g.stages != MPI_COMM_NULL) MPI_Comm_free(&g.stages);
     g.layout = (RtLayout){0};
 }
 
 int rt_group_stage(void) { return g.layout.stage; }
+
+int rt_group_stages(void) { return g.layout.stages; }
 
 int rt_group_peer(int32_t stage) {
     if (stage < 0 || stage >= g.layout.stages || stage == g.layout.stage)

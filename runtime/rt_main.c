@@ -70,6 +70,12 @@ static bool prepare(const RtProgram *prog, const RtArgs *args, const RtMeta *met
                               meta->output.name,
                               rt_shape_str(shape, sizeof shape, meta->output.ndim, meta->output.shape));
     }
+    /* A warmup given at run time warms up a schedule named there or
+     * compiled in, as at compile time it needs --lr-schedule. */
+    if (args->has_warmup && !args->has_lr_schedule && !meta->has_lr_schedule)
+        return rt_usage_error(e, "--warmup-steps needs --lr-schedule: the program was compiled without a schedule");
+    r->lr_schedule = args->has_lr_schedule ? args->lr_schedule : meta->lr_schedule;
+    r->warmup_steps = args->has_warmup ? args->warmup_steps : meta->warmup_steps;
     if (!rt_args_bind(meta, args->data, args->n_data, "--data", train_paths, e)) return false;
     if (args->n_eval && !rt_args_bind(meta, args->eval, args->n_eval, "--eval-data", eval_paths, e)) return false;
     if (rank0) {

@@ -393,6 +393,16 @@ static bool parse_root(json_t *root, int rank, RtMeta *m, RtErr *e) {
     if (!isfinite(lrv) || !isfinite((float)lrv) || lrv < 0)
         return rt_error(e, BAD "lr: \"value\" %g is not a non-negative float32", lrv);
     m->lr = (float)lrv;
+    /* The schedule is optional (absent: constant, no warmup), and only
+     * given when the program was compiled with one. */
+    json_t *lr_obj = json_object_get(root, "lr"), *sched = json_object_get(lr_obj, "schedule");
+    if (sched) {
+        if (!json_is_string(sched) || !rt_lr_schedule_parse(json_string_value(sched), &m->lr_schedule))
+            return rt_error(e, BAD "lr: \"schedule\" is not constant, linear or cosine");
+        m->has_lr_schedule = true;
+    }
+    if (json_object_get(lr_obj, "warmup_steps") && !get_int(lr_obj, "warmup_steps", "lr", 0, &m->warmup_steps, e))
+        return false;
 
     json_t *kind = member(root, "loss_kind", "", JSON_STRING, e);
     if (!kind) return false;

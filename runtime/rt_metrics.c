@@ -77,11 +77,13 @@ static void draw_bar(RtLog *l, int64_t step, double loss, double now) {
     fflush(stderr);
 }
 
-void rt_log_step(RtLog *l, int64_t step, double loss, double step_seconds, const RtStepComm *comm) {
+void rt_log_step(RtLog *l, int64_t step, double loss, float lr, double step_seconds, const RtStepComm *comm) {
     double now = rt_now();
     if (l->metrics) {
         fprintf(l->metrics, "{\"step\": %" PRId64 ", \"loss\": ", step);
         json_num(l->metrics, "%.9g", loss);
+        fputs(", \"lr\": ", l->metrics);
+        json_num(l->metrics, "%.9g", (double)lr);
         fputs(", \"samples_per_s\": ", l->metrics);
         json_num(l->metrics, "%.6g", step_seconds > 0 ? (double)l->batch / step_seconds : NAN);
         fprintf(l->metrics, ", \"elapsed_s\": %.6f", now - l->t_start);

@@ -11,5 +11,9 @@ MPI_Comm rt_comm_world(void);
  * stage; with several, the stage's group once rt_comm_groups split the
  * ranks. */
 MPI_Comm rt_comm_replicas(void);
+/* The stages of this rank's replica, ranked by stage, once rt_comm_groups
+ * split the ranks of a program with several stages; MPI_COMM_NULL
+ * otherwise. */
+MPI_Comm rt_comm_stages(void);
 
 #endif

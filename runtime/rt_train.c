@@ -2,7 +2,7 @@
  *
  * Each step: copy the batch's rows into the input slots (with replicas,
  * this rank's replica's share of the global batch), set the step and
- * learning-rate slots, call the generated train step (which sums the
+ * learning-rate slots (the base rate times the schedule's factor), call the generated train step (which sums the
  * gradients over the replicas through the rt_abi.h collectives), read the
  * loss slots and, on several ranks, average the loss over the replicas.
  * Nothing is allocated here: the data, the row order and the arena all
@@ -151,7 +151,8 @@ bool rt_train_run(RtRun *r, RtErr *e) {
         double t0 = rt_now();
         rt_batch_fill(&r->order, m->inputs, r->train, m->n_inputs, B, i, r0, r1, r->arena);
         if (l->has_step) set_f32(r->arena, m->step_offset, (float)(s + 1));
-        if (l->has_lr) set_f32(r->arena, m->lr_offset, r->lr);
+        float lr = (float)((double)r->lr * rt_lr_factor(r->lr_schedule, r->warmup_steps, r->total_steps, s));
+        if (l->has_lr) set_f32(r->arena, m->lr_offset, lr);
         set_label_count(r, &r->order, r->train, i);
         RtStepComm comm;
         rt_comm_step_begin();
@@ -178,7 +179,7 @@ bool rt_train_run(RtRun *r, RtErr *e) {
             if (sharded) return rt_error_all(e, "step %" PRId64 ": loss is %s", s + 1, what);
             return rt_error(e, "step %" PRId64 ": loss is %s", s + 1, what);
         }
-        rt_log_step(&r->log, s + 1, loss[0], dt, sharded ? &comm : NULL);
+        rt_log_step(&r->log, s + 1, loss[0], lr, dt, sharded ? &comm : NULL);
         bool last = s == r->total_steps - 1;
         if (r->eval && (i == per_epoch - 1 || last)) {
             RtEvalResult res;

@@ -13,6 +13,52 @@ const char *loss_kind_name(LossKind k) {
     return k == LOSS_CE ? "ce" : k == LOSS_MSE ? "mse" : "model";
 }
 
+static const char *const optimizer_names[] = {"sgd", "momentum", "adam", "adamw"};
+static const char *const lr_schedule_names[] = {"constant", "linear", "cosine"};
+
+const char *optimizer_name(OptKind k) { return optimizer_names[k]; }
+
+/* The position of name among n names (the enum's value), or -1. */
+static int name_index(const char *name, const char *const *names, int n) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(name, names[i]) == 0) return i;
+    return -1;
+}
+
+bool optimizer_parse(const char *name, OptKind *k) {
+    int i = name_index(name, optimizer_names, (int)(sizeof optimizer_names / sizeof *optimizer_names));
+    if (i >= 0) *k = (OptKind)i;
+    return i >= 0;
+}
+
+const char *lr_schedule_name(LrSchedule s) { return lr_schedule_names[s]; }
+
+bool lr_schedule_parse(const char *name, LrSchedule *s) {
+    int i = name_index(name, lr_schedule_names, (int)(sizeof lr_schedule_names / sizeof *lr_schedule_names));
+    if (i >= 0) *s = (LrSchedule)i;
+    return i >= 0;
+}
+
+/* The pattern's pieces between stars, each found at or after the end of
+ * the previous one: the leftmost place of each is as good as any, since
+ * what follows the last piece is free. */
+bool train_name_matches(const char *pattern, const char *name) {
+    const char *at = name;
+    while (*pattern) {
+        size_t len = strcspn(pattern, "*");
+        if (len) {
+            const char *hit = NULL;
+            for (const char *q = at; *q && !hit; q++)
+                if (strncmp(q, pattern, len) == 0) hit = q;
+            if (!hit) return false;
+            at = hit + len;
+        }
+        pattern += len;
+        if (*pattern == '*') pattern++;
+    }
+    return true;
+}
+
 static Value *add_input(Graph *g, const char *name, DType t, int rank, const Dim *dims, Diag *d) {
     if (graph_find_value(g, name)) {
         diag_error(d, DIAG_GRAPH, "%s: the model already has a value named '%s'; the loss needs that name for its labels",
@@ -292,36 +338,100 @@ static void private_grads(GradCtx *c, TrainGraph *t) {
     free(readers);
 }
 
+/* --no-decay names patterns, not parameters: one that matches none of the
+ * parameters the optimizer updates is almost surely a typo, and training
+ * would quietly decay what it meant to spare. */
+static bool check_no_decay(const Graph *g, const TrainOptions *o, const TrainGraph *t, Diag *d) {
+    for (int k = 0; k < o->n_no_decay; k++) {
+        bool hit = false;
+        for (int i = 0; i < t->n_params && !hit; i++)
+            hit = t->grads[i] && train_name_matches(o->no_decay[k], t->params[i]->name);
+        if (hit) continue;
+        char names[400];
+        size_t len = 0;
+        names[0] = 0;
+        for (int i = 0; i < t->n_params && len < sizeof names - 1; i++)
+            if (t->grads[i])
+                len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", len ? ", " : "", t->params[i]->name);
+        return diag_error(d, DIAG_USAGE, "%s: --no-decay: '%s' matches no trained parameter (they are: %s)", g->path,
+                          o->no_decay[k], names);
+    }
+    return true;
+}
+
+static float decay_of(const TrainOptions *o, const Value *w) {
+    for (int k = 0; k < o->n_no_decay; k++)
+        if (train_name_matches(o->no_decay[k], w->name)) return 0;
+    return o->weight_decay;
+}
+
+/* The forward node an update (and what serves it) goes with: the one whose
+ * backward produced its gradient, so that with stages it runs where the
+ * gradient is. */
+static Node *update_origin(const Value *gw) { return gw->producer ? gw->producer->origin : NULL; }
+
+/* --clip-grad-norm: each gradient's sum of squares is added into one
+ * scalar (GradNormSq: with stages each stage adds its own, and the plan
+ * sums the scalar over the stages), and ClipCoef turns the total into the
+ * factor min(1, C / (norm + 1e-6)) that every update multiplies its
+ * gradient by, as torch.nn.utils.clip_grad_norm_ scales p.grad before
+ * optimizer.step().  NULL without clipping. */
+static Value *build_clip(GradCtx *c, const TrainOptions *o, TrainGraph *t) {
+    bool any = false;
+    for (int i = 0; i < t->n_params; i++) any |= t->grads[i] != NULL;
+    if (!(o->clip_grad_norm > 0) || !any) return NULL;
+    Value *sq = add_state_scalar(c->g, "cleave.grad_sq_sum", DT_FLOAT, c->d);
+    if (!sq) return NULL;
+    for (int i = 0; i < t->n_params; i++) {
+        if (!t->grads[i]) continue;
+        c->origin = update_origin(t->grads[i]);
+        Value *in[2] = {t->grads[i], sq};
+        gb_finish(c, gb_start(c, "cleave", "GradNormSq", 2, in, 0));
+    }
+    c->origin = NULL;
+    Value *in[1] = {sq};
+    Node *n = gb_start(c, "cleave", "ClipCoef", 1, in, 1);
+    gb_attr_f(c, n, "max_norm", o->clip_grad_norm);
+    return gb_finish(c, n);
+}
+
 static bool build_optimizer(GradCtx *c, const TrainOptions *o, TrainGraph *t) {
     Graph *g = c->g;
+    if (!check_no_decay(g, o, t, c->d)) return false;
     c->phase = PHASE_BACKWARD;
     if (o->replicas > 1) private_grads(c, t);
     if (diag_failed(c->d)) return false;
     c->phase = PHASE_OPTIMIZER;
+    Value *coef = build_clip(c, o, t);
+    if (diag_failed(c->d)) return false;
+    bool adam = o->optimizer == OPT_ADAM || o->optimizer == OPT_ADAMW;
     for (int i = 0; i < t->n_params; i++) {
         Value *w = t->params[i], *gw = t->grads[i];
         if (!gw) continue;
-        c->origin = gw->producer ? gw->producer->origin : NULL;
+        c->origin = update_origin(gw);
         Node *n;
-        if (o->optimizer == OPT_ADAM) {
-            Value *in[6] = {w, gw, add_moment(g, w, "exp_avg", c->d), add_moment(g, w, "exp_avg_sq", c->d), t->lr,
-                            t->step};
+        /* The clipping factor is the last input, after the optional
+         * momentum buffer's slot (left empty without momentum). */
+        if (adam) {
+            Value *in[7] = {w, gw, add_moment(g, w, "exp_avg", c->d), add_moment(g, w, "exp_avg_sq", c->d), t->lr,
+                            t->step, coef};
             if (!in[2] || !in[3]) return false;
-            n = gb_start(c, "cleave", "Adam", 6, in, 0);
+            n = gb_start(c, "cleave", "Adam", coef ? 7 : 6, in, 0);
             gb_attr_f(c, n, "beta1", o->beta1);
             gb_attr_f(c, n, "beta2", o->beta2);
             gb_attr_f(c, n, "eps", o->eps);
+            if (o->optimizer == OPT_ADAMW) gb_attr_i(c, n, "decoupled", 1);
         } else if (o->optimizer == OPT_MOMENTUM) {
-            Value *in[4] = {w, gw, t->lr, add_moment(g, w, "momentum_buffer", c->d)};
+            Value *in[5] = {w, gw, t->lr, add_moment(g, w, "momentum_buffer", c->d), coef};
             if (!in[3]) return false;
-            n = gb_start(c, "cleave", "SGD", 4, in, 0);
+            n = gb_start(c, "cleave", "SGD", coef ? 5 : 4, in, 0);
             gb_attr_f(c, n, "momentum", o->momentum);
             gb_attr_i(c, n, "nesterov", o->nesterov);
         } else {
-            Value *in[3] = {w, gw, t->lr};
-            n = gb_start(c, "cleave", "SGD", 3, in, 0);
+            Value *in[5] = {w, gw, t->lr, NULL, coef};
+            n = gb_start(c, "cleave", "SGD", coef ? 5 : 3, in, 0);
         }
-        gb_attr_f(c, n, "weight_decay", o->weight_decay);
+        gb_attr_f(c, n, "weight_decay", decay_of(o, w));
         gb_finish(c, n);
         if (diag_failed(c->d)) return false;
     }

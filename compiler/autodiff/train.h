@@ -11,7 +11,11 @@
 #include "../ir/ir.h"
 
 typedef enum { LOSS_CE, LOSS_MSE, LOSS_MODEL } LossKind;
-typedef enum { OPT_SGD, OPT_MOMENTUM, OPT_ADAM } OptKind;
+typedef enum { OPT_SGD, OPT_MOMENTUM, OPT_ADAM, OPT_ADAMW } OptKind;
+/* How the learning rate moves over a run (the runtime computes it before
+ * each step, docs/cli.md "Learning-rate schedules"); the graph only reads
+ * the lr slot. */
+typedef enum { LR_CONSTANT, LR_LINEAR, LR_COSINE } LrSchedule;
 
 typedef struct TrainOptions {
     LossKind loss;
@@ -20,6 +24,20 @@ typedef struct TrainOptions {
     bool nesterov;
     int n_freeze;
     const char *const *freeze; /* initializer names kept fixed */
+    /* --no-decay: weight decay stays off the parameters whose names match
+     * one of these patterns (train_name_matches); each must match one. */
+    int n_no_decay;
+    const char *const *no_decay;
+    /* --clip-grad-norm: the gradients are scaled so that their global
+     * 2-norm is at most this, as torch.nn.utils.clip_grad_norm_ (0: off). */
+    float clip_grad_norm;
+    /* The schedule the program applies by default (its own flags override);
+     * the graph does not depend on it.  lr_schedule_set: --lr-schedule was
+     * given (the program then accepts --warmup-steps alone); warmup_steps
+     * 0: none. */
+    LrSchedule lr_schedule;
+    bool lr_schedule_set;
+    int64_t warmup_steps;
     /* Data parallelism: the loss gradient is seeded with 1/replicas so that
      * summing the replicas' gradients averages them; each parameter's
      * gradient gets a buffer of its own that an allreduce may update in
@@ -68,5 +86,13 @@ struct GradCtx;
 Value *train_positions(struct GradCtx *c);
 Value *train_seed(struct GradCtx *c);
 const char *loss_kind_name(LossKind k);
+const char *optimizer_name(OptKind k);
+bool optimizer_parse(const char *name, OptKind *k);
+const char *lr_schedule_name(LrSchedule s);
+bool lr_schedule_parse(const char *name, LrSchedule *s);
+/* --no-decay's match: `pattern` occurs in `name`, where each '*' of the
+ * pattern stands for any run of characters (so "bias" matches "fc1.bias"
+ * and "ln*.weight" matches "ln_f.weight"). */
+bool train_name_matches(const char *pattern, const char *name);
 
 #endif

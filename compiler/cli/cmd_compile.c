@@ -2,6 +2,7 @@
  * This file reads flags (their strategy flags checked together in
  * compile_options.c), asks the search for the layout when --strategy auto
  * leaves it open (search.c), and runs the pipeline (driver.c) on it. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,12 +34,25 @@ static const char compile_help[] =
     "  --accumulate K       each optimizer step sums the gradients of K batches of B\n"
     "                       rows, one after another (K x B rows a step, trained as\n"
     "                       one batch of K x B would be; not with --strategy auto)\n"
-    "  --optimizer sgd|momentum|adam   (default sgd)\n"
+    "  --optimizer sgd|momentum|adam|adamw   (default sgd)\n"
     "  --lr LR              learning rate (default 0.01; the program's --lr overrides)\n"
+    "  --lr-schedule constant|linear|cosine  the learning rate over the run: linear\n"
+    "                       and cosine decay it to 0 at the run's last step (default\n"
+    "                       constant; the program's --lr-schedule overrides)\n"
+    "  --warmup-steps W     with --lr-schedule: the first W steps raise the learning rate\n"
+    "                       linearly from 0 (default 0)\n"
     "  --momentum MU        momentum (default 0.9 with --optimizer momentum)\n"
     "  --nesterov           Nesterov momentum\n"
-    "  --weight-decay WD    L2 penalty added to the gradient, as torch.optim does\n"
-    "  --beta1 B1 --beta2 B2 --eps E   Adam's constants (0.9, 0.999, 1e-8)\n"
+    "  --weight-decay WD    sgd, momentum, adam: L2 penalty added to the gradient, as\n"
+    "                       torch.optim does; adamw: decoupled, w *= 1 - lr*WD before\n"
+    "                       the step (default 0.01 for adamw, as torch.optim.AdamW; 0\n"
+    "                       for the others)\n"
+    "  --no-decay PATTERN,...  no weight decay for the parameters whose names contain a\n"
+    "                       pattern ('*' matches any run of characters): bias,norm\n"
+    "  --clip-grad-norm C   scale the gradients so that their global 2-norm is at most\n"
+    "                       C, as torch.nn.utils.clip_grad_norm_ (over every replica\n"
+    "                       and stage)\n"
+    "  --beta1 B1 --beta2 B2 --eps E   Adam's and AdamW's constants (0.9, 0.999, 1e-8)\n"
     "  --freeze NAME,...    initializers to keep fixed\n"
     "  --emit exe|obj|llvm  executable (default), object file, or readable LLVM IR\n"
     "  --emit-plan FILE     also write the plan (JSON, see docs/plan.md)\n"
@@ -104,7 +118,7 @@ static const char plan_help[] =
 typedef struct CompileFlags {
     CompileOptions o;
     const char *format;
-    char *freeze_copy, *stages_copy;
+    char *freeze_copy, *stages_copy, *no_decay_copy;
     const char *plan_in;  /* --plan FILE */
     const char *decision; /* the first flag given that a plan file also decides */
 } CompileFlags;
@@ -112,7 +126,8 @@ typedef struct CompileFlags {
 /* Flags whose value a plan file states (plan_file.c reads them there). */
 static bool plan_decides(const char *flag) {
     static const char *const names[] = {"--batch", "--loss", "--optimizer", "--lr", "--momentum", "--weight-decay",
-                                        "--beta1", "--beta2", "--eps", "--nesterov", "--ignore-index", "--accumulate", "--ranks", "--strategy",
+                                        "--beta1", "--beta2", "--eps", "--nesterov", "--ignore-index", "--accumulate",
+                                        "--no-decay", "--clip-grad-norm", "--lr-schedule", "--warmup-steps", "--ranks", "--strategy",
                                         "--microbatches", "--dp", "--pp", "--schedule", "--stages", "--bucket-mb", "--bn-stats", "--placement",
                                         "--balance", "--cluster"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
@@ -142,6 +157,20 @@ static int split_names(char *s, const char ***out) {
     return k;
 }
 
+/* A flag naming things, NAME,...: *copy gets the text the names point
+ * into and *names (malloc'd) the names, both replaced when the flag comes
+ * again.  Returns how many, -1 when out of memory. */
+static int take_names(const char *v, char **copy, const char *const **names) {
+    free((void *)*names);
+    free(*copy);
+    *names = NULL;
+    const char **arr = NULL;
+    *copy = strdup(v);
+    int n = *copy ? split_names(*copy, &arr) : -1;
+    *names = arr;
+    return n;
+}
+
 /* The flags `cleave compile` and `cleave plan` share.  Returns -1 when
  * the command should go on, else the exit status (after --help or a
  * usage error).  For plan, -o is not needed and --format is read. */
@@ -152,8 +181,8 @@ static int parse_flags(const char *cmd, int argc, char **argv, CompileFlags *f) 
     TrainOptions *t = &o.train;
     *t = (TrainOptions){.loss = LOSS_CE, .optimizer = OPT_SGD, .lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f,
                         .eps = 1e-8f, .ignore_index = -100};
-    bool momentum_set = false;
-    char *freeze_copy = NULL, *stages_copy = NULL;
+    bool momentum_set = false, decay_set = false, warmup_set = false;
+    char *freeze_copy = NULL, *stages_copy = NULL, *no_decay_copy = NULL;
     int64_t ranks = 1;
     int status = -1;
     for (int i = 0; i < argc && status < 0; i++) {
@@ -203,10 +232,27 @@ static int parse_flags(const char *cmd, int argc, char **argv, CompileFlags *f) 
                 status = cli_usage(cmd, "--ignore-index needs an integer, got '%s'", v);
         } else if (strcmp(a, "--optimizer") == 0) {
             NEED_VALUE();
-            if (strcmp(v, "sgd") == 0) t->optimizer = OPT_SGD;
-            else if (strcmp(v, "momentum") == 0) t->optimizer = OPT_MOMENTUM;
-            else if (strcmp(v, "adam") == 0) t->optimizer = OPT_ADAM;
-            else status = cli_usage(cmd, "--optimizer must be sgd, momentum or adam, got '%s'", v);
+            if (!optimizer_parse(v, &t->optimizer))
+                status = cli_usage(cmd, "--optimizer must be sgd, momentum, adam or adamw, got '%s'", v);
+        } else if (strcmp(a, "--lr-schedule") == 0) {
+            NEED_VALUE();
+            if (!lr_schedule_parse(v, &t->lr_schedule))
+                status = cli_usage(cmd, "--lr-schedule must be constant, linear or cosine, got '%s'", v);
+            t->lr_schedule_set = true;
+        } else if (strcmp(a, "--warmup-steps") == 0) {
+            NEED_VALUE();
+            if (!cli_parse_i64(v, 0, INT64_MAX, &t->warmup_steps))
+                status = cli_usage(cmd, "--warmup-steps needs a non-negative integer, got '%s'", v);
+            warmup_set = true;
+        } else if (strcmp(a, "--clip-grad-norm") == 0) {
+            NEED_VALUE();
+            if (!parse_f(v, &t->clip_grad_norm) || !(t->clip_grad_norm > 0) || isinf(t->clip_grad_norm))
+                status = cli_usage(cmd, "--clip-grad-norm needs a positive number, got '%s'", v);
+        } else if (strcmp(a, "--no-decay") == 0) {
+            NEED_VALUE();
+            t->n_no_decay = take_names(v, &no_decay_copy, &t->no_decay);
+            if (t->n_no_decay < 0) status = cli_usage(cmd, "out of memory");
+            else if (t->n_no_decay == 0) status = cli_usage(cmd, "--no-decay needs name patterns, got '%s'", v);
         } else if (strcmp(a, "--lr") == 0 || strcmp(a, "--momentum") == 0 || strcmp(a, "--weight-decay") == 0 ||
                    strcmp(a, "--beta1") == 0 || strcmp(a, "--beta2") == 0 || strcmp(a, "--eps") == 0) {
             NEED_VALUE();
@@ -217,7 +263,7 @@ static int parse_flags(const char *cmd, int argc, char **argv, CompileFlags *f) 
             }
             if (strcmp(a, "--lr") == 0) t->lr = x;
             else if (strcmp(a, "--momentum") == 0) t->momentum = x, momentum_set = true;
-            else if (strcmp(a, "--weight-decay") == 0) t->weight_decay = x;
+            else if (strcmp(a, "--weight-decay") == 0) t->weight_decay = x, decay_set = true;
             else if (strcmp(a, "--beta1") == 0) t->beta1 = x;
             else if (strcmp(a, "--beta2") == 0) t->beta2 = x;
             else t->eps = x;
@@ -225,11 +271,7 @@ static int parse_flags(const char *cmd, int argc, char **argv, CompileFlags *f) 
             t->nesterov = true;
         } else if (strcmp(a, "--freeze") == 0) {
             NEED_VALUE();
-            free(freeze_copy);
-            freeze_copy = strdup(v);
-            const char **names = NULL;
-            t->n_freeze = freeze_copy ? split_names(freeze_copy, &names) : -1;
-            t->freeze = names;
+            t->n_freeze = take_names(v, &freeze_copy, &t->freeze);
             if (t->n_freeze < 0) status = cli_usage(cmd, "out of memory");
         } else if (strcmp(a, "--emit") == 0) {
             NEED_VALUE();
@@ -282,12 +324,7 @@ static int parse_flags(const char *cmd, int argc, char **argv, CompileFlags *f) 
             o.schedule = v;
         } else if (strcmp(a, "--stages") == 0) {
             NEED_VALUE();
-            free(stages_copy);
-            free((void *)o.cuts);
-            stages_copy = strdup(v);
-            const char **names = NULL;
-            o.n_cuts = stages_copy ? split_names(stages_copy, &names) : -1;
-            o.cuts = names;
+            o.n_cuts = take_names(v, &stages_copy, &o.cuts);
             if (o.n_cuts < 0) status = cli_usage(cmd, "out of memory");
             else if (o.n_cuts == 0) status = cli_usage(cmd, "--stages needs node names, got '%s'", v);
         } else if (strcmp(a, "--bucket-mb") == 0) {
@@ -326,17 +363,26 @@ static int parse_flags(const char *cmd, int argc, char **argv, CompileFlags *f) 
         else if (t->accumulate > 1 && o.batch > ((int64_t)1 << 31) / t->accumulate)
             status = cli_usage(cmd, "--batch %lld x --accumulate %lld is above 2^31 rows a step", (long long)o.batch,
                                (long long)t->accumulate);
+        else if (warmup_set && !t->lr_schedule_set)
+            status = cli_usage(cmd, "--warmup-steps needs --lr-schedule (constant, linear or cosine)");
     }
     if (status < 0 && t->optimizer == OPT_MOMENTUM && !momentum_set) t->momentum = 0.9f;
+    /* torch.optim.AdamW's default; the others', 0 */
+    if (status < 0 && t->optimizer == OPT_ADAMW && !decay_set) t->weight_decay = 0.01f;
+    if (status < 0 && t->n_no_decay > 0 && !(t->weight_decay > 0))
+        status = cli_usage(cmd, "--no-decay needs weight decay (--weight-decay, or --optimizer adamw)");
     f->o = o;
     f->freeze_copy = freeze_copy;
     f->stages_copy = stages_copy;
+    f->no_decay_copy = no_decay_copy;
     return status;
 }
 
 static void free_flags(CompileFlags *f) {
     free((void *)f->o.train.freeze);
     free(f->freeze_copy);
+    free((void *)f->o.train.no_decay);
+    free(f->no_decay_copy);
     free((void *)f->o.cuts);
     free(f->stages_copy);
 }
@@ -373,6 +419,7 @@ int cmd_compile(int argc, char **argv) {
         status = ok ? 0 : cli_fail(&d);
     }
     if (pf.cuts) f.o.cuts = NULL; /* the plan file's, freed with it (--stages cannot come with --plan) */
+    if (pf.no_decay) f.o.train.no_decay = NULL; /* the same, and --no-decay */
     plan_file_free(&pf);
     free_flags(&f);
     return status;

@@ -223,9 +223,14 @@ static bool build_step_fn(Cg *c, const char *name, int prog, int pass, const Ran
         case STEP_RECV:
             call_rt(c, "cleave_rt_recv", 2, peer_tag, at_offset(c, arena, off), st->bytes);
             break;
-        case STEP_ALLREDUCE:
-            call_rt(c, "cleave_rt_group_allreduce", 1, &st->group, at_offset(c, arena, off), st->bytes / 4);
+        case STEP_ALLREDUCE: {
+            /* Groups past the stages' are each replica's stages: the one
+             * program of a stage names its own replica's as group P, and
+             * the runtime knows which replica that is (rt_abi.h). */
+            int group = st->group < p->n_stages ? st->group : p->n_stages;
+            call_rt(c, "cleave_rt_group_allreduce", 1, &group, at_offset(c, arena, off), st->bytes / 4);
             break;
+        }
         case STEP_ACCUMULATE: {
             int64_t acc = pipeline_buffer(p, rp, st->value, -1);
             LLVMValueRef f = accumulate_fn(c, acc_cache, st->value);

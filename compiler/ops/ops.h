@@ -108,6 +108,14 @@ typedef struct OpDef {
      * range, cg_checked_index), so the node never runs another node's
      * kernel (codegen/cg_share.c), whose message would name that one. */
     bool names_node;
+    /* Bit i: input i is a once-per-step sum the node adds into (it is
+     * also in mutates_inputs) over what its own stage holds.  With stages,
+     * the plan runs every such node of a stage before the stage's other
+     * once-per-step work, then sums input i over the stages of the replica
+     * (STEP_ALLREDUCE over the replica's group), and runs every
+     * once-per-step node that reads the sum on every stage.  Gradient
+     * clipping's sum of squares (GradNormSq). */
+    uint32_t stage_sums;
 } OpDef;
 
 enum { DENSE_GEMM = 1, DENSE_CONV = 2 };

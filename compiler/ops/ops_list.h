@@ -30,3 +30,5 @@ X(DropoutTrain)
 X(ResizeGrad)
 /* the gradient of Gather (ops_gather.c) */
 X(GatherGrad)
+/* gradient clipping (ops_train.c) */
+X(GradNormSq) X(ClipCoef)

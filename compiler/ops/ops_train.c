@@ -317,10 +317,28 @@ static bool cg_reduce_grad(Cg *c, const Node *n) {
 
 /* ---- optimizer updates (no outputs; parameters updated in place) ---- */
 
+/* SGD(w, g, lr, [momentum_buffer], [clip]) and Adam(w, g, m, v, lr, step,
+ * [clip]): the optional last input is ClipCoef's factor, the momentum
+ * buffer's slot left empty before it when there is none. */
+enum { SGD_CLIP = 4, ADAM_CLIP = 6 };
+
 static bool infer_update(OpCtx *c, Node *n) {
     if (value_numel(n->in[0]) != value_numel(n->in[1]))
         return op_error(c, n, "gradient '%s' does not match parameter '%s'", n->in[1]->name, n->in[0]->name);
+    int clip = strcmp(n->op_type, "Adam") == 0 ? ADAM_CLIP : SGD_CLIP;
+    if (n->n_in > clip && n->in[clip] && value_numel(n->in[clip]) != 1)
+        return op_error(c, n, "the clipping factor '%s' must be a scalar", n->in[clip]->name);
     return true;
+}
+
+/* The gradient element g as the update reads it: times the clipping
+ * factor first, as clip_grad_norm_ scales p.grad before the step. */
+static LLVMValueRef clipped(Cg *c, LLVMValueRef g, LLVMValueRef factor) {
+    return factor ? LLVMBuildFMul(c->b, g, factor, "") : g;
+}
+
+static LLVMValueRef clip_factor(Cg *c, const Node *n, int slot) {
+    return n->n_in > slot && n->in[slot] ? cg_load(c, n->in[slot], cg_i64(c, 0)) : NULL;
 }
 
 /* torch.optim.SGD: g += wd*w; v = mu*v + g; g = nesterov ? g + mu*v : v;
@@ -330,10 +348,10 @@ static bool cg_sgd(Cg *c, const Node *n) {
     float wd = node_attr_f(n, "weight_decay", 0), mu = node_attr_f(n, "momentum", 0);
     bool nesterov = node_attr_i(n, "nesterov", 0) != 0;
     if (!cg_kernel_begin_io(c, n)) return false;
-    LLVMValueRef rate = cg_load(c, lr, cg_i64(c, 0));
+    LLVMValueRef rate = cg_load(c, lr, cg_i64(c, 0)), factor = clip_factor(c, n, SGD_CLIP);
     CgLoop l;
     LLVMValueRef i = cg_for(c, &l, cg_i64(c, value_numel(w)));
-    LLVMValueRef wi = cg_load(c, w, i), g = cg_load(c, gr, i);
+    LLVMValueRef wi = cg_load(c, w, i), g = clipped(c, cg_load(c, gr, i), factor);
     if (wd != 0) g = LLVMBuildFAdd(c->b, g, LLVMBuildFMul(c->b, wi, cg_f32(c, wd), ""), "");
     if (v) {
         LLVMValueRef vi = LLVMBuildFAdd(c->b, LLVMBuildFMul(c->b, cg_load(c, v, i), cg_f32(c, mu), ""), g, "");
@@ -348,11 +366,15 @@ static bool cg_sgd(Cg *c, const Node *n) {
 
 /* torch.optim.Adam (amsgrad off): g += wd*w; m = b1*m + (1-b1)*g;
  * v = b2*v + (1-b2)*g*g; w -= (lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps)
- * with bc = 1 - beta^t computed in double, as torch does in Python. */
+ * with bc = 1 - beta^t computed in double, as torch does in Python.
+ * With "decoupled" it is torch.optim.AdamW: g is left alone and w is
+ * first multiplied by 1 - lr*wd (that factor in double, as torch's
+ * Python float, then rounded for the float32 multiply). */
 static bool cg_adam(Cg *c, const Node *n) {
     const Value *w = n->in[0], *gr = n->in[1], *m = n->in[2], *v = n->in[3], *lr = n->in[4], *st = n->in[5];
     double b1 = node_attr_f(n, "beta1", 0.9f), b2 = node_attr_f(n, "beta2", 0.999f);
     float eps = node_attr_f(n, "eps", 1e-8f), wd = node_attr_f(n, "weight_decay", 0);
+    bool decoupled = node_attr_i(n, "decoupled", 0) != 0;
     if (!cg_kernel_begin_io(c, n)) return false;
     LLVMValueRef t = LLVMBuildFPExt(c->b, cg_load(c, st, cg_i64(c, 0)), c->t_f64, "");
     LLVMTypeRef ps[2] = {c->t_f64, c->t_f64};
@@ -369,10 +391,17 @@ static bool cg_adam(Cg *c, const Node *n) {
     LLVMValueRef sqrt64 = LLVMGetNamedFunction(c->mod, "llvm.sqrt.f64");
     if (!sqrt64) sqrt64 = LLVMAddFunction(c->mod, "llvm.sqrt.f64", LLVMFunctionType(c->t_f64, &p1, 1, 0));
     LLVMValueRef sbc2 = LLVMBuildFPTrunc(c->b, LLVMBuildCall2(c->b, LLVMFunctionType(c->t_f64, &p1, 1, 0), sqrt64, &bc2, 1, ""), c->t_f32, "");
+    LLVMValueRef shrink = NULL;
+    if (decoupled && wd != 0)
+        shrink = LLVMBuildFPTrunc(
+            c->b, LLVMBuildFSub(c->b, one, LLVMBuildFMul(c->b, lr64, LLVMConstReal(c->t_f64, wd), ""), ""),
+            c->t_f32, "");
+    LLVMValueRef factor = clip_factor(c, n, ADAM_CLIP);
     CgLoop l;
     LLVMValueRef i = cg_for(c, &l, cg_i64(c, value_numel(w)));
-    LLVMValueRef wi = cg_load(c, w, i), g = cg_load(c, gr, i);
-    if (wd != 0) g = LLVMBuildFAdd(c->b, g, LLVMBuildFMul(c->b, wi, cg_f32(c, wd), ""), "");
+    LLVMValueRef wi = cg_load(c, w, i), g = clipped(c, cg_load(c, gr, i), factor);
+    if (shrink) wi = LLVMBuildFMul(c->b, wi, shrink, "");
+    else if (wd != 0) g = LLVMBuildFAdd(c->b, g, LLVMBuildFMul(c->b, wi, cg_f32(c, wd), ""), "");
     /* torch's lerp_(g, 1-b1) computes m + (1-b1)*(g-m) */
     LLVMValueRef mi = cg_load(c, m, i);
     mi = LLVMBuildFAdd(c->b, mi, LLVMBuildFMul(c->b, cg_f32(c, 1.0 - b1), LLVMBuildFSub(c->b, g, mi, ""), ""), "");
@@ -384,6 +413,72 @@ static bool cg_adam(Cg *c, const Node *n) {
     LLVMValueRef upd = LLVMBuildFMul(c->b, step_size, LLVMBuildFDiv(c->b, mi, denom, ""), "");
     cg_store(c, w, i, LLVMBuildFSub(c->b, wi, upd, ""));
     cg_for_end(c, &l);
+    cg_kernel_end(c);
+    return true;
+}
+
+/* ---- gradient clipping: GradNormSq(g, sum) and ClipCoef(sum) -> factor ---- */
+
+static bool infer_grad_norm_sq(OpCtx *c, Node *n) {
+    if (n->in[1]->dtype != DT_FLOAT || value_numel(n->in[1]) != 1)
+        return op_error(c, n, "the sum of squares '%s' must be a float32 scalar", n->in[1]->name);
+    return true;
+}
+
+/* sum += the sum of g's squares.  Blocks of GRAD_NORM_BLOCK elements are
+ * summed in float32 vector lanes (cg_row_sum) and the blocks in double, so
+ * that a gradient of millions of elements loses no more than a block's
+ * rounding, in an order that depends only on its size. */
+enum { GRAD_NORM_BLOCK = 1024 };
+static bool cg_grad_norm_sq(Cg *c, const Node *n) {
+    const Value *g = n->in[0], *sum = n->in[1];
+    int64_t count = value_numel(g), blocks = count / GRAD_NORM_BLOCK, rest = count % GRAD_NORM_BLOCK;
+    if (!cg_kernel_begin_io(c, n)) return false;
+    LLVMValueRef acc = cg_alloca(c, c->t_f64);
+    LLVMBuildStore(c->b, LLVMBuildFPExt(c->b, cg_load(c, sum, cg_i64(c, 0)), c->t_f64, ""), acc);
+    if (blocks > 0) {
+        CgLoop l;
+        LLVMValueRef b = cg_for(c, &l, cg_i64(c, blocks));
+        LLVMValueRef part = cg_row_sum(c, CG_SUM_SQUARES, g, cg_mul(c, b, GRAD_NORM_BLOCK), NULL, NULL, GRAD_NORM_BLOCK);
+        LLVMBuildStore(c->b, LLVMBuildFAdd(c->b, LLVMBuildLoad2(c->b, c->t_f64, acc, ""),
+                                           LLVMBuildFPExt(c->b, part, c->t_f64, ""), ""), acc);
+        cg_for_end(c, &l);
+    }
+    if (rest > 0) {
+        LLVMValueRef part = cg_row_sum(c, CG_SUM_SQUARES, g, cg_i64(c, blocks * GRAD_NORM_BLOCK), NULL, NULL, rest);
+        LLVMBuildStore(c->b, LLVMBuildFAdd(c->b, LLVMBuildLoad2(c->b, c->t_f64, acc, ""),
+                                           LLVMBuildFPExt(c->b, part, c->t_f64, ""), ""), acc);
+    }
+    cg_store(c, sum, cg_i64(c, 0), LLVMBuildFPTrunc(c->b, LLVMBuildLoad2(c->b, c->t_f64, acc, ""), c->t_f32, ""));
+    cg_kernel_end(c);
+    return true;
+}
+
+static double flops_grad_norm_sq(const Node *n) {
+    int64_t e = value_numel(n->in[0]);
+    return e < 0 ? 0 : 2.0 * (double)e;
+}
+
+static bool infer_clip_coef(OpCtx *c, Node *n) {
+    if (n->in[0]->dtype != DT_FLOAT || value_numel(n->in[0]) != 1)
+        return op_error(c, n, "the sum of squares '%s' must be a float32 scalar", n->in[0]->name);
+    set_out(n, 0, DT_FLOAT, 0, NULL);
+    return true;
+}
+
+/* factor = min(1, C / (norm + 1e-6)) with norm = sqrt(sum), in float32 as
+ * clip_grad_norm_ computes it on its float32 total_norm; then sum = 0 for
+ * the next step's GradNormSq nodes to add into. */
+static bool cg_clip_coef(Cg *c, const Node *n) {
+    const Value *sum = n->in[0], *factor = n->out[0];
+    if (!cg_kernel_begin_io(c, n)) return false;
+    LLVMValueRef sq = cg_load(c, sum, cg_i64(c, 0));
+    LLVMValueRef norm = cg_math(c, "sqrt", sq, NULL);
+    LLVMValueRef coef = LLVMBuildFDiv(c->b, cg_f32(c, node_attr_f(n, "max_norm", 1)),
+                                      LLVMBuildFAdd(c->b, norm, cg_f32(c, 1e-6f), ""), "");
+    LLVMValueRef over = LLVMBuildFCmp(c->b, LLVMRealOLT, coef, cg_f32(c, 1), "");
+    cg_store(c, factor, cg_i64(c, 0), LLVMBuildSelect(c->b, over, coef, cg_f32(c, 1), ""));
+    cg_store(c, sum, cg_i64(c, 0), cg_f32(c, 0));
     cg_kernel_end(c);
     return true;
 }
@@ -400,7 +495,9 @@ static const AttrSpec attrs_reduce_grad[] = {{"axes", ATTR_INTS}, {"scale", ATTR
 static const AttrSpec attrs_sgd[] = {
     {"momentum", ATTR_FLOAT, .f = 0}, {"nesterov", ATTR_INT, .i = 0}, {"weight_decay", ATTR_FLOAT, .f = 0}, {0}};
 static const AttrSpec attrs_adam[] = {{"beta1", ATTR_FLOAT, .f = 0.9f}, {"beta2", ATTR_FLOAT, .f = 0.999f},
-                                      {"eps", ATTR_FLOAT, .f = 1e-8f}, {"weight_decay", ATTR_FLOAT, .f = 0}, {0}};
+                                      {"eps", ATTR_FLOAT, .f = 1e-8f}, {"weight_decay", ATTR_FLOAT, .f = 0},
+                                      {"decoupled", ATTR_INT, .i = 0}, {0}};
+static const AttrSpec attrs_clip_coef[] = {{"max_norm", ATTR_FLOAT, .f = 1}, {0}};
 
 const OpDef op_SoftmaxCrossEntropyLoss = {"SoftmaxCrossEntropyLoss", "", 12, 0, 2, 3, 1, 2, attrs_sce, 0, infer_sce,
                                           NULL, flops_sce, .grad = grad_sce, .cg = cg_sce};
@@ -415,5 +512,12 @@ const OpDef op_TanhGrad = {"TanhGrad", "cleave", 1, 0, 2, 2, 1, 1, attrs_none, 0
 const OpDef op_SoftmaxGrad = {"SoftmaxGrad", "cleave", 1, 0, 2, 2, 1, 1, attrs_axis, 0, infer_like_first, NULL, NULL, .cg = cg_softmax_grad};
 const OpDef op_LogSoftmaxGrad = {"LogSoftmaxGrad", "cleave", 1, 0, 2, 2, 1, 1, attrs_axis, 0, infer_like_first, NULL, NULL, .cg = cg_logsoftmax_grad};
 const OpDef op_ReduceGrad = {"ReduceGrad", "cleave", 1, 0, 2, 2, 1, 1, attrs_reduce_grad, 0, infer_reduce_grad, NULL, NULL, .cg = cg_reduce_grad};
-const OpDef op_SGD = {"SGD", "cleave", 1, 0, 3, 4, 0, 0, attrs_sgd, 0, infer_update, NULL, flops_update, .cg = cg_sgd, .mutates_inputs = 1u | (1u << 3)};
-const OpDef op_Adam = {"Adam", "cleave", 1, 0, 6, 6, 0, 0, attrs_adam, 0, infer_update, NULL, flops_update, .cg = cg_adam, .mutates_inputs = 1u | (1u << 2) | (1u << 3)};
+const OpDef op_SGD = {"SGD", "cleave", 1, 0, 3, 5, 0, 0, attrs_sgd, 0, infer_update, NULL, flops_update, .cg = cg_sgd, .mutates_inputs = 1u | (1u << 3)};
+const OpDef op_Adam = {"Adam", "cleave", 1, 0, 6, 7, 0, 0, attrs_adam, 0, infer_update, NULL, flops_update, .cg = cg_adam, .mutates_inputs = 1u | (1u << 2) | (1u << 3)};
+/* Input 1 is a sum GradNormSq adds into: with stages, the plan sums it over
+ * the stages of a replica before ClipCoef reads it (OpDef.stage_sums). */
+const OpDef op_GradNormSq = {"GradNormSq", "cleave", 1, 0, 2, 2, 0, 0, attrs_none, 0, infer_grad_norm_sq, NULL,
+                             flops_grad_norm_sq, .cg = cg_grad_norm_sq, .mutates_inputs = 1u << 1,
+                             .stage_sums = 1u << 1};
+const OpDef op_ClipCoef = {"ClipCoef", "cleave", 1, 0, 1, 1, 1, 1, attrs_clip_coef, 0, infer_clip_coef, NULL, NULL,
+                           .cg = cg_clip_coef, .mutates_inputs = 1u};

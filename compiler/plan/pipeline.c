@@ -46,6 +46,13 @@ typedef struct Ctx {
     SchedKind sched;
     int *stage;            /* by node id */
     NodeList *fwd, *bwd, *sum, *opt; /* per stage, in topological order */
+    /* Once-per-step nodes adding into a sum over the stages (OpDef.stage_sums),
+     * per stage; the sums themselves; and by node id, the once-per-step
+     * nodes that read a sum and so run on every stage. */
+    NodeList *norm;
+    Value **summed;
+    int n_summed;
+    unsigned char *everywhere;
     unsigned char *reads;    /* [value id * P + stage]: a non-optimizer node of the stage reads it */
     unsigned char *grad;     /* by value id: computed, and read by an optimizer update */
     unsigned char *acc;      /* by value id: accumulated over micro-batches */
@@ -107,6 +114,34 @@ static bool add_xfer(Ctx *c, Value *v, XferDir dir, int src, int dst, bool eval)
 static bool list_add(NodeList *l, Node *n, int cap) {
     if (!l->a && !(l->a = malloc(sizeof *l->a * (size_t)(cap ? cap : 1)))) return false;
     l->a[l->n++] = n;
+    return true;
+}
+
+static bool adds_stage_sum(const Node *n) { return n->def && n->def->stage_sums; }
+
+/* The values some node sums over the stages (OpDef.stage_sums), and the
+ * once-per-step nodes reading one: they run on every stage, each on the
+ * total its stage received, so what they compute is there for every
+ * update without a transfer. */
+static bool find_stage_sums(Ctx *c) {
+    Graph *g = c->g;
+    c->summed = malloc(sizeof *c->summed * (size_t)(g->n_values + 1));
+    if (!c->summed) return nomem(c);
+    GRAPH_FOR_NODES(g, n) {
+        for (int k = 0; k < n->n_in && adds_stage_sum(n); k++) {
+            Value *v = n->in[k];
+            if (!v || !((n->def->stage_sums >> k) & 1)) continue;
+            bool known = false;
+            for (int i = 0; i < c->n_summed && !known; i++) known = c->summed[i] == v;
+            if (!known) c->summed[c->n_summed++] = v;
+        }
+    }
+    GRAPH_FOR_NODES(g, n) {
+        if (n->phase != PHASE_OPTIMIZER || adds_stage_sum(n)) continue;
+        for (int k = 0; k < n->n_in; k++)
+            for (int i = 0; i < c->n_summed; i++)
+                if (n->in[k] == c->summed[i]) c->everywhere[n->id] = 1;
+    }
     return true;
 }
 
@@ -214,7 +249,7 @@ static bool analyse(Ctx *c, const StageSplit *sp) {
             return diag_error(c->d, DIAG_INTERNAL, "%s: node '%s' (%s) has no pipeline stage", g->path, n->name,
                               n->op_type);
     }
-    if (!defer_sums(c)) return false;
+    if (!defer_sums(c) || !find_stage_sums(c)) return false;
     int count;
     Node **topo = ir_topo_order(g, &count, c->d);
     if (!topo) return false;
@@ -245,19 +280,24 @@ static bool analyse(Ctx *c, const StageSplit *sp) {
         }
         /* An update runs on its own stage and on every stage that reads
          * its parameter, so that the copies stay identical; the gradient
-         * it reads comes summed from the stage computing it. */
+         * it reads comes summed from the stage computing it.  A node
+         * adding into a sum over the stages runs on its own stage only,
+         * so that each gradient counts once; one reading such a sum, on
+         * every stage. */
         memset(targets, 0, (size_t)P);
         targets[s] = 1;
-        for (int k = 0; k < n->n_in; k++)
+        for (int k = 0; k < n->n_in && !adds_stage_sum(n); k++)
             if (n->in[k] && n->in[k]->kind == VAL_INITIALIZER)
                 for (int q = 0; q < P; q++) targets[q] |= c->reads[(size_t)n->in[k]->id * P + q];
+        if (c->everywhere[n->id]) memset(targets, 1, (size_t)P);
         for (int q = 0; q < P && ok; q++) {
             if (!targets[q]) continue;
-            ok = list_add(&c->opt[q], n, count) || nomem(c);
+            ok = list_add(adds_stage_sum(n) ? &c->norm[q] : &c->opt[q], n, count) || nomem(c);
             for (int k = 0; k < n->n_in && ok; k++) {
                 Value *v = n->in[k];
                 const Node *pr = live_producer(v);
-                if (pr && c->stage[pr->id] != q) ok = add_xfer(c, v, XFER_GRAD_SUM, c->stage[pr->id], q, false);
+                if (pr && !c->everywhere[pr->id] && c->stage[pr->id] != q)
+                    ok = add_xfer(c, v, XFER_GRAD_SUM, c->stage[pr->id], q, false);
             }
         }
     }
@@ -378,9 +418,13 @@ static void wait_buckets(Ctx *c, Seq *q, const PlanStep *st, unsigned char *wait
 
 /* Once per global batch: partial sums of shared weights' gradients to
  * the stage that totals them, the totals, their sum over replicas, the
- * totals to the other stages holding the weight, then the updates.  Every
- * rank sends before it waits at each turn, so no turn can deadlock.  The
- * waits for bucketed sums go before the first step reading them. */
+ * totals to the other stages holding the weight, the nodes adding into
+ * sums over the stages (gradient clipping's sum of squares: it needs every
+ * gradient of the stage final) and those sums over the stages of the
+ * replica, then the updates.  Every rank sends before it waits at each
+ * turn, and every stage joins each sum over the stages, so no turn can
+ * deadlock.  The waits for bucketed sums go before the first step reading
+ * them. */
 static void emit_flush(Ctx *c, Seq *q, const RankPlan *rp, int replica, int s, unsigned char *waited) {
     Seq f = {0};
     emit_grad_sums(c, &f, replica, s, STEP_SEND, false);
@@ -391,6 +435,12 @@ static void emit_flush(Ctx *c, Seq *q, const RankPlan *rp, int replica, int s, u
     if (c->D > 1) emit_allreduce(c, &f, &c->sum[s], s); /* the bucketed ones are summed already */
     emit_grad_sums(c, &f, replica, s, STEP_SEND, true);
     emit_grad_sums(c, &f, replica, s, STEP_RECV, true);
+    for (int i = 0; i < c->norm[s].n; i++)
+        emit(&f, (PlanStep){.kind = STEP_COMPUTE, .node = c->norm[s].a[i], .micro = -1, .peer = -1, .group = -1,
+                            .xfer = -1});
+    for (int i = 0; c->P > 1 && i < c->n_summed; i++)
+        emit(&f, (PlanStep){.kind = STEP_ALLREDUCE, .micro = -1, .peer = -1, .group = c->P + replica, .xfer = -1,
+                            .value = c->summed[i], .bytes = plan_value_bytes(c->summed[i])});
     for (int i = 0; i < c->opt[s].n; i++)
         emit(&f, (PlanStep){.kind = STEP_COMPUTE, .node = c->opt[s].a[i], .micro = -1, .peer = -1, .group = -1,
                             .xfer = -1});
@@ -701,8 +751,10 @@ static bool fill_plan(Ctx *c, const StageSplit *sp, int64_t batch) {
     p->node_stage = c->stage;
     p->n_xfers = c->n_xf;
     p->xfers = ARENA_ARRAY(&g->arena, PlanXfer, c->n_xf ? c->n_xf : 1);
-    p->n_groups = P;
-    p->groups = ARENA_ARRAY(&g->arena, PlanGroup, P);
+    /* the replicas of each stage; then, for sums over the stages, the
+     * stages of each replica */
+    p->n_groups = P + (P > 1 && c->n_summed ? c->D : 0);
+    p->groups = ARENA_ARRAY(&g->arena, PlanGroup, p->n_groups);
     p->ranks = ARENA_ARRAY(&g->arena, RankPlan, n_ranks);
     p->tag_bound = c->n_channels * (c->M + 1);
     if (!p->xfers || !p->groups || !p->ranks) return nomem(c);
@@ -712,6 +764,12 @@ static bool fill_plan(Ctx *c, const StageSplit *sp, int64_t batch) {
         p->groups[s].ranks = ARENA_ARRAY(&g->arena, int, c->D);
         if (!p->groups[s].ranks) return nomem(c);
         for (int r = 0; r < c->D; r++) p->groups[s].ranks[r] = rank_of(c, r, s);
+    }
+    for (int k = P; k < p->n_groups; k++) {
+        p->groups[k].n = P;
+        p->groups[k].ranks = ARENA_ARRAY(&g->arena, int, P);
+        if (!p->groups[k].ranks) return nomem(c);
+        for (int s = 0; s < P; s++) p->groups[k].ranks[s] = rank_of(c, k - P, s);
     }
     return true;
 }
@@ -750,28 +808,35 @@ bool plan_hybrid_weighted(Graph *g, const TrainGraph *t, int64_t batch, int dp, 
     c.bwd = calloc((size_t)n_stages, sizeof *c.bwd);
     c.sum = calloc((size_t)n_stages, sizeof *c.sum);
     c.opt = calloc((size_t)n_stages, sizeof *c.opt);
+    c.norm = calloc((size_t)n_stages, sizeof *c.norm);
+    c.everywhere = calloc((size_t)nn + 1, 1);
     c.reads = calloc((size_t)nv * (size_t)n_stages + 1, 1);
     c.grad = calloc((size_t)nv + 1, 1);
     c.acc = calloc((size_t)nv + 1, 1);
     c.deferred = calloc((size_t)nn + 1, 1);
     c.xfer_head = malloc(sizeof *c.xfer_head * (size_t)(nv + 1));
-    bool ok = c.stage && c.fwd && c.bwd && c.sum && c.opt && c.reads && c.grad && c.acc && c.deferred && c.xfer_head;
+    bool ok = c.stage && c.fwd && c.bwd && c.sum && c.opt && c.norm && c.everywhere && c.reads && c.grad && c.acc &&
+              c.deferred && c.xfer_head;
     if (!ok) nomem(&c);
     if (ok) {
         for (int v = 0; v < nv; v++) c.xfer_head[v] = -1;
         ok = analyse(&c, &sp) && fill_plan(&c, &sp, batch) && build_ranks(&c);
     }
     if (ok && g->arena.failed) ok = nomem(&c);
-    for (int s = 0; s < n_stages && c.fwd && c.bwd && c.sum && c.opt; s++) {
+    for (int s = 0; s < n_stages && c.fwd && c.bwd && c.sum && c.opt && c.norm; s++) {
         free(c.fwd[s].a);
         free(c.bwd[s].a);
         free(c.sum[s].a);
         free(c.opt[s].a);
+        free(c.norm[s].a);
     }
     free(c.fwd);
     free(c.bwd);
     free(c.sum);
     free(c.opt);
+    free(c.norm);
+    free(c.everywhere);
+    free(c.summed);
     free(c.reads);
     free(c.grad);
     free(c.acc);

@@ -44,6 +44,11 @@
  *   - the total is sent to every other stage reading the weight
  *     (XFER_GRAD_SUM), and each of them runs the weight's optimizer update
  *     too, so the copies stay identical;
+ *   - the nodes adding into a sum over the stages (OpDef.stage_sums:
+ *     gradient clipping's sum of squares), each on the stage where its
+ *     gradient is final, and with P > 1 that sum over the stages of the
+ *     replica (STEP_ALLREDUCE over Plan.groups[P + replica]); the nodes
+ *     reading it (the clipping factor) run on every stage;
  *   - the optimizer updates.
  * The eval step (RankPlan.eval) is the forward units alone, with the
  * transfers forward and loss nodes read.

@@ -45,7 +45,7 @@ typedef struct PlanStep {
     int micro;
     int peer;      /* STEP_SEND, STEP_RECV: the other rank */
     int tag;       /* STEP_SEND, STEP_RECV: unique per (micro-batch, tensor, direction) */
-    int group;     /* STEP_ALLREDUCE: index in Plan.groups */
+    int group;     /* STEP_ALLREDUCE: index in Plan.groups (a stage's replicas or a replica's stages) */
     int xfer;      /* STEP_SEND, STEP_RECV: index in Plan.xfers */
     Value *value;  /* STEP_SEND, STEP_RECV, STEP_ACCUMULATE, STEP_ALLREDUCE */
     int64_t bytes; /* STEP_SEND, STEP_RECV, STEP_ALLREDUCE */
@@ -169,6 +169,9 @@ typedef struct Plan {
     int *node_stage;      /* by node id; optimizer updates of a shared weight run on more stages (see steps) */
     int n_xfers;
     PlanXfer *xfers;
+    /* groups[s] for s < n_stages: the replicas of stage s; after them, in
+     * plans with stages that sum over the stages (OpDef.stage_sums),
+     * groups[n_stages + r]: the stages of replica r. */
     int n_groups;
     PlanGroup *groups;
     int tag_bound; /* every tag is below this */

@@ -176,10 +176,19 @@ static double f2d(float x) {
 }
 
 static json_t *options_json(const TrainOptions *o) {
-    static const char *opt_names[] = {"sgd", "momentum", "adam"};
-    return json_pack("{s:s, s:f, s:f, s:f, s:b, s:f, s:f, s:f}", "name", opt_names[o->optimizer], "lr", f2d(o->lr),
-                     "momentum", f2d(o->momentum), "weight_decay", f2d(o->weight_decay), "nesterov", o->nesterov,
-                     "beta1", f2d(o->beta1), "beta2", f2d(o->beta2), "eps", f2d(o->eps));
+    json_t *opt = json_pack("{s:s, s:f, s:f, s:f, s:b, s:f, s:f, s:f}", "name", optimizer_name(o->optimizer), "lr",
+                            f2d(o->lr), "momentum", f2d(o->momentum), "weight_decay", f2d(o->weight_decay),
+                            "nesterov", o->nesterov, "beta1", f2d(o->beta1), "beta2", f2d(o->beta2), "eps",
+                            f2d(o->eps));
+    if (!opt) return NULL;
+    json_t *spared = json_array();
+    for (int i = 0; i < o->n_no_decay; i++) json_array_append_new(spared, json_string(o->no_decay[i]));
+    json_object_set_new(opt, "no_decay", spared);
+    json_object_set_new(opt, "clip_grad_norm", json_real(f2d(o->clip_grad_norm)));
+    json_object_set_new(opt, "lr_schedule", o->lr_schedule_set ? json_string(lr_schedule_name(o->lr_schedule))
+                                                               : json_null());
+    json_object_set_new(opt, "warmup_steps", json_integer(o->warmup_steps));
+    return opt;
 }
 
 /* What the batch statistics of BatchNormalization's training form cover

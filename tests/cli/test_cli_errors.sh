@@ -100,7 +100,17 @@ OUTP=$WORK/never_written
 expect 2 "no output given" -- "$CLEAVE" compile "$MLP" --batch 8
 expect 2 "--batch is required" -- "$CLEAVE" compile "$MLP" -o "$OUTP"
 expect 2 "--loss must be ce, mse or model, got 'l1'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --loss l1
-expect 2 "--optimizer must be sgd, momentum or adam, got 'rmsprop'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --optimizer rmsprop
+expect 2 "--optimizer must be sgd, momentum, adam or adamw, got 'rmsprop'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --optimizer rmsprop
+# The optimizer's transformer flags (the program's own are checked in tests/py/test_optim.py).
+expect 2 "--lr-schedule must be constant, linear or cosine, got 'step'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --lr-schedule step
+expect 2 "--warmup-steps needs --lr-schedule" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --warmup-steps 10
+expect 2 "--warmup-steps needs a non-negative integer, got '-3'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --lr-schedule linear --warmup-steps -3
+expect 2 "--clip-grad-norm needs a positive number, got '-1'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --clip-grad-norm -1
+expect 2 "--clip-grad-norm needs a positive number, got '0'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --clip-grad-norm 0
+expect 2 "--clip-grad-norm needs a positive number, got 'inf'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --clip-grad-norm inf
+expect 2 "--no-decay needs weight decay \\(--weight-decay, or --optimizer adamw\\)" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --no-decay bias
+expect 2 "--no-decay needs name patterns, got ','" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --optimizer adamw --no-decay ,
+expect 2 "--no-decay: 'nosuch' matches no trained parameter \\(they are: fc1.weight, fc1.bias" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --optimizer adamw --no-decay bias,nosuch
 expect 2 "--lr needs a non-negative number, got 'fast'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --lr fast
 expect 2 "--nesterov needs --optimizer momentum" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --nesterov
 expect 2 "--emit must be exe, obj or llvm" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --emit asm

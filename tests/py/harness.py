@@ -189,6 +189,22 @@ def mpirun(ranks, argv):
     return ["mpirun", "--oversubscribe", "-np", str(ranks)] + list(argv)
 
 
+def run_mpi(ranks, argv, timeout=TIMEOUT):
+    """run() of argv under mpirun on `ranks` processes, with the MCA
+    settings of a shared machine (no single-copy mechanism: containers
+    often forbid it).  Open MPI's launcher sometimes fails to set up its
+    session folder when other mpirun jobs come and go at the same moment
+    ("orte_session_dir failed", before any rank starts): that launch is
+    tried again, twice at most."""
+    env = mpi_env(OMPI_MCA_btl_vader_single_copy_mechanism="none", OMPI_MCA_rmaps_base_oversubscribe="1")
+    for _ in range(3):
+        p, secs = run(mpirun(ranks, argv), env=env, timeout=timeout)
+        if p.returncode == 0 or "orte_session_dir failed" not in p.stderr:
+            break
+        time.sleep(1)
+    return p, secs
+
+
 @contextlib.contextmanager
 def workdir(path, prefix):
     """The folder a script writes into: `path` (created when missing and
@@ -221,3 +237,46 @@ def read_weights(path):
     import onnx
     from onnx import numpy_helper
     return {i.name: numpy_helper.to_array(i) for i in onnx.load(path).graph.initializer}
+
+
+def run_models(models, known, path, prefix, run):
+    """Runs run(report, name, workdir) for each name of the comma-separated
+    `models`, which must all be in `known`, in one workdir(path, prefix);
+    returns the exit status (2 for an unknown name)."""
+    names = [m for m in models.split(",") if m]
+    unknown = [m for m in names if m not in known]
+    if unknown:
+        print("unknown models %s (known: %s)" % (unknown, ", ".join(known)))
+        return 2
+    rep = Report()
+    with workdir(path, prefix) as work:
+        for name in names:
+            run(rep, name, work)
+    return rep.summary()
+
+
+def train_against(rep, tag, argv, ranks, metrics, ref_losses, rtol, atol):
+    """Runs a compiled program (argv, writing --metrics to `metrics`) on
+    `ranks` processes and checks that it trains and that its per-step
+    losses are ref_losses; returns whether it trained."""
+    if ranks > 1:
+        argv = mpirun(ranks, argv)
+    p, _ = run(argv, env=mpi_env(), timeout=900)
+    if not rep.check("%s: trains" % tag, p.returncode == 0, failure(argv, p)):
+        return False
+    losses = read_losses(metrics)
+    ok, detail = compare(losses, ref_losses, rtol, atol)
+    rep.check("%s: %d losses match PyTorch's (float64)" % (tag, len(ref_losses)),
+              ok and len(losses) == len(ref_losses), detail)
+    return True
+
+
+def model_args(env, default):
+    """The arguments of a script that trains models: --cleave, --workdir
+    and --models (default: the environment variable env, else default)."""
+    import argparse
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cleave", required=True)
+    ap.add_argument("--workdir")
+    ap.add_argument("--models", default=os.environ.get(env, default))
+    return ap.parse_args()

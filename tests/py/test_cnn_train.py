@@ -43,7 +43,6 @@ architectures (the sanitizer build runs two).
     /usr/bin/python3 tests/py/test_cnn_train.py --cleave build/cleave --workdir /tmp/w [--models resnet18,cnn1d]
 """
 
-import argparse
 import copy
 import json
 import os
@@ -355,24 +354,13 @@ def run_model(rep, cleave, name, work):
         argv = [prog, "--data", "input=" + os.path.join(work, name + "_x.npy"),
                 "--data", "labels=" + os.path.join(work, name + "_y.npy"), "--steps", str(STEPS),
                 "--metrics", metrics, "--save", saved]
-        if ranks > 1:
-            argv = harness.mpirun(ranks, argv)
-        p, _ = harness.run(argv, env=harness.mpi_env(), timeout=900)
-        if not rep.check("%s: trains" % tag, p.returncode == 0, harness.failure(argv, p)):
-            continue
-        losses = harness.read_losses(metrics)
-        ok, detail = harness.compare(losses, ref_losses, LOSS_RTOL, LOSS_ATOL)
-        rep.check("%s: %d losses match PyTorch's (float64)" % (tag, STEPS), ok and len(losses) == STEPS, detail)
-        check_weights(rep, tag, harness.read_weights(saved), state, start, torch_step_err)
+        if harness.train_against(rep, tag, argv, ranks, metrics, ref_losses, LOSS_RTOL, LOSS_ATOL):
+            check_weights(rep, tag, harness.read_weights(saved), state, start, torch_step_err)
 
 
 def main():
     global torch, np
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--cleave", required=True)
-    ap.add_argument("--workdir")
-    ap.add_argument("--models", default=os.environ.get("CLEAVE_CNN_MODELS", ",".join(MODELS)))
-    args = ap.parse_args()
+    args = harness.model_args("CLEAVE_CNN_MODELS", ",".join(MODELS))
     why = harness.missing(modules=("torch", "torchvision", "onnx", "numpy"), programs=("mpirun",))
     if why:
         return harness.skip(why)
@@ -380,16 +368,8 @@ def main():
     import torch as t
     torch, np = t, numpy
     torch.set_num_threads(1)
-    names = [m for m in args.models.split(",") if m]
-    unknown = [m for m in names if m not in MODELS]
-    if unknown:
-        print("unknown models %s (known: %s)" % (unknown, ", ".join(MODELS)))
-        return 2
-    rep = harness.Report()
-    with harness.workdir(args.workdir, "cleave_cnn_") as work:
-        for name in names:
-            run_model(rep, args.cleave, name, work)
-    return rep.summary()
+    return harness.run_models(args.models, MODELS, args.workdir, "cleave_cnn_",
+                              lambda rep, name, work: run_model(rep, args.cleave, name, work))
 
 
 if __name__ == "__main__":

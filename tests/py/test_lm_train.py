@@ -12,7 +12,10 @@ pick) over [B, 10].
 For each: build it from a fixed seed, export it for training at its opset,
 train STEPS steps in float64 in PyTorch (the reference: batches i*B mod N,
 torch's cross_entropy over the positions with ignore_index -100, which the
-GPT's and BERT's labels use), then compile and train it in cleave under
+GPT's and BERT's labels use; SGD for the encoder and the ViT, and for the
+GPT and BERT AdamW with --no-decay on biases and LayerNorms, the gradient
+clipped at a norm some steps exceed, and a cosine schedule after a warmup
+(Recipe)), then compile and train it in cleave under
 single, dp 2, pipeline 2 (1F1B, 2 micro-batches) and hybrid 2x2 (and the
 encoder with --accumulate 2 of half batches under single, dp 2 and
 pipeline 2, which must train as the whole batch does), and check
@@ -26,15 +29,17 @@ Prints PASS/FAIL lines and `N passed, M failed`; exits 1 on failure, 77
     /usr/bin/python3 tests/py/test_lm_train.py --cleave build/cleave [--workdir /tmp/w] [--models gpt,vit]
 """
 
-import argparse
 import copy
 import json
+import math
 import os
 import sys
 
 import harness
 
 BATCH, N_ROWS, STEPS, LR = 8, 32, 8, 0.05
+ADAMW_LR, WARMUP, NO_DECAY = 3e-3, 2, "bias,ln"
+ADAMW_MODELS = ("gpt", "bert")
 LOSS_RTOL, LOSS_ATOL = 1e-4, 1e-6
 W_RTOL, W_ATOL = 1e-3, 1e-5
 TOKEN_FILES = {"gpt": "uint16", "bert": "int32"}
@@ -59,21 +64,68 @@ def ce(logits, y):
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=-100)
 
 
-def reference(model, x, y):
-    """Float64 SGD on batches i*B mod N: (losses before each update, the
-    state afterwards)."""
+class Recipe:
+    """How a model trains: plain SGD, or what transformers train with:
+    AdamW (weight decay 0.1, none on biases and LayerNorms; eps 1e-6, as
+    BERT's), the gradient clipped to a global norm, a cosine schedule after
+    a warmup.  With Adam's default eps 1e-8, parameters whose gradient is
+    zero but for rounding (the key bias: softmax ignores what it adds to a
+    row) take steps of a sizeable share of lr driven by the rounding alone,
+    in float32 and float64 differently, PyTorch's own float32 run
+    included; eps 1e-6 keeps such steps far below the tolerance."""
+
+    def __init__(self, adamw):
+        self.adamw = adamw
+        self.clip = None  # set from the unclipped run's norms (clip_between)
+
+    def flags(self):
+        if not self.adamw:
+            return ["--lr", repr(LR)]
+        return ["--optimizer", "adamw", "--lr", repr(ADAMW_LR), "--eps", "1e-6", "--weight-decay", "0.1",
+                "--no-decay", NO_DECAY,
+                "--lr-schedule", "cosine", "--warmup-steps", str(WARMUP), "--clip-grad-norm", repr(self.clip)]
+
+    def optimizer(self, model):
+        if not self.adamw:
+            return torch.optim.SGD(model.parameters(), lr=LR), None
+        decay = [p for n, p in model.named_parameters() if not any(k in n for k in NO_DECAY.split(","))]
+        spared = [p for n, p in model.named_parameters() if any(k in n for k in NO_DECAY.split(","))]
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": spared, "weight_decay": 0.0}],
+                                lr=ADAMW_LR, eps=1e-6)
+
+        def cosine(k):  # transformers' get_cosine_schedule_with_warmup
+            if k < WARMUP:
+                return k / WARMUP
+            return max(0.0, 0.5 * (1 + math.cos(math.pi * (k - WARMUP) / max(1, STEPS - WARMUP))))
+        return opt, torch.optim.lr_scheduler.LambdaLR(opt, cosine)
+
+
+def reference(model, x, y, recipe, clip=None):
+    """Float64 training on batches i*B mod N: (losses before each update,
+    the state afterwards, each step's gradient norm before clipping)."""
     model = copy.deepcopy(model).double()
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    losses = []
+    opt, sched = recipe.optimizer(model)
+    losses, norms = [], []
     for s in range(STEPS):
         lo = (s * BATCH) % N_ROWS
         inputs = [v[lo:lo + BATCH].double() if v.is_floating_point() else v[lo:lo + BATCH] for v in x.values()]
         opt.zero_grad()
         loss = ce(model(*inputs), y[lo:lo + BATCH])
         loss.backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip if clip else float("inf"))))
         opt.step()
+        if sched:
+            sched.step()
         losses.append(loss.item())
-    return losses, {k: v.detach().numpy() for k, v in model.state_dict().items() if v.is_floating_point()}
+    return losses, {k: v.detach().numpy() for k, v in model.state_dict().items() if v.is_floating_point()}, norms
+
+
+def clip_between(norms):
+    """A clipping norm some steps exceed and others do not: Adam's update
+    does not change when every step's gradient is scaled alike, so only
+    such a norm shows that the right steps are clipped by the right
+    factor."""
+    return float(sorted(norms)[len(norms) // 2])
 
 
 def check_weights(rep, tag, saved, state, start):
@@ -138,15 +190,21 @@ def run_model(rep, cleave, name, work):
         # token files as people keep them: uint16 (GPT), int32 (BERT)
         np.save(f, v.numpy().astype(TOKEN_FILES[name]) if k == "input" and name in TOKEN_FILES else v.numpy())
         data += ["--data", "%s=%s" % (k, f)]
-    ref_losses, state = reference(model, x, y)
+    recipe = Recipe(name in ADAMW_MODELS)
+    ref_losses, state, norms = reference(model, x, y, recipe)
+    if recipe.adamw:
+        recipe.clip = clip_between(norms)
+        ref_losses, state, norms = reference(model, x, y, recipe, recipe.clip)
+        print("%s: AdamW, cosine schedule after %d warmup steps, clipping at %.4g (norms %s)" %
+              (name, WARMUP, recipe.clip, " ".join("%.3g" % n for n in norms)))
     start = harness.read_weights(path)
     for label, ranks, flags in STRATEGIES + (ACCUMULATE_STRATEGIES if name == "encoder" else []):
         tag = "%s %s" % (name, label)
         prog = os.path.join(work, "%s_%s" % (name, label))
         metrics, saved = prog + ".jsonl", prog + ".trained.onnx"
         batch = [] if "--batch" in flags else ["--batch", str(BATCH)]
-        cmd = [cleave, "compile", path, "-o", prog, "--loss", "ce", "--lr", repr(LR), "--emit-plan",
-               prog + ".plan.json"] + batch + flags
+        cmd = [cleave, "compile", path, "-o", prog, "--loss", "ce", "--emit-plan", prog + ".plan.json"] + \
+            recipe.flags() + batch + flags
         p, _ = harness.run(cmd, timeout=900)
         if not rep.check("%s: compiles" % tag, p.returncode == 0, harness.failure(cmd, p)):
             continue
@@ -155,24 +213,13 @@ def run_model(rep, cleave, name, work):
         if spec.tied and ("pipeline" in label or "hybrid" in label):
             check_tied(rep, tag, prog + ".plan.json", spec.tied)
         argv = [prog] + data + ["--steps", str(STEPS), "--metrics", metrics, "--save", saved]
-        if ranks > 1:
-            argv = harness.mpirun(ranks, argv)
-        p, _ = harness.run(argv, env=harness.mpi_env(), timeout=900)
-        if not rep.check("%s: trains" % tag, p.returncode == 0, harness.failure(argv, p)):
-            continue
-        losses = harness.read_losses(metrics)
-        ok, detail = harness.compare(losses, ref_losses, LOSS_RTOL, LOSS_ATOL)
-        rep.check("%s: %d losses match PyTorch's (float64)" % (tag, STEPS), ok and len(losses) == STEPS, detail)
-        check_weights(rep, tag, harness.read_weights(saved), state, start)
+        if harness.train_against(rep, tag, argv, ranks, metrics, ref_losses, LOSS_RTOL, LOSS_ATOL):
+            check_weights(rep, tag, harness.read_weights(saved), state, start)
 
 
 def main():
     global torch, np, lm
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--cleave", required=True)
-    ap.add_argument("--workdir")
-    ap.add_argument("--models", default=os.environ.get("CLEAVE_LM_MODELS", "encoder,gpt,bert,vit"))
-    args = ap.parse_args()
+    args = harness.model_args("CLEAVE_LM_MODELS", "encoder,gpt,bert,vit")
     why = harness.missing(modules=("torch", "torchvision", "onnx", "numpy"), programs=("mpirun",))
     if why:
         return harness.skip(why)
@@ -182,16 +229,8 @@ def main():
     torch.set_num_threads(1)
     import lm_models
     lm = lm_models
-    names = [m for m in args.models.split(",") if m]
-    unknown = [m for m in names if m not in lm.MODELS]
-    if unknown:
-        print("unknown models %s (known: %s)" % (unknown, ", ".join(lm.MODELS)))
-        return 2
-    rep = harness.Report()
-    with harness.workdir(args.workdir, "cleave_lm_") as work:
-        for name in names:
-            run_model(rep, args.cleave, name, work)
-    return rep.summary()
+    return harness.run_models(args.models, lm.MODELS, args.workdir, "cleave_lm_",
+                              lambda rep, name, work: run_model(rep, args.cleave, name, work))
 
 
 if __name__ == "__main__":

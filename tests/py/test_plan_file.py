@@ -192,7 +192,7 @@ def check_errors(rep, args, work):
          "stage_table: the model has no node named 'no_such_node'", 2),
         ([mutated("table", lambda d: d["stage_table"].pop())], "bad_table.json: stage_table must list the 2 stages", 1),
         ([mutated("opt", lambda d: d["optimizer"].update(name="lbfgs"))],
-         "optimizer.name must be sgd, momentum or adam, got 'lbfgs'", 1),
+         "optimizer.name must be sgd, momentum, adam or adamw, got 'lbfgs'", 1),
         ([mutated("lr", lambda d: d["optimizer"].update(lr=-1))], "optimizer.lr must be a number >= 0", 1),
         ([mutated("loss", lambda d: d.update(loss="hinge"))], "loss must be ce, mse or model, got 'hinge'", 1),
         ([mutated("place", lambda d: d.update(placement="by_stage"))], "placement by_stage needs strategy hybrid", 1),

@@ -34,7 +34,12 @@ def main():
     cases = {"single": [], "dp": ["--ranks", "2", "--strategy", "dp", "--bucket-mb", "0.5"],
              "layer": ["--ranks", "2", "--strategy", "layer"],
              "pipeline": ["--ranks", "2", "--strategy", "pipeline", "--microbatches", "4", "--schedule", "1f1b"],
-             "hybrid": ["--strategy", "hybrid", "--dp", "2", "--pp", "2", "--microbatches", "2"]}
+             "hybrid": ["--strategy", "hybrid", "--dp", "2", "--pp", "2", "--microbatches", "2"],
+             # the optimizer's transformer settings, and the groups of each
+             # replica's stages that clipping sums its squares over
+             "hybrid_clipped": ["--strategy", "hybrid", "--dp", "2", "--pp", "2", "--microbatches", "2",
+                                "--optimizer", "adamw", "--no-decay", "bias", "--clip-grad-norm", "1",
+                                "--lr-schedule", "cosine", "--warmup-steps", "3"]}
     for name, extra in cases.items():
         plan = os.path.join(args.workdir, name + ".json")
         out = os.path.join(args.workdir, name + ".ll")
@@ -47,7 +52,10 @@ def main():
         errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(doc), key=str)
         rep.check("%s plan validates against schemas/plan.schema.json" % name, not errors,
                   "; ".join(e.message for e in errors[:3]))
-        rep.equal("%s plan's strategy" % name, doc["strategy"], name)
+        rep.equal("%s plan's strategy" % name, doc["strategy"], name.split("_")[0])
+        if name == "hybrid_clipped":
+            rep.equal("hybrid_clipped plan's groups (2 stages' replicas, then 2 replicas' stages)",
+                      len(doc["groups"]), 4)
         if name == "dp":
             kinds = {s["kind"] for s in doc["rank_plans"][0]["steps"]}
             rep.check("dp plan records buckets and allreduce steps",

@@ -738,6 +738,12 @@ START_TEST(args_fingerprint) {
     ck_assert(fingerprint("--data x=y --steps 3 --eval-data x=e") !=
               fingerprint("--data x=y --steps 3 --eval-data x=e --predict p.npy"));
     ck_assert(base != fingerprint("--data x=y --steps 3 --check-replicas"));
+    /* the learning rate the replicas update with */
+    ck_assert(base != fingerprint("--data x=y --steps 3 --lr-schedule constant"));
+    ck_assert(fingerprint("--data x=y --steps 3 --lr-schedule linear") !=
+              fingerprint("--data x=y --steps 3 --lr-schedule cosine"));
+    ck_assert(base != fingerprint("--data x=y --steps 3 --warmup-steps 0"));
+    ck_assert(fingerprint("--data x=y --steps 3 --warmup-steps 1") != fingerprint("--data x=y --steps 3 --warmup-steps 2"));
 }
 END_TEST
 
@@ -782,6 +788,15 @@ START_TEST(args_bad) {
                      "unknown option '--a-very-long-option-name-indeed' (see --help)");
     ck_assert_str_eq(args_error("--data x=y --steps 1 --check-replicas=yes", NULL), "--check-replicas takes no value");
     ck_assert_str_eq(args_error("--data x=y --steps 1 --check-replicasx", NULL), "unknown option '--check-replicasx' (see --help)");
+    ck_assert_str_eq(args_error("--data x=y --steps 1 --lr-schedule step", NULL),
+                     "--lr-schedule must be constant, linear or cosine, got 'step'");
+    ck_assert_str_eq(args_error("--data x=y --steps 1 --lr-schedule linear --lr-schedule=cosine", NULL),
+                     "--lr-schedule given twice");
+    ck_assert_str_eq(args_error("--data x=y --steps 1 --warmup-steps -1", NULL),
+                     "--warmup-steps needs an integer of at least 0, got '-1'");
+    ck_assert_str_eq(args_error("--data x=y --steps 1 --warmup-steps 2 --warmup-steps 2", NULL),
+                     "--warmup-steps given twice");
+    ck_assert_str_eq(args_error("--calibrate-comm c.json --warmup-steps 2", NULL), "--calibrate-comm takes no other option");
 }
 END_TEST
 

@@ -299,9 +299,10 @@ def check_training(rep, progs, x, y, xe, ye, files, work):
     lines, evals = read_metrics(metrics)
     rep.check("one metrics line per step, numbered from 1",
               [m["step"] for m in lines] == list(range(1, steps + 1)) and not evals, len(lines))
-    rep.check("metrics lines have exactly step, loss, samples_per_s, elapsed_s",
-              all(set(m) == {"step", "loss", "samples_per_s", "elapsed_s"} for m in lines)
-              and all(isinstance(m["samples_per_s"], (int, float)) and m["samples_per_s"] > 0 for m in lines),
+    rep.check("metrics lines have exactly step, loss, lr (the compiled one, no schedule), samples_per_s, elapsed_s",
+              all(set(m) == {"step", "loss", "lr", "samples_per_s", "elapsed_s"} for m in lines)
+              and all(isinstance(m["samples_per_s"], (int, float)) and m["samples_per_s"] > 0 for m in lines)
+              and all(m["lr"] == float(np.float32(lr)) for m in lines),
               lines[0])
     elapsed = [m["elapsed_s"] for m in lines]
     rep.check("elapsed_s never decreases", all(b >= a for a, b in zip(elapsed, elapsed[1:])), elapsed[:5])
@@ -628,7 +629,7 @@ def check_dp(rep, progs, x, y, xe, ye, files, work):
         rep.check("dp: 10 step lines whose losses (mean of the ranks' means) equal numpy's global batch",
                   len(steps) == 10 and close([m["loss"] for m in steps], ref), ([m["loss"] for m in steps], ref))
         rep.check("dp: step lines carry comm_wait_s <= allreduce_s, both >= 0",
-                  all(set(m) == {"step", "loss", "samples_per_s", "elapsed_s", "comm_wait_s", "allreduce_s"}
+                  all(set(m) == {"step", "loss", "lr", "samples_per_s", "elapsed_s", "comm_wait_s", "allreduce_s"}
                       and 0 <= m["comm_wait_s"] <= m["allreduce_s"] for m in steps), steps[:2])
         rep.check("dp: --save (rank 0) equals numpy's W",
                   close(numpy_helper.to_array(saved_initializers(saved)["W"]), ref_w))
