@@ -22,7 +22,8 @@ cmake --build build-asan -j "$jobs"
 echo "== tests under ASan+UBSan"
 # CLEAVE_TEST_STRIDE: the forward conformance test compiles every 6th ONNX
 # node test here (all of them in the plain run above), and py_cnn_train
-# trains two of its nets (CLEAVE_CNN_MODELS), since ASan's
+# trains two of its nets (CLEAVE_CNN_MODELS), py_lm_train two of its
+# transformers (CLEAVE_LM_MODELS), since ASan's
 # allocator makes LLVM several times slower.
 # Open MPI keeps memory from MPI_Init to exit: programs carry suppressions
 # for its libraries (runtime/rt_main.c); the file here serves the same for
@@ -30,7 +31,7 @@ echo "== tests under ASan+UBSan"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
   LSAN_OPTIONS=suppressions="$root/tests/runtime/lsan.supp":print_suppressions=0 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 CLEAVE_TEST_STRIDE=6 CK_TIMEOUT_MULTIPLIER=4 \
-  CLEAVE_CNN_MODELS=cnn1d,unet \
+  CLEAVE_CNN_MODELS=cnn1d,unet CLEAVE_LM_MODELS=encoder,gpt \
   ctest --output-on-failure --timeout 3000)
 
 # The CI fuzzing run is reproducible: a fixed seed and a fixed number of
