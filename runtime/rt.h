@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "out_file.h"
 #include "rt_abi.h"
 
 /* .npy '<' data, ONNX raw_data and the arena slots are all little-endian and
@@ -384,6 +385,10 @@ bool rt_args_bind(const RtMeta *m, const RtNamedFile *files, int n, const char *
                   const char **paths, RtErr *e);
 /* Fails now, before training, when `path` could not be created later. */
 bool rt_args_check_writable(const char *flag, const char *path, RtErr *e);
+/* Refuses an output file (--save, --predict, --metrics, --trace) that is
+ * one of the --data or --eval-data files, or another output: before any
+ * step runs, so that no run destroys its own input. */
+bool rt_args_check_outputs(const RtArgs *a, RtErr *e);
 /* A hash of the flags every rank must agree on, since they decide how many
  * steps and collectives run or what the replicas compute: --steps,
  * --epochs, --shuffle, --lr, --lr-schedule, --warmup-steps, --eval-data
@@ -484,7 +489,8 @@ void rt_batch_fill(const RtOrder *o, const RtTensor *slots, const RtArray *data,
 #define RT_METRICS_BUF 65536
 
 typedef struct RtLog {
-    FILE *metrics;      /* JSON Lines, rank 0 with --metrics only */
+    OutFile metrics_out; /* --metrics, written beside its target until the end */
+    FILE *metrics;      /* JSON Lines (metrics_out.f), rank 0 with --metrics only */
     char *metrics_buf;  /* its stdio buffer, RT_METRICS_BUF bytes */
     const char *metrics_path;
     bool quiet;         /* ranks other than 0 print nothing */
@@ -502,9 +508,11 @@ bool rt_log_open(RtLog *l, const char *metrics_path, bool quiet, bool tty, int64
  * times (programs of several ranks), NULL for none. */
 void rt_log_step(RtLog *l, int64_t step, double loss, float lr, double step_seconds, const RtStepComm *comm);
 void rt_log_eval(RtLog *l, int64_t epoch, double eval_loss, bool has_accuracy, double accuracy);
-/* Closes the metrics file (reporting a failed write) and ends the bar. */
+/* Closes the metrics file and puts it in place (reporting a failed write),
+ * and ends the bar. */
 bool rt_log_close(RtLog *l, RtErr *e);
-/* Closes without reporting, on the way out of a failed run. */
+/* On the way out of a failed run: puts the lines logged so far in place,
+ * as they tell what went wrong, without reporting a failure to. */
 void rt_log_discard(RtLog *l);
 /* Ends an open progress bar line so an error message starts on its own line. */
 void rt_log_break_line(void);

@@ -246,6 +246,27 @@ bool rt_args_check_writable(const char *flag, const char *path, RtErr *e) {
     return true;
 }
 
+bool rt_args_check_outputs(const RtArgs *a, RtErr *e) {
+    const char *out_flag[] = {"--save", "--predict", "--metrics", "--trace"};
+    const char *out_path[] = {a->save, a->predict, a->metrics, a->trace};
+    for (int i = 0; i < 4; i++) {
+        /* /dev/null and pipes are no one's file to lose. */
+        if (!out_path[i] || out_file_in_place(out_path[i])) continue;
+        for (int j = 0; j < i; j++)
+            if (out_path[j] && out_file_same(out_path[i], out_path[j]))
+                return rt_usage_error(e, "%s %s: the same file as %s %s; give each output its own file",
+                                      out_flag[i], out_path[i], out_flag[j], out_path[j]);
+        for (int k = 0; k < a->n_data + a->n_eval; k++) {
+            const RtNamedFile *in = k < a->n_data ? &a->data[k] : &a->eval[k - a->n_data];
+            if (out_file_same(out_path[i], in->path))
+                return rt_usage_error(e, "%s %s: the same file as %s %s=%s; an output must not overwrite an input",
+                                      out_flag[i], out_path[i], k < a->n_data ? "--data" : "--eval-data",
+                                      in->name, in->path);
+        }
+    }
+    return true;
+}
+
 void rt_args_usage(FILE *out, const RtMeta *m) {
     const char *p = rt_prog_name();
     fprintf(out,

@@ -79,16 +79,18 @@ static void fit(const Point *p, int n, double *alpha, double *beta) {
 
 static bool write_result(const char *path, const Point *p, int n, double alpha, double beta, bool same_node,
                          const char *host0, const char *host1, RtErr *e) {
-    FILE *f = fopen(path, "w");
-    if (!f) return rt_error(e, "--calibrate-comm %s: cannot write: %s", path, strerror(errno));
+    OutFile out;
+    int err = out_file_open(&out, path);
+    if (err) return rt_error(e, "--calibrate-comm %s: cannot write: %s", path, out_file_why(err));
+    FILE *f = out.f;
     fprintf(f, "{\"latency_s\": %.6e, \"bandwidth_gbps\": %.6g, \"same_node\": %s,\n", alpha, 1e-9 / beta,
             same_node ? "true" : "false");
     /* Host names are what MPI reports: letters, digits, dots and dashes. */
     fprintf(f, " \"hosts\": [\"%s\", \"%s\"], \"ranks\": %d,\n \"points\": [", host0, host1, rt_ranks());
     for (int i = 0; i < n; i++) fprintf(f, "%s[%.0f, %.6e]", i ? ", " : "", p[i].bytes, p[i].seconds);
     fprintf(f, "]}\n");
-    bool bad = ferror(f) != 0;
-    if (fclose(f) != 0 || bad) return rt_error(e, "--calibrate-comm %s: write failed", path);
+    err = out_file_finish(&out);
+    if (err) return rt_error(e, "--calibrate-comm %s: write failed: %s", path, out_file_why(err));
     return true;
 }
 

@@ -79,6 +79,7 @@ static bool prepare(const RtProgram *prog, const RtArgs *args, const RtMeta *met
     if (!rt_args_bind(meta, args->data, args->n_data, "--data", train_paths, e)) return false;
     if (args->n_eval && !rt_args_bind(meta, args->eval, args->n_eval, "--eval-data", eval_paths, e)) return false;
     if (rank0) {
+        if (!rt_args_check_outputs(args, e)) return false;
         RtMeta all;
         rt_stage_save_view(meta, &all);
         if (args->save && (!rt_args_check_writable("--save", args->save, e) || !rt_save_check(prog, &all, e)))
@@ -155,7 +156,11 @@ static bool run(const RtProgram *prog, const RtArgs *args, const RtMeta *meta, R
 
     if (!rt_train_run(&r, e)) goto out;
     rt_comm_state_from_replica0(meta, r.arena);
-    if (args->trace && !rt_trace_write(args->trace, meta, r.total_steps, e)) goto out;
+    /* A failed log write (--trace, --metrics) is reported at the end but
+     * never costs the trained model: it goes to its own RtErr, and the
+     * save below runs whatever it says. */
+    RtErr log_e = {0};
+    if (args->trace) rt_trace_write(args->trace, meta, r.total_steps, &log_e);
     if (args->check_replicas) {
         if (!rt_comm_check_replicas(meta, r.arena, e)) goto out;
         if (rank0) {
@@ -166,12 +171,12 @@ static bool run(const RtProgram *prog, const RtArgs *args, const RtMeta *meta, R
     }
     /* Rank 0 writes the files (the replicas hold the same parameters); the
      * others wait for the outcome so that every rank exits the same way. */
-    bool logged = rt_log_close(&r.log, e);
+    rt_log_close(&r.log, &log_e);
     if (args->save) {
         RtMeta all;
         char *params = NULL;
         rt_stage_gather_params(meta, r.arena, &all, &params, e);
-        if (logged && rank0) rt_save_write(args->save, prog, &all, params, e);
+        if (rank0 && !e->status) rt_save_write(args->save, prog, &all, params, e);
         free(params);
     }
     if (!e->status && r.predict) {
@@ -179,6 +184,16 @@ static bool run(const RtProgram *prog, const RtArgs *args, const RtMeta *meta, R
         memcpy(shape, meta->output.shape, sizeof shape);
         shape[0] = r.eval_rows;
         rt_npy_write(args->predict, r.predict, meta->output.ndim, shape, e);
+    }
+    /* The log's failure is the run's when nothing worse happened; when
+     * something did, it is still said. */
+    if (log_e.status && e->status) {
+        rt_warn("%s", log_e.msg);
+    } else if (log_e.status) {
+        size_t len = strlen(log_e.msg);
+        if (args->save && len < sizeof log_e.msg)
+            snprintf(log_e.msg + len, sizeof log_e.msg - len, " (the trained model is saved in %s)", args->save);
+        *e = log_e;
     }
     if (!rt_comm_agree(e)) goto out;
     ok = true;

@@ -23,6 +23,12 @@ double rt_now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* Lines reach the file as they are logged; the first failure's errno
+ * (ENOSPC, say) is kept for the message at the end. */
+static void flush_metrics(RtLog *l) {
+    if (fflush(l->metrics) != 0 && !l->metrics_out.err) l->metrics_out.err = errno ? errno : EIO;
+}
+
 bool rt_log_open(RtLog *l, const char *metrics_path, bool quiet, bool tty, int64_t total,
                  int64_t batch, int64_t log_every, RtErr *e) {
     memset(l, 0, sizeof *l);
@@ -33,13 +39,16 @@ bool rt_log_open(RtLog *l, const char *metrics_path, bool quiet, bool tty, int64
     l->log_every = log_every;
     l->metrics_path = metrics_path;
     if (metrics_path && !quiet) {
-        l->metrics = fopen(metrics_path, "w");
-        if (!l->metrics) return rt_error(e, "--metrics %s: cannot open: %s", metrics_path, strerror(errno));
+        /* The lines go to a temporary beside the target, renamed over it
+         * at the end: a file of an earlier run stays whole until then. */
+        int err = out_file_open(&l->metrics_out, metrics_path);
+        if (err) return rt_error(e, "--metrics %s: cannot write: %s", metrics_path, out_file_why(err));
+        l->metrics = l->metrics_out.f;
         /* stdio would allocate its buffer at the first line, inside the
          * step loop; give it one now. */
         l->metrics_buf = malloc(RT_METRICS_BUF);
         if (!l->metrics_buf || setvbuf(l->metrics, l->metrics_buf, _IOFBF, RT_METRICS_BUF) != 0) {
-            fclose(l->metrics);
+            out_file_abort(&l->metrics_out);
             l->metrics = NULL;
             free(l->metrics_buf);
             l->metrics_buf = NULL;
@@ -89,8 +98,9 @@ void rt_log_step(RtLog *l, int64_t step, double loss, float lr, double step_seco
         fprintf(l->metrics, ", \"elapsed_s\": %.6f", now - l->t_start);
         if (comm) fprintf(l->metrics, ", \"comm_wait_s\": %.9f, \"allreduce_s\": %.9f", comm->wait_s, comm->allreduce_s);
         fputs("}\n", l->metrics);
-        /* Flushed per line so a run can be followed with tail -f. */
-        fflush(l->metrics);
+        /* Flushed per line so a run can be followed with tail -f (on the
+         * temporary .NAME.tmp-XXXXXX beside the target until the end). */
+        flush_metrics(l);
     }
     if (l->quiet) return;
     bool last = step == l->total;
@@ -119,7 +129,7 @@ void rt_log_eval(RtLog *l, int64_t epoch, double eval_loss, bool has_accuracy, d
             json_num(l->metrics, "%.9g", accuracy);
         }
         fputs("}\n", l->metrics);
-        fflush(l->metrics);
+        flush_metrics(l);
     }
     if (l->quiet) return;
     if (g_bar_open) {
@@ -136,17 +146,16 @@ void rt_log_eval(RtLog *l, int64_t epoch, double eval_loss, bool has_accuracy, d
 bool rt_log_close(RtLog *l, RtErr *e) {
     rt_log_break_line();
     if (!l->metrics) return true;
-    bool ok = !ferror(l->metrics);
-    ok = (fclose(l->metrics) == 0) && ok;
+    int err = out_file_finish(&l->metrics_out);
     l->metrics = NULL;
     free(l->metrics_buf);
     l->metrics_buf = NULL;
-    if (!ok) return rt_error(e, "--metrics %s: write error: %s", l->metrics_path, strerror(errno));
+    if (err) return rt_error(e, "--metrics %s: write failed: %s", l->metrics_path, out_file_why(err));
     return true;
 }
 
 void rt_log_discard(RtLog *l) {
-    if (l->metrics) fclose(l->metrics);
+    if (l->metrics) out_file_finish(&l->metrics_out);
     l->metrics = NULL;
     free(l->metrics_buf);
     l->metrics_buf = NULL;

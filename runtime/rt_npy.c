@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "out_file.h"
 #include "rt.h"
 
 static const struct {
@@ -232,11 +233,12 @@ bool rt_npy_write(const char *path, const float *data, int ndim, const int64_t *
     memset(head + 10 + n, ' ', hlen - n - 1);
     head[total - 1] = '\n';
 
-    FILE *f = fopen(path, "wb");
-    if (!f) return rt_error(e, "--predict %s: cannot open: %s", path, strerror(errno));
-    bool ok = fwrite(head, 1, total, f) == total;
-    ok = ok && fwrite(data, sizeof *data, (size_t)count, f) == (size_t)count;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok) return rt_error(e, "--predict %s: write error: %s", path, strerror(errno));
+    OutFile out;
+    int err = out_file_open(&out, path);
+    if (err) return rt_error(e, "--predict %s: cannot write: %s", path, out_file_why(err));
+    out_file_write(&out, head, total);
+    out_file_write(&out, data, sizeof *data * (size_t)count);
+    err = out_file_finish(&out);
+    if (err) return rt_error(e, "--predict %s: write failed: %s", path, out_file_why(err));
     return true;
 }

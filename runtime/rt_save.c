@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "onnx.pb-c.h"
+#include "out_file.h"
 #include "rt.h"
 
 /* float32 -> IEEE half, rounding to nearest even; overflow becomes infinity,
@@ -193,14 +194,17 @@ bool rt_save_write(const char *path, const RtProgram *p, const RtMeta *m, const 
     }
     onnx__model_proto__free_unpacked(mp, NULL);
     if (!ok) return false;
-    FILE *f = fopen(path, "wb");
-    if (!f) {
+    /* Beside the target and renamed over it: a full disk or a kill
+     * during the write leaves the previous model at path whole. */
+    OutFile out;
+    int err = out_file_open(&out, path);
+    if (err) {
         free(bytes);
-        return rt_error(e, "--save %s: cannot open: %s", path, strerror(errno));
+        return rt_error(e, "--save %s: cannot write: %s", path, out_file_why(err));
     }
-    ok = fwrite(bytes, 1, len, f) == len;
-    ok = (fclose(f) == 0) && ok;
+    out_file_write(&out, bytes, len);
     free(bytes);
-    if (!ok) return rt_error(e, "--save %s: write error: %s", path, strerror(errno));
+    err = out_file_finish(&out);
+    if (err) return rt_error(e, "--save %s: write failed, the file is as it was: %s", path, out_file_why(err));
     return true;
 }

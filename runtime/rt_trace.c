@@ -15,6 +15,7 @@
  * allocated and the process's peak resident set size by the end of
  * training, so that `cleave report` can set the planned memory against
  * what the program took. */
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -206,9 +207,11 @@ bool rt_trace_write(const char *path, const RtMeta *m, int64_t steps, RtErr *e) 
         if (!go) {
             ok = rt_error(e, "--trace %s: out of memory gathering the events of %d ranks", path, ranks);
         } else {
-            FILE *f = fopen(path, "w");
-            if (!f) {
-                ok = rt_error(e, "--trace %s: cannot write", path);
+            OutFile out;
+            int err = out_file_open(&out, path);
+            FILE *f = out.f;
+            if (err) {
+                ok = rt_error(e, "--trace %s: cannot write: %s", path, out_file_why(err));
             } else {
                 fputs("{\"traceEvents\":[\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"tid\":0,\"args\":"
                       "{\"name\":\"cleave program\"}},\n", f);
@@ -221,7 +224,8 @@ bool rt_trace_write(const char *path, const RtMeta *m, int64_t steps, RtErr *e) 
                         T.truncated ? "true" : "false");
                 write_memory(f, mem, ranks);
                 fputs("}}\n", f);
-                ok = fclose(f) == 0 || rt_error(e, "--trace %s: write failed", path);
+                err = out_file_finish(&out);
+                ok = !err || rt_error(e, "--trace %s: write failed: %s", path, out_file_why(err));
             }
         }
     }
