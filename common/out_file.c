@@ -101,7 +101,7 @@ int out_file_open(OutFile *o, const char *target) {
 int out_file_reserve(OutFile *o, const char *target) {
     memset(o, 0, sizeof *o);
     int kind = target_kind(target);
-    if (kind == 1) return EINVAL;
+    if (kind == 1) return ENOTSUP;
     int err = out_file_open(o, target);
     if (err) return err;
     err = fclose(o->f) == 0 ? 0 : errno;
@@ -217,6 +217,7 @@ const char *out_file_why(int err) {
     case EISDIR: return "is a folder";
     case EINVAL: return "not a regular file, device or FIFO";
     case ENXIO: return "a FIFO with no reader";
+    case ENOTSUP: return "a device or FIFO, where only a regular file will do";
     default: return strerror(err);
     }
 }

@@ -37,7 +37,8 @@ int out_file_open(OutFile *o, const char *target);
 
 /* As out_file_open, for a writer that takes a path (a linker, LLVM):
  * creates the temporary, closes it and leaves its name in o->tmp for the
- * writer to replace.  Refuses targets that are not regular files. */
+ * writer to replace.  Refuses targets that are not regular files
+ * (ENOTSUP for a device or FIFO). */
 int out_file_reserve(OutFile *o, const char *target);
 
 /* Flushes, syncs and closes the temporary, renames it over the target and

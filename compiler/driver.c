@@ -14,6 +14,7 @@
 #include "ops/ops.h"
 #include "cost/cluster_stages.h"
 #include "plan/pipeline.h"
+#include "out_file.h"
 #include "plan_file.h"
 
 bool driver_check_supported(Graph *g, Diag *d) {
@@ -45,12 +46,13 @@ Graph *driver_front_end(const DriverOptions *opt, Diag *d) {
     return g;
 }
 
-static bool write_text(const char *path, const char *text, Diag *d) {
-    FILE *f = fopen(path, "w");
-    if (!f) return diag_error(d, DIAG_IO, "%s: cannot write", path);
-    bool ok = fputs(text, f) >= 0;
-    ok = (fclose(f) == 0) && ok;
-    return ok ? true : diag_error(d, DIAG_IO, "%s: write failed", path);
+static bool write_text(const char *flag, const char *path, const char *text, Diag *d) {
+    OutFile out;
+    int err = out_file_open(&out, path);
+    if (err) return diag_error(d, DIAG_IO, "%s %s: cannot write: %s", flag, path, out_file_why(err));
+    out_file_write(&out, text, strlen(text));
+    err = out_file_finish(&out);
+    return !err || diag_error(d, DIAG_IO, "%s %s: write failed: %s", flag, path, out_file_why(err));
 }
 
 static void report_plan(const Plan *p, const CompileOptions *o) {
@@ -154,7 +156,7 @@ static bool emit_plan(const CompileOptions *o, const Plan *p, Diag *d) {
     json_t *root = plan_json(p, &o->train);
     char *text = root ? json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER) : NULL;
     bool ok = text != NULL || diag_error(d, DIAG_NOMEM, "out of memory");
-    if (ok && o->plan_out) ok = write_text(o->plan_out, text, d);
+    if (ok && o->plan_out) ok = write_text("--emit-plan", o->plan_out, text, d);
     if (ok && o->plan_file) check_plan_file(o->plan_file, root);
     free(text);
     json_decref(root);

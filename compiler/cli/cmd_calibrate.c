@@ -22,6 +22,7 @@
 
 #include "calibrate.h"
 #include "cli.h"
+#include "out_file.h"
 #include "onnx.pb-c.h"
 #include "../codegen/cg.h"
 #include "../cost/cluster.h"
@@ -406,13 +407,16 @@ int cmd_calibrate(int argc, char **argv) {
         diag_error(&d, DIAG_NOMEM, "out of memory");
         return cli_fail(&d);
     }
-    FILE *f = fopen(o.out, "w");
-    bool ok = f && fputs(text, f) >= 0;
-    if (f && fclose(f) != 0) ok = false;
+    OutFile out;
+    int err = out_file_open(&out, o.out);
+    if (!err) {
+        out_file_write(&out, text, strlen(text));
+        err = out_file_finish(&out);
+    }
     free(text);
-    if (!ok) {
+    if (err) {
         cluster_free(&c);
-        diag_error(&d, DIAG_IO, "%s: cannot write: %s", o.out, strerror(errno));
+        diag_error(&d, DIAG_IO, "-o %s: cannot write: %s", o.out, out_file_why(err));
         return cli_fail(&d);
     }
 

@@ -2,16 +2,19 @@
  * This file reads flags (their strategy flags checked together in
  * compile_options.c), asks the search for the layout when --strategy auto
  * leaves it open (search.c), and runs the pipeline (driver.c) on it. */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli.h"
 #include "../driver.h"
 #include "../plan_file.h"
 #include "../search.h"
 #include "compile_options.h"
+#include "out_file.h"
 #include "plan_report.h"
 
 static const char compile_help[] =
@@ -404,6 +407,36 @@ static bool compile_layout(const CompileOptions *o, Search *s, Layout *l, Diag *
     return !(o->profile && l->balance_time) || search_one(o, l, s, d);
 }
 
+/* The files compile writes (-o, --emit-plan) must be neither a folder nor
+ * one of the files it reads (the model, --plan, --cluster), nor each
+ * other: refused before any work, so that no command replaces its own
+ * input.  Devices and pipes (/dev/null) are written in place and are no
+ * one's file to lose. */
+static bool check_outputs(const CompileFlags *f, Diag *d) {
+    const CompileOptions *o = &f->o;
+    const char *out_flag[] = {"-o", "--emit-plan"}, *out_path[] = {o->output, o->plan_out};
+    const char *in_flag[] = {"the model", "--plan", "--cluster"}, *in_path[] = {o->model, f->plan_in, o->cluster};
+    for (int i = 0; i < 2; i++) {
+        const char *path = out_path[i];
+        if (!path) continue;
+        /* A program is run and relinked by path: never a device. */
+        if (i == 0 && out_file_in_place(path))
+            return diag_error(d, DIAG_USAGE, "-o %s: %s", path, out_file_why(ENOTSUP));
+        if (out_file_in_place(path)) continue;
+        struct stat st;
+        if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+            return diag_error(d, DIAG_USAGE, "%s %s: is a folder; name the file to write", out_flag[i], path);
+        for (int k = 0; k < 3; k++)
+            if (in_path[k] && out_file_same(path, in_path[k]))
+                return diag_error(d, DIAG_USAGE, "%s %s: the same file as %s %s; an output must not overwrite an input",
+                                  out_flag[i], path, in_flag[k], in_path[k]);
+        if (i == 1 && out_path[0] && out_file_same(path, out_path[0]))
+            return diag_error(d, DIAG_USAGE, "--emit-plan %s: the same file as -o %s; give each output its own file",
+                              path, out_path[0]);
+    }
+    return true;
+}
+
 int cmd_compile(int argc, char **argv) {
     CompileFlags f = {0};
     int status = parse_flags("compile", argc, argv, &f);
@@ -414,6 +447,7 @@ int cmd_compile(int argc, char **argv) {
         Layout l;
         bool ok = !f.plan_in || plan_file_load(f.plan_in, &f.o, &pf, &d);
         if (ok && f.plan_in) f.o.plan_file = &pf;
+        ok = ok && check_outputs(&f, &d);
         ok = ok && compile_layout(&f.o, &s, &l, &d) && driver_compile(&f.o, &l, s.profile, &d);
         search_free(&s);
         status = ok ? 0 : cli_fail(&d);

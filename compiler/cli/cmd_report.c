@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "out_file.h"
 #include "trace_file.h"
 #include "../plan/strategy.h"
 #include "../util/sort.h"
@@ -964,15 +965,22 @@ static int parse_flags(int argc, char **argv, Flags *f) {
 }
 
 static bool emit(const Report *R, const Flags *fl, Diag *d) {
-    FILE *f = fl->out ? fopen(fl->out, "w") : stdout;
-    if (!f) return diag_error(d, DIAG_IO, "-o %s: cannot write", fl->out);
+    OutFile out = {0};
+    int err = fl->out ? out_file_open(&out, fl->out) : 0;
+    if (err) return diag_error(d, DIAG_IO, "-o %s: cannot write: %s", fl->out, out_file_why(err));
+    FILE *f = fl->out ? out.f : stdout;
     bool ok = true;
     if (strcmp(fl->format, "json") == 0) ok = print_json(R, f, (long long)fl->skip);
     else if (strcmp(fl->format, "svg") == 0) print_svg(R, f);
     else print_text(R, f, (long long)fl->skip);
     if (!ok) diag_error(d, DIAG_NOMEM, "out of memory");
-    if (fl->out && fclose(f) != 0 && ok) ok = diag_error(d, DIAG_IO, "-o %s: write failed", fl->out);
-    return ok;
+    if (!fl->out) return ok;
+    if (!ok) {
+        out_file_abort(&out);
+        return false;
+    }
+    err = out_file_finish(&out);
+    return !err || diag_error(d, DIAG_IO, "-o %s: write failed: %s", fl->out, out_file_why(err));
 }
 
 int cmd_report(int argc, char **argv) {

@@ -212,7 +212,10 @@ void cg_module_free(CgModule *m);
 CgJit *cg_jit(CgModule *m, Diag *d); /* takes the module's code */
 void *cg_jit_lookup(CgJit *j, const char *name, Diag *d);
 void cg_jit_free(CgJit *j);
-/* Links obj into an executable with the runtime. */
-bool cg_link(const char *obj, const char *out, Diag *d);
+/* Links obj into the executable out with the runtime; `shown` is the
+ * path the user gave (out being its temporary), for messages.  The
+ * linker's own output is kept from the terminal: a failure is one line
+ * quoting its first error. */
+bool cg_link(const char *obj, const char *out, const char *shown, Diag *d);
 
 #endif

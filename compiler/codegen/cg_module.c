@@ -20,6 +20,7 @@
 #include "cg_fuse.h"
 #include "cg_share.h"
 #include "../frontend/file_util.h"
+#include "out_file.h"
 #include "../ops/ops.h"
 #include "../plan/pipeline.h"
 
@@ -435,28 +436,34 @@ static bool build_steps(Cg *c, const Plan *p) {
     return ok;
 }
 
+/* Writes the module as o->emit says.  Every file is written under a
+ * temporary name beside -o's target and renamed over it only when whole;
+ * the object of an executable is a temporary too, never "PROG.o", so that
+ * nothing but the target is touched (out_file.h). */
 static bool emit(Cg *c, LLVMTargetMachineRef tm, const CgOptions *o) {
     char *err = NULL;
-    if (strcmp(o->emit, "llvm") == 0) {
-        if (LLVMPrintModuleToFile(c->mod, o->output, &err)) {
-            diag_error(c->d, DIAG_IO, "%s: cannot write: %s", o->output, err);
-            LLVMDisposeMessage(err);
-            return false;
-        }
-        return true;
+    bool exe = strcmp(o->emit, "exe") == 0, ok = true;
+    OutFile out, obj = {0};
+    int e = out_file_reserve(&out, o->output);
+    if (!e && exe) e = out_file_reserve(&obj, o->output);
+    if (e) {
+        out_file_abort(&out);
+        return diag_error(c->d, DIAG_IO, "-o %s: cannot write: %s", o->output, out_file_why(e));
     }
-    char obj[4096];
-    if (strcmp(o->emit, "obj") == 0) snprintf(obj, sizeof obj, "%s", o->output);
-    else snprintf(obj, sizeof obj, "%s.o", o->output);
-    if (LLVMTargetMachineEmitToFile(tm, c->mod, obj, LLVMObjectFile, &err)) {
-        diag_error(c->d, DIAG_IO, "%s: cannot write object: %s", obj, err);
-        LLVMDisposeMessage(err);
+    if (strcmp(o->emit, "llvm") == 0) {
+        if (LLVMPrintModuleToFile(c->mod, out.tmp, &err)) ok = diag_error(c->d, DIAG_IO, "-o %s: cannot write: %s", o->output, err);
+    } else if (LLVMTargetMachineEmitToFile(tm, c->mod, exe ? obj.tmp : out.tmp, LLVMObjectFile, &err)) {
+        ok = diag_error(c->d, DIAG_IO, "-o %s: cannot write the object: %s", o->output, err);
+    }
+    if (err) LLVMDisposeMessage(err);
+    if (ok && exe) ok = cg_link(obj.tmp, out.tmp, o->output, c->d);
+    out_file_abort(&obj);
+    if (!ok) {
+        out_file_abort(&out);
         return false;
     }
-    if (strcmp(o->emit, "exe") != 0) return true;
-    bool ok = cg_link(obj, o->output, c->d);
-    unlink(obj);
-    return ok;
+    e = out_file_commit(&out);
+    return !e || diag_error(c->d, DIAG_IO, "-o %s: write failed: %s", o->output, out_file_why(e));
 }
 
 struct CgModule {

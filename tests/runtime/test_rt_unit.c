@@ -165,7 +165,7 @@ START_TEST(npy_write_reads_back) {
     unlink(path);
     RtErr e = {0};
     ck_assert(!rt_npy_write("/nonexistent-dir/p.npy", data, 1, shapes[0], &e));
-    ASSERT_HAS(e.msg, "--predict /nonexistent-dir/p.npy: cannot open");
+    ASSERT_HAS(e.msg, "--predict /nonexistent-dir/p.npy: cannot write: No such file");
 }
 END_TEST
 

@@ -21,6 +21,7 @@ status).
 
 import argparse
 import gzip
+import hashlib
 import json
 import math
 import os
@@ -28,6 +29,7 @@ import pty
 import re
 import select
 import shutil
+import stat
 import struct
 import subprocess
 import sys
@@ -559,7 +561,7 @@ def check_errors(rep, progs, files, work):
     expect_error(rep, progs, "--save onto a folder", d(f) + ["--steps", "1", "--save", work], r"is a folder")
     expect_error(rep, progs, "--metrics into a missing folder",
                  d(f) + ["--steps", "1", "--metrics", "/nonexistent-dir/m.jsonl"],
-                 r"--metrics /nonexistent-dir/m\.jsonl: cannot open: No such file")
+                 r"--metrics /nonexistent-dir/m\.jsonl: cannot write: No such file")
     expect_error(rep, progs, "--predict into a missing folder",
                  d(f) + d(f, "xe.npy", "ye.npy", "--eval-data") + ["--steps", "1", "--predict", "/nonexistent-dir/p.npy"],
                  r"--predict /nonexistent-dir/p\.npy: folder /nonexistent-dir does not exist")
@@ -700,6 +702,70 @@ def check_dp(rep, progs, x, y, xe, ye, files, work):
             r"error: replicas diverged: rank 1's parameters differ from rank 0's \(first differing parameter W\)")
 
 
+def file_digest(path):
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
+
+
+def temporaries(folder):
+    return [n for n in os.listdir(folder) if ".tmp-" in n]
+
+
+def check_outputs_kept(rep, progs, files, work):
+    """Outputs never destroy inputs or finished work (common/out_file.c)."""
+    f, d = files, data_args
+    before = file_digest(f["x.npy"])
+    for flag in ("--save", "--metrics", "--trace"):
+        expect_error(rep, progs, "%s naming a --data file" % flag, d(f) + ["--steps", "1", flag, f["x.npy"]],
+                     r"%s .*x\.npy: the same file as --data input=.*x\.npy; an output must not overwrite an input"
+                     % flag, status=2)
+    rep.check("... and the data file is unchanged", file_digest(f["x.npy"]) == before)
+    same = os.path.join(work, "same.out")
+    expect_error(rep, progs, "--metrics and --save naming one file",
+                 d(f) + ["--steps", "1", "--save", same, "--metrics", os.path.join(work, ".", "same.out")],
+                 r"--metrics .*same\.out: the same file as --save .*same\.out", status=2)
+    rc, _, err, _ = progs.run(d(f) + ["--steps", "2", "--save", "/dev/null", "--metrics", "/dev/null",
+                                      "--log-every", "0"])
+    rep.check("/dev/null for two outputs is written in place, and stays a device",
+              rc == 0 and os.path.exists("/dev/null") and stat.S_ISCHR(os.stat("/dev/null").st_mode), (rc, err))
+    saved = os.path.join(work, "kept.onnx")
+    rc, _, err, _ = progs.run(d(f) + ["--steps", "2", "--save", saved, "--metrics", os.path.join(work, "k.jsonl")])
+    rep.check("a run leaves no temporaries beside its outputs", rc == 0 and not temporaries(work), temporaries(work))
+
+    # A full disk: a tmpfs of 64 KiB filled up (root only).
+    disk = os.path.join(work, "full")
+    os.makedirs(disk, exist_ok=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", disk],
+                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode != 0:
+        rep.skip("outputs on a full disk", "cannot mount a tmpfs here (needs root)")
+        return
+    try:
+        model = os.path.join(disk, "model.onnx")
+        shutil.copy(saved, model)
+        subprocess.run(["dd", "if=/dev/zero", "of=" + os.path.join(disk, "fill"), "bs=4k", "count=1000"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        kept = file_digest(model)
+        rc, _, err, _ = progs.run(d(f) + ["--steps", "2", "--save", model, "--log-every", "0"])
+        rep.check("--save onto a full disk exits 1 with one error line",
+                  rc == 1 and re.search(r"^fake_program_f32: error: --save .*model\.onnx: write failed, the file is as "
+                                        r"it was: No space left on device$", err, re.M) is not None
+                  and err.count("error:") == 1, (rc, err))
+        rep.check("... and the previous model there is whole", file_digest(model) == kept)
+        rep.check("... and no temporary is left", not temporaries(disk), temporaries(disk))
+        after = os.path.join(work, "after_metrics_failed.onnx")
+        rc, _, err, _ = progs.run(d(f) + ["--steps", "2", "--metrics", os.path.join(disk, "m.jsonl"),
+                                          "--save", after, "--log-every", "0"])
+        rep.check("a failed --metrics write exits 1 naming it, and says the model is saved",
+                  rc == 1 and re.search(r"error: --metrics .*m\.jsonl: write failed: No space left on device "
+                                        r"\(the trained model is saved in .*after_metrics_failed\.onnx\)", err)
+                  is not None, (rc, err))
+        rep.check("... and the trained model is saved", os.path.exists(after) and
+                  "W" in saved_initializers(after))
+        rep.check("... and no temporary is left", not temporaries(disk), temporaries(disk))
+    finally:
+        subprocess.run(["umount", disk], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def main():
     global onnx, numpy_helper
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -731,6 +797,7 @@ def main():
     check_formats(rep, progs, x, y, files, work)
     check_output(rep, progs, files, work)
     check_errors(rep, progs, files, work)
+    check_outputs_kept(rep, progs, files, work)
     check_mpi(rep, progs, x, y, files, work)
     if shutil.which("mpirun") is not None:
         check_dp(rep, progs, x, y, xe, ye, files, work)
