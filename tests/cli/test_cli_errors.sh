@@ -386,6 +386,49 @@ for f in "$BAD"/*.onnx; do
   esac
 done
 
+# ---- outputs never destroy inputs (common/out_file.c) ----------------------
+
+# check LABEL CONDITION...: one pass or failure for a condition on files.
+check() {
+  local what=$1
+  shift
+  if "$@"; then
+    pass=$((pass + 1))
+  else
+    fail=$((fail + 1))
+    echo "FAIL: $what"
+  fi
+}
+OUTS=$WORK/outputs
+rm -rf "$OUTS"
+mkdir -p "$OUTS/folder"
+cp "$MLP" "$OUTS/model.onnx"
+model_sum=$(sha256sum <"$OUTS/model.onnx")
+expect 2 "-o .*model.onnx: the same file as the model .*model.onnx; an output must not overwrite an input" -- \
+  "$CLEAVE" compile "$OUTS/model.onnx" --batch 8 -o "$OUTS/../outputs/model.onnx"
+expect 2 "--emit-plan .*model.onnx: the same file as the model" -- \
+  "$CLEAVE" compile "$OUTS/model.onnx" --batch 8 -o "$OUTS/prog" --emit-plan "$OUTS/model.onnx"
+expect 2 "--emit-plan .*prog: the same file as -o .*prog; give each output its own file" -- \
+  "$CLEAVE" compile "$OUTS/model.onnx" --batch 8 -o "$OUTS/prog" --emit-plan "$OUTS/prog"
+expect 2 "-o .*folder: is a folder; name the file to write" -- "$CLEAVE" compile "$OUTS/model.onnx" --batch 8 -o "$OUTS/folder"
+expect 2 "-o /dev/null: a device or FIFO, where only a regular file will do" -- \
+  "$CLEAVE" compile "$OUTS/model.onnx" --batch 8 -o /dev/null
+check "a refused compile leaves the model as it was" [ "$(sha256sum <"$OUTS/model.onnx")" = "$model_sum" ]
+# A failing linker: one line naming the program, no linker chatter, and
+# nothing left behind; an unrelated PROG.o is never touched.
+echo "someone's object" >"$OUTS/prog.o"
+echo "an earlier program" >"$OUTS/prog"
+CLEAVE_MPICC=false expect 1 "linking .*prog failed \(false \.\.\. .*libcleave_rt.a\)" -- \
+  "$CLEAVE" compile "$OUTS/model.onnx" --batch 8 -o "$OUTS/prog"
+check "a failed link leaves the earlier program as it was" [ "$(cat "$OUTS/prog")" = "an earlier program" ]
+run "$CLEAVE" compile "$OUTS/model.onnx" --batch 8 -o "$OUTS/prog" --emit-plan "$OUTS/plan.json"
+written=no
+[ "$status" -eq 0 ] && [ -x "$OUTS/prog" ] && [ -s "$OUTS/plan.json" ] && written=yes
+check "compile -o PROG --emit-plan: both written (status $status: $err)" [ "$written" = yes ]
+check "compile leaves an existing PROG.o alone" [ "$(cat "$OUTS/prog.o")" = "someone's object" ]
+check "compile leaves no temporaries ($(ls -A "$OUTS" | tr '\n' ' '))" \
+  [ -z "$(find "$OUTS" -name '.*.tmp-*' -print -quit)" ]
+
 # ---- a compiled program fed bad data ---------------------------------------
 
 # A token id past the embedding's table, fed at run time: the program stops
