@@ -199,6 +199,10 @@ static bool read_graph(Loader *L, const Onnx__GraphProto *gp) {
          * default value (IR < 4 lists every initializer as an input): it is
          * not fed at run time. */
         if (v && v->kind == VAL_INITIALIZER) continue;
+        /* Programs are fed with --data NAME=FILE, split at the first '='. */
+        if (name && strchr(name, '='))
+            return diag_error(L->d, DIAG_UNSUPPORTED, "%s: graph input '%s' has '=' in its name, which --data "
+                              "NAME=FILE cannot give; rename it on export", g->path, name);
         if (!define(L, name, &v)) return false;
         v->kind = VAL_INPUT;
         if (!read_value_type(L, gp->input[i], v)) return false;
@@ -282,46 +286,105 @@ static bool read_varint(const uint8_t *p, size_t len, size_t *i, uint64_t *out) 
     return false;
 }
 
-/* False when message-typed fields of `desc` nest deeper than MAX_NESTING
- * in p[0..len).  Follows the schema, so strings and packed scalars are
- * skipped whole; malformed bytes end the walk and are left to the
- * decoder to report.  Recursion is bounded by `depth`. */
-static bool nesting_ok(const ProtobufCMessageDescriptor *desc, const uint8_t *p, size_t len, int depth) {
-    if (depth > MAX_NESTING) return false;
+/* The first string field of a model that is not valid UTF-8 or holds a
+ * NUL byte.  protobuf-c hands strings over as C strings without checking
+ * them: a NUL cuts a name short, and invalid UTF-8 reaches JSON writers
+ * (jansson refuses it) and name lookups, where an input so named was
+ * silently fed nothing.  So they are refused on the raw bytes. */
+typedef struct BadString {
+    const char *message, *field; /* e.g. onnx.NodeProto, name */
+    const uint8_t *bytes;
+    size_t len;
+    const char *why;
+} BadString;
+
+/* Why s[0..n) is not a clean UTF-8 string, or NULL. */
+static const char *utf8_problem(const uint8_t *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        uint8_t c = s[i];
+        if (c == 0) return "holds a NUL byte";
+        size_t k = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
+        if (k == 0 || n - i < k) return "is not valid UTF-8";
+        uint32_t cp = k == 1 ? c : k == 2 ? c & 0x1fu : k == 3 ? c & 0x0fu : c & 0x07u;
+        for (size_t j = 1; j < k; j++) {
+            if ((s[i + j] & 0xc0) != 0x80) return "is not valid UTF-8";
+            cp = cp << 6 | (s[i + j] & 0x3fu);
+        }
+        /* Overlong forms, surrogates and code points past U+10FFFF. */
+        static const uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
+        if (cp < least[k] || (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff) return "is not valid UTF-8";
+        i += k;
+    }
+    return NULL;
+}
+
+enum { WALK_OK, WALK_DEEP, WALK_BAD_STRING };
+
+/* Walks the message of type `desc` in p[0..len): WALK_DEEP when
+ * message-typed fields nest deeper than MAX_NESTING, WALK_BAD_STRING (and
+ * *bad) at the first string field that utf8_problem refuses.  Follows the
+ * schema, so bytes fields and packed scalars are skipped whole; malformed
+ * bytes end the walk and are left to the decoder to report.  Recursion is
+ * bounded by `depth`. */
+static int walk(const ProtobufCMessageDescriptor *desc, const uint8_t *p, size_t len, int depth, BadString *bad) {
+    if (depth > MAX_NESTING) return WALK_DEEP;
     size_t i = 0;
     while (i < len) {
         uint64_t tag, n;
-        if (!read_varint(p, len, &i, &tag)) return true;
+        if (!read_varint(p, len, &i, &tag)) return WALK_OK;
         switch (tag & 7) {
         case 0:
-            if (!read_varint(p, len, &i, &n)) return true;
+            if (!read_varint(p, len, &i, &n)) return WALK_OK;
             break;
         case 1:
-            if (len - i < 8) return true;
+            if (len - i < 8) return WALK_OK;
             i += 8;
             break;
         case 5:
-            if (len - i < 4) return true;
+            if (len - i < 4) return WALK_OK;
             i += 4;
             break;
         case 2: {
-            if (!read_varint(p, len, &i, &n) || n > len - i) return true;
+            if (!read_varint(p, len, &i, &n) || n > len - i) return WALK_OK;
             const ProtobufCFieldDescriptor *f =
                 tag >> 3 <= UINT32_MAX ? protobuf_c_message_descriptor_get_field(desc, (unsigned)(tag >> 3)) : NULL;
-            if (f && f->type == PROTOBUF_C_TYPE_MESSAGE && !nesting_ok(f->descriptor, p + i, (size_t)n, depth + 1))
-                return false;
+            if (f && f->type == PROTOBUF_C_TYPE_MESSAGE) {
+                int r = walk(f->descriptor, p + i, (size_t)n, depth + 1, bad);
+                if (r != WALK_OK) return r;
+            } else if (f && f->type == PROTOBUF_C_TYPE_STRING && bad) {
+                const char *why = utf8_problem(p + i, (size_t)n);
+                if (why) {
+                    *bad = (BadString){desc->name, f->name, p + i, (size_t)n, why};
+                    return WALK_BAD_STRING;
+                }
+            }
             i += (size_t)n;
             break;
         }
         default:
-            return true; /* groups and invalid wire types: the decoder refuses them */
+            return WALK_OK; /* groups and invalid wire types: the decoder refuses them */
         }
     }
-    return true;
+    return WALK_OK;
 }
 
 bool onnx_nesting_ok(const uint8_t *buf, size_t len) {
-    return nesting_ok(&onnx__model_proto__descriptor, buf, len, 0);
+    return walk(&onnx__model_proto__descriptor, buf, len, 0, NULL) != WALK_DEEP;
+}
+
+/* s[0..n) for a message: printable ASCII as it is, other bytes as \xNN,
+ * at most about 60 bytes of it. */
+static void escape(const uint8_t *s, size_t n, char *out, size_t size) {
+    size_t o = 0;
+    for (size_t i = 0; i < n && o + 8 < size; i++) {
+        if (i == 60) {
+            snprintf(out + o, size - o, "...");
+            return;
+        }
+        if (s[i] >= 0x20 && s[i] < 0x7f && s[i] != '\\') out[o++] = (char)s[i];
+        else o += (size_t)snprintf(out + o, size - o, "\\x%02x", s[i]);
+    }
+    out[o] = 0;
 }
 
 Graph *onnx_load_buffer(const uint8_t *buf, size_t len, const char *path, Diag *d) {
@@ -329,8 +392,16 @@ Graph *onnx_load_buffer(const uint8_t *buf, size_t len, const char *path, Diag *
         diag_error(d, DIAG_FORMAT, "%s: empty file, not an ONNX model", path);
         return NULL;
     }
-    if (!onnx_nesting_ok(buf, len)) {
+    BadString bad;
+    int walked = walk(&onnx__model_proto__descriptor, buf, len, 0, &bad);
+    if (walked == WALK_DEEP) {
         diag_error(d, DIAG_LIMIT, "%s: protobuf messages nested more than %d levels deep", path, MAX_NESTING);
+        return NULL;
+    }
+    if (walked == WALK_BAD_STRING) {
+        char text[256];
+        escape(bad.bytes, bad.len, text, sizeof text);
+        diag_error(d, DIAG_FORMAT, "%s: a string in %s.%s %s: \"%s\"", path, bad.message, bad.field, bad.why, text);
         return NULL;
     }
     Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, len, buf);

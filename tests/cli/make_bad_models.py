@@ -43,6 +43,15 @@ def byte_cases(outdir, sample):
     write(outdir, "random.onnx", bytes(rng.getrandbits(8) for _ in range(4096)))
     write(outdir, "text.onnx", b'ir_version: 8\ngraph {\n  node { op_type: "Relu" input: "x" output: "y" }\n}\n')
     write(outdir, "deep_nesting.onnx", nested_subgraphs(5000))
+    # Names with bytes a protobuf string must not hold, swapped in at equal
+    # length so the file still decodes: "input" is the graph input's name
+    # and its first node's input; "pytorch" the producer's name.
+    for fname, old, new in (("name_bad_utf8.onnx", b"input", b"inp\xffu"),
+                            ("name_nul.onnx", b"input", b"in\x00ut"),
+                            ("name_equals.onnx", b"input", b"in=ut"),
+                            ("producer_overlong_utf8.onnx", b"pytorch", b"py\xc0\xafrch")):
+        if whole.count(old) >= 1:
+            write(outdir, fname, whole.replace(old, new))
 
 
 def varint(n):

@@ -221,6 +221,10 @@ if [ "$gen" -eq 0 ] || [ "$gen" -eq 77 ]; then
   bad random.onnx "not an ONNX model"
   bad text.onnx "not an ONNX model"
   bad deep_nesting.onnx "protobuf messages nested more than [0-9]+ levels deep"
+  bad name_bad_utf8.onnx "a string in onnx.NodeProto.input is not valid UTF-8: \"inp\\\\xffu\""
+  bad name_nul.onnx "a string in onnx.NodeProto.input holds a NUL byte: \"in\\\\x00ut\""
+  bad name_equals.onnx "graph input 'in=ut' has '=' in its name, which --data NAME=FILE cannot give"
+  bad producer_overlong_utf8.onnx "a string in onnx.ModelProto.producer_name is not valid UTF-8"
   for f in "$BAD"/truncated_*.onnx; do
     bad "$(basename "$f")" "not an ONNX model"
     bad "$(basename "$f")" "not an ONNX model" --batch 3 --format json
