@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "frontend/file_util.h"
 #include "plan/plan.h"
 
 void plan_file_free(PlanFile *f) {
@@ -158,13 +159,13 @@ static bool read_stages(PlanFile *f, CompileOptions *o, int64_t stages, Diag *d)
 bool plan_file_load(const char *path, CompileOptions *o, PlanFile *f, Diag *d) {
     *f = (PlanFile){.path = path};
     json_error_t err;
-    f->root = json_load_file(path, 0, &err);
-    if (!f->root) {
-        FILE *probe = fopen(path, "r");
-        if (!probe) return diag_error(d, DIAG_IO, "%s: cannot read the plan", path);
-        fclose(probe);
-        return diag_error(d, DIAG_FORMAT, "%s:%d: not JSON: %s", path, err.line, err.text);
-    }
+    size_t len = 0;
+    uint8_t *text = file_read_all(path, &len, d);
+    if (!text) return false;
+    /* A key given twice is an edit gone wrong: refused, not last-one-wins. */
+    f->root = json_loadb((const char *)text, len, JSON_REJECT_DUPLICATES, &err);
+    free(text);
+    if (!f->root) return diag_error(d, DIAG_FORMAT, "%s:%d: not JSON: %s", path, err.line, err.text);
     const char *format = NULL, *strategy = NULL, *schedule = NULL, *model = NULL;
     int64_t version = 0, batch = 0, ranks = 0, replicas = 1, stages = 0, micro = 0;
     if (!json_is_object(f->root)) return diag_error(d, DIAG_FORMAT, "%s: a plan is a JSON object", path);

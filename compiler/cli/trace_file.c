@@ -12,7 +12,7 @@ json_t *cli_read_json(const char *path, Diag *d) {
     uint8_t *buf = file_read_all(path, &len, d);
     if (!buf) return NULL;
     json_error_t err;
-    json_t *root = json_loadb((const char *)buf, len, 0, &err);
+    json_t *root = json_loadb((const char *)buf, len, JSON_REJECT_DUPLICATES, &err);
     free(buf);
     if (!root) diag_error(d, DIAG_FORMAT, "%s: not JSON: line %d, column %d: %s", path, err.line, err.column, err.text);
     return root;

@@ -417,6 +417,12 @@ expect 2 "--emit-plan .*prog: the same file as -o .*prog; give each output its o
 expect 2 "-o .*folder: is a folder; name the file to write" -- "$CLEAVE" compile "$OUTS/model.onnx" --batch 8 -o "$OUTS/folder"
 expect 2 "-o /dev/null: a device or FIFO, where only a regular file will do" -- \
   "$CLEAVE" compile "$OUTS/model.onnx" --batch 8 -o /dev/null
+# Inputs that are FIFOs are refused at once, never waited on.
+mkfifo "$OUTS/model.fifo" "$OUTS/cluster.fifo" "$OUTS/trace.fifo"
+expect 1 "model.fifo: not a regular file \(a FIFO\)" -- "$CLEAVE" inspect "$OUTS/model.fifo"
+expect 1 "cluster.fifo: not a regular file \(a FIFO\)" -- \
+  "$CLEAVE" plan "$OUTS/model.onnx" --batch 8 --ranks 2 --cluster "$OUTS/cluster.fifo"
+expect 1 "trace.fifo: not a regular file \(a FIFO\)" -- "$CLEAVE" trace-stats "$OUTS/trace.fifo"
 check "a refused compile leaves the model as it was" [ "$(sha256sum <"$OUTS/model.onnx")" = "$model_sum" ]
 # A failing linker: one line naming the program, no linker chatter, and
 # nothing left behind; an unrelated PROG.o is never touched.

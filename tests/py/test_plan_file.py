@@ -176,9 +176,19 @@ def check_errors(rep, args, work):
     not_json = os.path.join(work, "bad_text.json")
     with open(not_json, "w") as f:
         f.write('{"format": "cleave-plan",\n "batch": }\n')
+    # A key twice: the text of the plan with its batch given again at the end.
+    dup_key = os.path.join(work, "bad_dup.json")
+    with open(dup_key, "w") as f:
+        f.write(json.dumps(base)[:-1] + ', "batch": 64}')
+    fifo = os.path.join(work, "plan.fifo")
+    if os.path.exists(fifo):
+        os.unlink(fifo)
+    os.mkfifo(fifo)
     cases = [
-        ([os.path.join(work, "missing.json")], "missing.json: cannot read the plan", 1),
+        ([os.path.join(work, "missing.json")], "missing.json: cannot open: No such file", 1),
         ([not_json], "bad_text.json:2: not JSON", 1),
+        ([dup_key], "bad_dup.json:1: not JSON: duplicate object key near '\"batch\"'", 1),
+        ([fifo], "plan.fifo: not a regular file (a FIFO)", 1),
         ([mutated("format", lambda d: d.update(format="other"))], "format is 'other', not a cleave plan", 1),
         ([mutated("strategy", lambda d: d.update(strategy="tensor"))],
          "bad_strategy.json: strategy must be single, dp, layer, pipeline or hybrid, got 'tensor'", 1),
