@@ -48,12 +48,17 @@ static bool get_str(const PlanFile *f, const json_t *obj, const char *where, con
     return true;
 }
 
-static bool get_num(const PlanFile *f, const json_t *obj, const char *key, double lo, float *out, Diag *d) {
+/* optimizer.KEY, when present: a number in [lo, below) that float32
+ * holds (the program's hyper-parameters are float32), as the flags. */
+static bool get_num(const PlanFile *f, const json_t *obj, const char *key, double lo, double below, float *out,
+                    Diag *d) {
     json_t *v = json_object_get(obj, key);
     if (!v) return true;
     double x = json_number_value(v);
-    if (!json_is_number(v) || !isfinite(x) || x < lo)
-        return diag_error(d, DIAG_FORMAT, "%s: optimizer.%s must be a number >= %g", f->path, key, lo);
+    if (!json_is_number(v) || !isfinite(x) || !isfinite((float)x) || x < lo || !(x < below)) {
+        if (isinf(below)) return diag_error(d, DIAG_FORMAT, "%s: optimizer.%s must be a number >= %g", f->path, key, lo);
+        return diag_error(d, DIAG_FORMAT, "%s: optimizer.%s must be a number in [%g, %g)", f->path, key, lo, below);
+    }
     *out = (float)x;
     return true;
 }
@@ -122,10 +127,11 @@ static bool read_training(PlanFile *f, CompileOptions *o, Diag *d) {
                           name);
     /* AdamW decays by default, as torch.optim.AdamW and --optimizer adamw */
     if (t->optimizer == OPT_ADAMW) t->weight_decay = 0.01f;
-    if (!get_num(f, opt, "lr", 0, &t->lr, d) || !get_num(f, opt, "momentum", 0, &t->momentum, d) ||
-        !get_num(f, opt, "weight_decay", 0, &t->weight_decay, d) || !get_num(f, opt, "beta1", 0, &t->beta1, d) ||
-        !get_num(f, opt, "beta2", 0, &t->beta2, d) || !get_num(f, opt, "eps", 0, &t->eps, d) ||
-        !get_num(f, opt, "clip_grad_norm", 0, &t->clip_grad_norm, d) || !read_schedule(f, opt, t, d) ||
+    if (!get_num(f, opt, "lr", 0, INFINITY, &t->lr, d) || !get_num(f, opt, "momentum", 0, INFINITY, &t->momentum, d) ||
+        !get_num(f, opt, "weight_decay", 0, INFINITY, &t->weight_decay, d) ||
+        !get_num(f, opt, "beta1", 0, 1, &t->beta1, d) || !get_num(f, opt, "beta2", 0, 1, &t->beta2, d) ||
+        !get_num(f, opt, "eps", 0, INFINITY, &t->eps, d) ||
+        !get_num(f, opt, "clip_grad_norm", 0, INFINITY, &t->clip_grad_norm, d) || !read_schedule(f, opt, t, d) ||
         !read_no_decay(f, opt, t, d))
         return false;
     json_t *nes = json_object_get(opt, "nesterov");

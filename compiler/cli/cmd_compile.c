@@ -142,7 +142,9 @@ static bool parse_f(const char *s, float *out) {
     if (!s || !*s) return false;
     char *end;
     double v = strtod(s, &end);
-    if (*end || v != v) return false;
+    /* Hyper-parameters are float32 in the program: inf, nan and values
+     * that round to infinity there (1e39) would train to NaN. */
+    if (*end || !isfinite(v) || !isfinite((float)v)) return false;
     *out = (float)v;
     return true;
 }
@@ -261,7 +263,13 @@ static int parse_flags(const char *cmd, int argc, char **argv, CompileFlags *f) 
             NEED_VALUE();
             float x;
             if (!parse_f(v, &x) || x < 0) {
-                status = cli_usage(cmd, "%s needs a non-negative number, got '%s'", a, v);
+                status = cli_usage(cmd, "%s needs a finite non-negative float32 number, got '%s'", a, v);
+                break;
+            }
+            /* As torch.optim.Adam checks them: a beta of 1 or more never
+             * forgets, and its bias correction divides by zero or flips sign. */
+            if ((strcmp(a, "--beta1") == 0 || strcmp(a, "--beta2") == 0) && !(x < 1)) {
+                status = cli_usage(cmd, "%s needs a number in [0, 1), got '%s'", a, v);
                 break;
             }
             if (strcmp(a, "--lr") == 0) t->lr = x;

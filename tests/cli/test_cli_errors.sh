@@ -111,7 +111,13 @@ expect 2 "--clip-grad-norm needs a positive number, got 'inf'" -- "$CLEAVE" comp
 expect 2 "--no-decay needs weight decay \\(--weight-decay, or --optimizer adamw\\)" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --no-decay bias
 expect 2 "--no-decay needs name patterns, got ','" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --optimizer adamw --no-decay ,
 expect 2 "--no-decay: 'nosuch' matches no trained parameter \\(they are: fc1.weight, fc1.bias" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --optimizer adamw --no-decay bias,nosuch
-expect 2 "--lr needs a non-negative number, got 'fast'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --lr fast
+expect 2 "--lr needs a finite non-negative float32 number, got 'fast'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --lr fast
+for bad_number in inf nan 1e39 -1; do
+  expect 2 "--lr needs a finite non-negative float32 number, got '$bad_number'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --lr "$bad_number"
+done
+expect 2 "--weight-decay needs a finite non-negative float32 number, got 'inf'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --weight-decay inf
+expect 2 "--beta1 needs a number in \[0, 1\), got '2'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --optimizer adam --beta1 2
+expect 2 "--beta2 needs a number in \[0, 1\), got '1'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --optimizer adam --beta2 1
 expect 2 "--nesterov needs --optimizer momentum" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --nesterov
 expect 2 "--emit must be exe, obj or llvm" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --emit asm
 expect 2 "--threads needs an integer from 1 to 64, got '0'" -- "$CLEAVE" compile "$MLP" -o "$OUTP" --batch 8 --threads 0

@@ -204,6 +204,8 @@ def check_errors(rep, args, work):
         ([mutated("opt", lambda d: d["optimizer"].update(name="lbfgs"))],
          "optimizer.name must be sgd, momentum, adam or adamw, got 'lbfgs'", 1),
         ([mutated("lr", lambda d: d["optimizer"].update(lr=-1))], "optimizer.lr must be a number >= 0", 1),
+        ([mutated("lr_big", lambda d: d["optimizer"].update(lr=1e39))], "optimizer.lr must be a number >= 0", 1),
+        ([mutated("beta1", lambda d: d["optimizer"].update(beta1=2))], "optimizer.beta1 must be a number in [0, 1)", 1),
         ([mutated("loss", lambda d: d.update(loss="hinge"))], "loss must be ce, mse or model, got 'hinge'", 1),
         ([mutated("place", lambda d: d.update(placement="by_stage"))], "placement by_stage needs strategy hybrid", 1),
         ([mutated("place2", lambda d: d.update(placement="diagonal"))],
