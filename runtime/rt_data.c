@@ -16,7 +16,29 @@
 
 #include "rt.h"
 
-/* Reads the whole (decompressed) file. */
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* The bytes a file announces in its header (.npy or IDX, told apart as
+ * rt_data_decode does) when buf[0..len) holds all of the header, else 0. */
+static size_t announced_bytes(const uint8_t *buf, size_t len, const char *path) {
+    RtRaw raw;
+    RtErr scratch = {0};
+    bool npy = (len >= 1 && buf[0] == 0x93) || ends_with(path, ".npy") || ends_with(path, ".npy.gz");
+    if (npy) rt_npy_parse(buf, len, path, &raw, &scratch);
+    else if (len >= 2 && buf[0] == 0 && buf[1] == 0) rt_idx_parse(buf, len, path, &raw, &scratch);
+    else return 0;
+    if (raw.payload_offset == 0) return 0;
+    size_t total;
+    return __builtin_add_overflow(raw.payload_offset, raw.payload_bytes, &total) ? SIZE_MAX : total;
+}
+
+/* Reads the whole (decompressed) file.  A gzip stream is inflated no
+ * further than one byte past what its header announces, so a small file
+ * that inflates to gigabytes costs no more memory than the data it claims
+ * to hold; the decoder then reports the excess. */
 static bool read_all(const char *path, uint8_t **out, size_t *out_len, RtErr *e) {
     struct stat st;
     if (stat(path, &st) != 0) return rt_error(e, "%s: cannot open: %s", path, strerror(errno));
@@ -25,7 +47,8 @@ static bool read_all(const char *path, uint8_t **out, size_t *out_len, RtErr *e)
     if (!g) return rt_error(e, "%s: cannot open: %s", path, strerror(errno ? errno : ENOMEM));
     gzbuffer(g, 1 << 18);
     /* A plain file decompresses to its own size; a gzipped one grows. */
-    size_t cap = (size_t)st.st_size + 1, len = 0;
+    size_t cap = (size_t)st.st_size + 1, len = 0, limit = SIZE_MAX;
+    bool inflating = gzdirect(g) == 0;
     uint8_t *buf = malloc(cap);
     if (!buf) {
         gzclose(g);
@@ -44,6 +67,7 @@ static bool read_all(const char *path, uint8_t **out, size_t *out_len, RtErr *e)
             cap = grown;
         }
         size_t want = cap - len;
+        if (want > limit - len) want = limit - len;
         if (want > (1u << 30)) want = 1u << 30; /* gzread counts in unsigned int */
         int got = gzread(g, buf + len, (unsigned)want);
         if (got < 0) {
@@ -56,6 +80,16 @@ static bool read_all(const char *path, uint8_t **out, size_t *out_len, RtErr *e)
         }
         if (got == 0) break;
         len += (size_t)got;
+        if (inflating && limit == SIZE_MAX) {
+            size_t total = announced_bytes(buf, len, path);
+            if (total && total < SIZE_MAX) limit = total + 1;
+        }
+        if (len >= limit) {
+            free(buf);
+            gzclose(g);
+            return rt_error(e, "%s: inflates to more than the %zu bytes its header announces (header and data)",
+                            path, limit - 1);
+        }
     }
     /* A gzip stream cut short reads as a clean end; gzclose reports it. */
     int zc = gzclose(g);
@@ -66,11 +100,6 @@ static bool read_all(const char *path, uint8_t **out, size_t *out_len, RtErr *e)
     *out = buf;
     *out_len = len;
     return true;
-}
-
-static bool ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
 /* Whether every value of type t is exactly representable in `to`. */

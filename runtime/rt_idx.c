@@ -29,6 +29,8 @@ bool rt_idx_parse(const uint8_t *buf, size_t len, const char *path, RtRaw *raw, 
             return rt_error(e, "%s: IDX shape is too large", path);
     }
     size_t have = len - head;
+    raw->payload_offset = head; /* before the length checks, as rt_npy_parse */
+    raw->payload_bytes = (size_t)count;
     if (count > have)
         return rt_error(e, "%s: truncated: the IDX header announces %" PRIu64 " bytes of data, the file has %zu",
                         path, count, have);
@@ -37,7 +39,5 @@ bool rt_idx_parse(const uint8_t *buf, size_t len, const char *path, RtRaw *raw, 
     raw->elem = RT_E_U8;
     raw->idx = true;
     raw->ndim = (int)ndim;
-    raw->payload_offset = head;
-    raw->payload_bytes = (size_t)count;
     return true;
 }

@@ -200,13 +200,15 @@ bool rt_npy_parse(const uint8_t *buf, size_t len, const char *path, RtRaw *raw, 
     if (__builtin_mul_overflow(count, (uint64_t)elem_info[raw->elem].size, &bytes))
         return rt_error(e, "%s: .npy shape is too large", path);
     size_t data_at = start + hlen, have = len - data_at;
+    /* Set before the length checks: rt_data.c reads a gzip stream's header
+     * first and inflates no more than this announces. */
+    raw->payload_offset = data_at;
+    raw->payload_bytes = (size_t)bytes;
     if (bytes > have)
         return rt_error(e, "%s: truncated: the header announces %" PRIu64 " bytes of data, the file has %zu",
                         path, bytes, have);
     if (bytes < have)
         return rt_error(e, "%s: %zu bytes of data, but the header announces %" PRIu64, path, have, bytes);
-    raw->payload_offset = data_at;
-    raw->payload_bytes = (size_t)bytes;
     return true;
 }
 

@@ -766,6 +766,23 @@ def check_outputs_kept(rep, progs, files, work):
         subprocess.run(["umount", disk], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def check_gzip_bounded(rep, progs, files, work):
+    """A gzip file inflating past its header's size is not inflated in full."""
+    with open(files["x.npy"], "rb") as fh:
+        whole = fh.read()
+    bomb = os.path.join(work, "bomb.npy.gz")
+    with gzip.open(bomb, "wb", compresslevel=1) as fh:
+        fh.write(whole)
+        zeros = bytes(1 << 20)
+        for _ in range(256):  # 256 MiB past the announced data
+            fh.write(zeros)
+    rc, _, err, _ = progs.run(["--data", "input=" + bomb, "--data", "labels=" + files["y.npy"], "--steps", "1",
+                               "--log-every", "0"])
+    rep.check("a gzip file inflating past its header stops there, one line naming it",
+              rc == 1 and re.search(r"bomb\.npy\.gz: inflates to more than the %d bytes its header announces"
+                                    % len(whole), err) is not None and err.count("\n") == 1, (rc, err))
+
+
 def main():
     global onnx, numpy_helper
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -798,6 +815,7 @@ def main():
     check_output(rep, progs, files, work)
     check_errors(rep, progs, files, work)
     check_outputs_kept(rep, progs, files, work)
+    check_gzip_bounded(rep, progs, files, work)
     check_mpi(rep, progs, x, y, files, work)
     if shutil.which("mpirun") is not None:
         check_dp(rep, progs, x, y, xe, ye, files, work)
