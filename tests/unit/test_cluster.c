@@ -511,7 +511,7 @@ START_TEST(malformed_files) {
     d = (Diag){0};
     ck_assert(!cluster_load(".", &c, &d));
     ck_assert_int_eq(d.code, DIAG_IO);
-    ck_assert_str_eq(d.msg, ".: not a regular file");
+    ck_assert_str_eq(d.msg, ".: not a regular file (a folder)");
 }
 END_TEST
 
