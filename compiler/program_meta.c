@@ -25,17 +25,29 @@ static json_t *shape_json(const Value *v, int64_t rows) {
 
 static const char *dtype_json(const Value *v) { return dtype_is_float(v->dtype) ? "float32" : "int64"; }
 
-/* FNV-1a over the plan's JSON: ranks compare it at start-up. */
-static void plan_hash(const Plan *p, const CompileOptions *o, char hash[32]) {
-    char *text = plan_to_json(p, &o->train);
-    uint64_t h = 1469598103934665603ull;
-    for (const char *c = text; c && *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
-    free(text);
+static bool plan_hash_text(const Plan *p, const CompileOptions *o, char hash[32]) {
+    uint64_t h;
+    if (!plan_hash(p, &o->train, &h)) return false;
     snprintf(hash, 32, "%016llx", (unsigned long long)h);
+    return true;
 }
 
+/* The optimizer and its hyper-parameters: a checkpoint records them, and
+ * resuming under other ones is refused. */
 static json_t *optimizer_json(const CompileOptions *o) {
-    return json_pack("{s:s}", "name", optimizer_name(o->train.optimizer));
+    const TrainOptions *t = &o->train;
+    json_t *opt = json_pack("{s:s, s:f, s:f}", "name", optimizer_name(t->optimizer), "weight_decay",
+                            (double)t->weight_decay, "clip_grad_norm", (double)t->clip_grad_norm);
+    if (!opt) return NULL;
+    if (t->optimizer == OPT_MOMENTUM) {
+        json_object_set_new(opt, "momentum", json_real(t->momentum));
+        json_object_set_new(opt, "nesterov", json_boolean(t->nesterov));
+    } else if (t->optimizer == OPT_ADAM || t->optimizer == OPT_ADAMW) {
+        json_object_set_new(opt, "beta1", json_real(t->beta1));
+        json_object_set_new(opt, "beta2", json_real(t->beta2));
+        json_object_set_new(opt, "eps", json_real(t->eps));
+    }
+    return opt;
 }
 
 /* The learning rate compiled in, and the schedule when one was given. */
@@ -80,8 +92,16 @@ static json_t *stage_program(const Plan *p, int s) {
     for (int b = 0; b < rp->n_buckets; b++)
         json_array_append_new(buckets, json_pack("{s:I, s:I}", "offset", (json_int_t)rp->buckets[b].offset, "count",
                                                  (json_int_t)(rp->buckets[b].bytes / 4)));
+    json_t *state = json_array();
+    for (int i = 0; i < t->n_state; i++) {
+        const Value *v = t->state[i];
+        if (rp->holds[v->id])
+            json_array_append_new(state, json_pack("{s:s, s:I}", "name", v->name, "offset",
+                                                   (json_int_t)pipeline_buffer(p, rp, v, -1)));
+    }
     json_object_set_new(prog, "inputs", inputs);
     json_object_set_new(prog, "params", params);
+    json_object_set_new(prog, "state", state);
     json_object_set_new(prog, "buckets", buckets);
     if (rp->holds[t->loss->id])
         json_object_set_new(prog, "loss", json_pack("{s:I, s:i}", "offset",
@@ -101,6 +121,13 @@ static int64_t output_rows(const Plan *p, const Value *out) {
     return out->rank > 0 && out->dims[0].k == p->micro_batch ? p->local_batch : 0;
 }
 
+/* The first stage holding v: the one --save and checkpoints read it from. */
+static int first_stage(const Plan *p, const Value *v) {
+    for (int s = 0; s < p->n_stages; s++)
+        if (plan_stage_rank(p, s)->holds[v->id]) return s;
+    return -1;
+}
+
 char *program_meta(const Plan *p, const CompileOptions *o) {
     const Graph *g = p->g;
     const TrainGraph *t = p->t;
@@ -114,17 +141,20 @@ char *program_meta(const Plan *p, const CompileOptions *o) {
     }
     for (int i = 0; i < t->n_params; i++) {
         const Value *v = t->params[i];
-        /* The first stage holding a weight is the one --save reads. */
-        int owner = -1;
-        for (int s = 0; s < p->n_stages && owner < 0; s++)
-            if (plan_stage_rank(p, s)->holds[v->id]) owner = s;
         json_array_append_new(params, json_pack("{s:s, s:s, s:o, s:b, s:i}", "name", v->name, "dtype", "float32",
                                                 "shape", shape_json(v, 0), "trainable", t->grads[i] != NULL,
-                                                "stage", owner));
+                                                "stage", first_stage(p, v)));
+    }
+    json_t *state = json_array();
+    for (int i = 0; i < t->n_state; i++) {
+        const Value *v = t->state[i], *of = t->params[t->state_param[i]];
+        json_array_append_new(state, json_pack("{s:s, s:s, s:s, s:s, s:o, s:i}", "name", v->name, "param", of->name,
+                                               "slot", v->name + strlen(of->name) + 1, "dtype", "float32", "shape",
+                                               shape_json(v, 0), "stage", first_stage(p, v)));
     }
     for (int s = 0; s < p->n_stages; s++) json_array_append_new(programs, stage_program(p, s));
-    char hash[32];
-    plan_hash(p, o, hash);
+    char hash[32] = "";
+    bool hashed = plan_hash_text(p, o, hash);
     json_t *root = json_pack(
         "{s:i, s:s, s:i, s:i, s:s, s:I, s:I, s:i, s:i, s:i, s:I, s:s, s:i, s:o, s:o, s:{s:s, s:o}, s:o, s:s, "
         "s:o, s:o}",
@@ -135,6 +165,8 @@ char *program_meta(const Plan *p, const CompileOptions *o) {
         p->schedule, "tag_bound", p->tag_bound, "lr", lr_json(&o->train), "inputs", inputs, "output",
         "name", t->output->name, "shape", shape_json(t->output, output_rows(p, t->output)), "params",
         params, "loss_kind", loss_kind_name(o->train.loss), "optimizer", optimizer_json(o), "programs", programs);
+    if (root) json_object_set_new(root, "state", state);
+    else json_decref(state);
     if (root) json_object_set_new(root, "placement", json_string(plan_placement_name(p->placement)));
     if (root) json_object_set_new(root, "threads", json_integer(p->threads > 1 ? p->threads : 1));
     if (root && o->train.loss == LOSS_CE) json_object_set_new(root, "ignore_index", json_integer(o->train.ignore_index));
@@ -142,7 +174,8 @@ char *program_meta(const Plan *p, const CompileOptions *o) {
      * statistics, as DDP's broadcast_buffers does */
     if (root && p->replicas > 1 && o->train.bn_local && t->n_batch_stats > 0)
         json_object_set_new(root, "state_from_replica0", json_true());
-    char *str = root ? json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    /* NULL, which the caller reports as out of memory, without a hash. */
+    char *str = root && hashed ? json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(root);
     return str;
 }

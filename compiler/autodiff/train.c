@@ -303,7 +303,10 @@ static bool backward(GradCtx *c, TrainGraph *t, bool *requires, Node **order, in
     return ok && !diag_failed(c->d);
 }
 
-static Value *add_moment(Graph *g, const Value *like, const char *suffix, Diag *d) {
+/* The optimizer state `suffix` of parameter i, zero to start with, as
+ * torch.optim creates it on the first step. */
+static Value *add_moment(Graph *g, TrainGraph *t, int i, const char *suffix, Diag *d) {
+    const Value *like = t->params[i];
     char name[512];
     snprintf(name, sizeof name, "%s.%s", like->name, suffix);
     Value *v = graph_add_value(g, name);
@@ -314,6 +317,8 @@ static Value *add_moment(Graph *g, const Value *like, const char *suffix, Diag *
     v->kind = VAL_STATE;
     v->dtype = DT_FLOAT;
     value_set_shape(v, like->rank, like->dims);
+    t->state[t->n_state] = v;
+    t->state_param[t->n_state++] = i;
     return v;
 }
 
@@ -405,6 +410,12 @@ static bool build_optimizer(GradCtx *c, const TrainOptions *o, TrainGraph *t) {
     Value *coef = build_clip(c, o, t);
     if (diag_failed(c->d)) return false;
     bool adam = o->optimizer == OPT_ADAM || o->optimizer == OPT_ADAMW;
+    t->state = ARENA_ARRAY(&g->arena, Value *, 2 * t->n_params + 1);
+    t->state_param = ARENA_ARRAY(&g->arena, int, 2 * t->n_params + 1);
+    if (!t->state || !t->state_param) {
+        diag_error(c->d, DIAG_NOMEM, "%s: out of memory", g->path);
+        return false;
+    }
     for (int i = 0; i < t->n_params; i++) {
         Value *w = t->params[i], *gw = t->grads[i];
         if (!gw) continue;
@@ -413,8 +424,9 @@ static bool build_optimizer(GradCtx *c, const TrainOptions *o, TrainGraph *t) {
         /* The clipping factor is the last input, after the optional
          * momentum buffer's slot (left empty without momentum). */
         if (adam) {
-            Value *in[7] = {w, gw, add_moment(g, w, "exp_avg", c->d), add_moment(g, w, "exp_avg_sq", c->d), t->lr,
-                            t->step, coef};
+            Value *avg = add_moment(g, t, i, "exp_avg", c->d);
+            Value *avg_sq = add_moment(g, t, i, "exp_avg_sq", c->d);
+            Value *in[7] = {w, gw, avg, avg_sq, t->lr, t->step, coef};
             if (!in[2] || !in[3]) return false;
             n = gb_start(c, "cleave", "Adam", coef ? 7 : 6, in, 0);
             gb_attr_f(c, n, "beta1", o->beta1);
@@ -422,7 +434,7 @@ static bool build_optimizer(GradCtx *c, const TrainOptions *o, TrainGraph *t) {
             gb_attr_f(c, n, "eps", o->eps);
             if (o->optimizer == OPT_ADAMW) gb_attr_i(c, n, "decoupled", 1);
         } else if (o->optimizer == OPT_MOMENTUM) {
-            Value *in[5] = {w, gw, t->lr, add_moment(g, w, "momentum_buffer", c->d), coef};
+            Value *in[5] = {w, gw, t->lr, add_moment(g, t, i, "momentum_buffer", c->d), coef};
             if (!in[3]) return false;
             n = gb_start(c, "cleave", "SGD", coef ? 5 : 4, in, 0);
             gb_attr_f(c, n, "momentum", o->momentum);

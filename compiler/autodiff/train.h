@@ -78,6 +78,12 @@ typedef struct TrainGraph {
     Value **params; /* float initializers read as weights, and those updated
                        in place as state (running statistics) */
     Value **grads;  /* gradient per param, NULL if frozen or unused */
+    /* The optimizer's state (momentum buffers, Adam's moments): values
+     * named PARAM.SLOT, each with the index of its parameter in params.
+     * Checkpoints save and restore them by name. */
+    int n_state;
+    Value **state;
+    int *state_param;
 } TrainGraph;
 
 bool train_build(Graph *g, const TrainOptions *o, TrainGraph *t, Diag *d);

@@ -202,5 +202,8 @@ int64_t plan_value_bytes(const Value *v);
 struct json_t;
 struct json_t *plan_json(const Plan *p, const TrainOptions *o);
 char *plan_to_json(const Plan *p, const TrainOptions *o);
+/* FNV-1a over the plan's JSON, the head and then each rank's entry, built
+ * one at a time: what the ranks of a program compare at start-up. */
+bool plan_hash(const Plan *p, const TrainOptions *o, uint64_t *hash);
 
 #endif

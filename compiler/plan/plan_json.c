@@ -202,7 +202,8 @@ static json_t *batch_norm_json(const Plan *p, bool bn_local) {
     return json_pack("{s:i, s:s, s:b}", "layers", n, "statistics", over, "allreduced", global);
 }
 
-json_t *plan_json(const Plan *p, const TrainOptions *o) {
+/* The plan's JSON without its rank_plans. */
+static json_t *plan_head_json(const Plan *p, const TrainOptions *o) {
     const Graph *g = p->g;
     json_t *root = json_pack("{s:s, s:i, s:s, s:s, s:I, s:I, s:i, s:i}", "format", "cleave-plan", "version", 1, "model",
                              g->path ? g->path : "", "strategy", strategy_name(p->strategy), "batch",
@@ -229,6 +230,12 @@ json_t *plan_json(const Plan *p, const TrainOptions *o) {
         json_object_set_new(root, "accumulate", json_integer(o->accumulate > 1 ? o->accumulate : 1));
     }
     json_object_set_new(root, "threads", json_integer(p->threads > 1 ? p->threads : 1));
+    return root;
+}
+
+json_t *plan_json(const Plan *p, const TrainOptions *o) {
+    json_t *root = plan_head_json(p, o);
+    if (!root) return NULL;
     json_t *ranks = json_array();
     for (int r = 0; r < p->n_ranks; r++) json_array_append_new(ranks, rank_json(p, &p->ranks[r]));
     json_object_set_new(root, "rank_plans", ranks);
@@ -240,4 +247,26 @@ char *plan_to_json(const Plan *p, const TrainOptions *o) {
     char *s = root ? json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER) : NULL;
     json_decref(root);
     return s;
+}
+
+static int fnv_bytes(const char *buf, size_t len, void *data) {
+    uint64_t *h = data;
+    for (size_t i = 0; i < len; i++) *h = (*h ^ (unsigned char)buf[i]) * 1099511628211ull;
+    return 0;
+}
+
+/* One rank's JSON at a time: a plan of a million data-parallel ranks
+ * would need its whole text (160 KB a rank for a small MLP) at once. */
+bool plan_hash(const Plan *p, const TrainOptions *o, uint64_t *hash) {
+    uint64_t h = 1469598103934665603ull;
+    json_t *head = plan_head_json(p, o);
+    bool ok = head && json_dump_callback(head, fnv_bytes, &h, JSON_COMPACT | JSON_PRESERVE_ORDER) == 0;
+    json_decref(head);
+    for (int r = 0; ok && r < p->n_ranks; r++) {
+        json_t *one = rank_json(p, &p->ranks[r]);
+        ok = one && json_dump_callback(one, fnv_bytes, &h, JSON_COMPACT | JSON_PRESERVE_ORDER) == 0;
+        json_decref(one);
+    }
+    *hash = h;
+    return ok;
 }

@@ -8,6 +8,43 @@ static bool is_collective(const PlanStep *s) { return s->kind == STEP_ALLREDUCE 
 
 const PlanStep *walk_at(const Walk *w, int r) { return w->pc[r] < w->len[r] ? &w->seq[r][w->pc[r]] : NULL; }
 
+/* The groups of each rank (Walk.first, .member) and each group's first
+ * member out of range (Walk.bad), counted and then placed. */
+static bool list_members(Walk *w) {
+    size_t total = 0;
+    for (int g = 0; g < w->n_groups; g++) total += (size_t)w->groups[g].n;
+    w->first = calloc((size_t)w->n_ranks + 2, sizeof *w->first);
+    w->member = malloc(sizeof *w->member * (total + 1));
+    w->bad = malloc(sizeof *w->bad * ((size_t)w->n_groups + 1));
+    if (!w->first || !w->member || !w->bad) return false;
+    for (int g = 0; g < w->n_groups; g++) {
+        w->bad[g] = -1;
+        for (int i = 0; i < w->groups[g].n; i++) {
+            int m = w->groups[g].ranks[i];
+            if (m < 0 || m >= w->n_ranks) {
+                if (w->bad[g] < 0) w->bad[g] = m;
+            } else {
+                w->first[m + 2]++;
+            }
+        }
+    }
+    /* first[r + 2] counts, then first[r + 1] is where r's list starts
+     * and, once filled, first[r] where it starts and first[r + 1] ends. */
+    for (int r = 0; r < w->n_ranks; r++) w->first[r + 2] += w->first[r + 1];
+    for (int g = 0; g < w->n_groups; g++)
+        for (int i = 0; i < w->groups[g].n; i++) {
+            int m = w->groups[g].ranks[i];
+            if (m >= 0 && m < w->n_ranks) w->member[w->first[m + 1]++] = g;
+        }
+    return true;
+}
+
+static bool is_member(const Walk *w, int r, int g) {
+    for (int i = w->first[r]; i < w->first[r + 1]; i++)
+        if (w->member[i] == g) return true;
+    return false;
+}
+
 bool walk_init(Walk *w, int n_ranks, const PlanStep *const *seq, const int *n_steps, const PlanGroup *groups,
                int n_groups) {
     size_t n = (size_t)n_ranks + 1;
@@ -16,16 +53,15 @@ bool walk_init(Walk *w, int n_ranks, const PlanStep *const *seq, const int *n_st
     w->len = malloc(sizeof *w->len * n);
     w->pc = calloc(n, sizeof *w->pc);
     w->box = calloc(n, sizeof *w->box);
-    w->checked = malloc(sizeof *w->checked * n);
     w->scan = calloc((size_t)n_groups + 1, sizeof *w->scan);
     w->all = malloc(sizeof *w->all * n);
-    if (!w->seq || !w->len || !w->pc || !w->box || !w->checked || !w->scan || !w->all) return false;
+    if (!w->seq || !w->len || !w->pc || !w->box || !w->scan || !w->all) return false;
     for (int r = 0; r < n_ranks; r++) {
         w->seq[r] = seq[r];
         w->len[r] = n_steps[r];
         w->all[r] = r;
     }
-    return true;
+    return list_members(w);
 }
 
 bool walk_init_plan(Walk *w, const Plan *p, bool eval) {
@@ -50,7 +86,9 @@ void walk_free(Walk *w) {
     free(w->len);
     free(w->pc);
     free(w->box);
-    free(w->checked);
+    free(w->first);
+    free(w->member);
+    free(w->bad);
     free(w->scan);
     free(w->all);
     *w = (Walk){0};
@@ -78,14 +116,8 @@ static int group_of(Walk *w, int r, const PlanStep *s, int *n, const int **membe
     const PlanGroup *g = &w->groups[s->group];
     *n = g->n;
     *members = g->ranks;
-    if (w->checked[r] == s->group) return 0;
-    bool member = false;
-    for (int i = 0; i < g->n; i++) {
-        if (g->ranks[i] < 0 || g->ranks[i] >= w->n_ranks) return fault(w, f, WALK_BAD_MEMBER, r, g->ranks[i], NULL);
-        member |= g->ranks[i] == r;
-    }
-    if (!member) return fault(w, f, WALK_NOT_MEMBER, r, -1, NULL);
-    w->checked[r] = s->group;
+    if (w->bad[s->group] != -1) return fault(w, f, WALK_BAD_MEMBER, r, w->bad[s->group], NULL);
+    if (!is_member(w, r, s->group)) return fault(w, f, WALK_NOT_MEMBER, r, -1, NULL);
     return 0;
 }
 
@@ -204,7 +236,6 @@ bool walk_run(Walk *w, const WalkHooks *h, void *ctx, WalkFault *f) {
     for (int r = 0; r < w->n_ranks; r++) {
         w->pc[r] = 0;
         w->box[r].n = 0;
-        w->checked[r] = -1;
     }
     memset(w->scan, 0, sizeof *w->scan * ((size_t)w->n_groups + 1));
     w->scan_all = 0;

@@ -98,12 +98,14 @@ typedef struct Walk {
     int n_groups;
     int *pc;      /* per rank: the index of its next step */
     WalkBox *box; /* per rank: the messages sent to it */
-    /* Thousands of replicas meet in one collective, so the work per rank
-     * must not grow with the group: each rank's membership of a group is
-     * checked once (checked[r], the group it was found in), and a group's
-     * members are scanned from where the last look stopped (scan[g], the
-     * first member not yet there; scan_all for every rank). */
-    int *checked, *scan, scan_all;
+    /* A million replicas may meet in one collective, so the work per rank
+     * must not grow with the group.  The groups of rank r are
+     * member[first[r] .. first[r + 1]), listed once at init; bad[g] is a
+     * member of group g that names no rank (-1: none).  A group's members
+     * are scanned from where the last look stopped (scan[g], the first
+     * member not yet there; scan_all for every rank). */
+    int *first, *member, *bad;
+    int *scan, scan_all;
     int *all; /* 0 .. n_ranks - 1: the members of a collective over every rank */
 } Walk;
 

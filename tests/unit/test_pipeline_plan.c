@@ -1443,6 +1443,29 @@ START_TEST(walk_events_and_deadlock) {
     ck_assert(walk_run(&w, &hooks, &h, &f));
     ck_assert_str_eq(h.text, "0:s 1:c 1:r+ 0:w+ 0:c");
     walk_free(&w);
+
+    /* Groups: rank 2 joins an allreduce over {0, 1}, which it is not in;
+     * a group that names rank 7 of 3 is refused when a rank uses it. */
+    int g12[] = {1, 2}, g07[] = {0, 7};
+    PlanGroup three[] = {{2, g01}, {2, g12}, {2, g07}};
+    PlanStep m0[] = {AR(0, 4)}, m1[] = {AR(0, 4), AR(1, 4)}, m2[] = {AR(1, 4), AR(0, 4)};
+    const PlanStep *seq3[] = {m0, m1, m2};
+    int len3[] = {1, 2, 2};
+    ck_assert(walk_init(&w, 3, seq3, len3, three, 3));
+    h = (Heard){0};
+    ck_assert(!walk_run(&w, &hooks, &h, &f));
+    ck_assert_int_eq(f.kind, WALK_NOT_MEMBER);
+    ck_assert_int_eq(f.rank, 2);
+    ck_assert_int_eq(f.step, 1);
+    ck_assert_str_eq(h.text, "A[0 1] A[1 2]");
+    walk_free(&w);
+    PlanStep b0[] = {AR(2, 4)};
+    seq3[0] = b0, len3[0] = 1, len3[1] = 0, len3[2] = 0;
+    ck_assert(walk_init(&w, 3, seq3, len3, three, 3));
+    ck_assert(!walk_run(&w, &hooks, &h, &f));
+    ck_assert_int_eq(f.kind, WALK_BAD_MEMBER);
+    ck_assert_int_eq(f.other, 7);
+    walk_free(&w);
 }
 END_TEST
 
