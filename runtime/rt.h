@@ -81,6 +81,8 @@ typedef struct RtTensor {
     bool positions;     /* an int64 input [batch] the runtime fills with
                            each row's position in the global batch (the
                            key of dropout masks), not from a file */
+    int of_len;         /* optimizer state: name is PARAM.SLOT, and PARAM
+                           its first of_len characters */
 } RtTensor;
 
 typedef enum { RT_LOSS_CE, RT_LOSS_MSE, RT_LOSS_MODEL } RtLossKind;
@@ -120,6 +122,9 @@ typedef struct RtLayout {
     RtTensor *all_params;    /* every parameter; offsets into the program of */
     int *param_stage;        /* ... the stage whose replica-0 rank --save reads */
     int n_all_params;
+    RtTensor *all_state;     /* every optimizer state tensor, the same way */
+    int *state_stage;
+    int n_all_state;
 } RtLayout;
 
 typedef struct RtMeta {
@@ -144,6 +149,10 @@ typedef struct RtMeta {
     RtTensor output; /* float32 */
     RtTensor *params;
     int n_params;
+    RtTensor *state;  /* the optimizer state this rank holds (RtTensor.of_len) */
+    int n_state;
+    bool has_state;   /* the metadata lists it: checkpoints can be written */
+    char *optimizer;  /* "optimizer" as compact JSON with sorted keys */
     RtLossKind loss_kind;
     int labels;       /* index of the input named "labels", -1 if none */
     int64_t classes;  /* ce: the output's last dimension */
@@ -286,6 +295,9 @@ bool rt_stage_gather_params(const RtMeta *m, const char *arena, RtMeta *view, ch
  * replica and planned peak activation bytes. */
 struct RtLog;
 void rt_stage_report(struct RtLog *l, const RtMeta *m);
+/* The same for the optimizer state (layout.all_state), for checkpoints:
+ * rank 0's layout.all_state offsets then point into *buf. */
+void rt_stage_gather_state(const RtMeta *m, const char *arena, char **buf);
 /* m with every parameter of every stage (offsets unset), for checks. */
 void rt_stage_save_view(const RtMeta *m, RtMeta *view);
 
@@ -374,6 +386,9 @@ typedef struct RtArgs {
     /* --calibrate-comm OUT.json (rt_calibrate.c): time messages, no
      * training; no other option may be given with it */
     const char *calibrate_comm;
+    const char *checkpoint, *resume; /* --checkpoint DIR, --resume DIR */
+    int64_t checkpoint_every;        /* 0: once an epoch */
+    int64_t checkpoint_keep;         /* default 2 */
 } RtArgs;
 
 bool rt_args_parse(int argc, char **argv, RtArgs *a, RtErr *e);
@@ -498,6 +513,7 @@ typedef struct RtLog {
     int64_t total, batch, log_every;
     double t_start, t_mark, t_drawn;
     int64_t step_mark;
+    int64_t start;      /* steps done before this run (--resume) */
 } RtLog;
 
 /* Current time in seconds (monotonic). */
@@ -551,6 +567,10 @@ typedef struct RtRun {
                         every rank's output rows of one batch,
                         [ranks * local_batch, output row] */
     float *zeros;    /* what ranks without the output send instead */
+    uint64_t mask_seed;  /* --seed, which a checkpoint records */
+    int64_t start_step;  /* steps done before this run: 0, or a checkpoint's */
+    const struct RtCheckpoint *ckpt; /* NULL without --checkpoint */
+    int stop_signal;     /* set when a SIGTERM or SIGINT stopped the run */
     RtLog log;
 } RtRun;
 
@@ -567,6 +587,37 @@ bool rt_train_run(RtRun *r, RtErr *e);
  * set.  Collective in a program of several ranks. */
 void rt_eval_run(RtRun *r, bool predict, RtEvalResult *out);
 
+/* ---- checkpoints: rt_checkpoint.c (docs/checkpoint.md) -------------------- */
+
+typedef struct RtCheckpoint {
+    const char *dir;     /* --checkpoint DIR, NULL for none (resume only) */
+    int64_t every;       /* steps between checkpoints (and one at the end) */
+    int keep;            /* checkpoints kept in DIR, the newest */
+    const RtProgram *prog;
+    uint64_t model_hash; /* rt_save_model_hash, rank 0 */
+} RtCheckpoint;
+
+/* Collective: every rank's tensors reach rank 0, which writes the
+ * checkpoint of `step` (steps done) to c->dir.  False on every rank when
+ * it could not be written; the previous checkpoints are then as they
+ * were. */
+bool rt_ckpt_write(const RtCheckpoint *c, const RtRun *r, int64_t step, RtErr *e);
+/* Collective: rank 0 reads the checkpoint DIR/latest names (or, when it is
+ * damaged, the newest intact one, with a warning), refuses one of another
+ * model, batch, optimizer, learning rate or data order, and every rank
+ * copies the parameters and optimizer state it holds into r->arena and
+ * sets r->start_step.  Needs r's data loaded and arena initialised. */
+bool rt_ckpt_resume(const RtCheckpoint *c, const char *dir, RtRun *r, RtErr *e);
+
+/* ---- stopping on a signal: rt_signal.c ----------------------------------- */
+
+/* SIGTERM and SIGINT set a flag rather than end the process: the run
+ * stops after its current step (rt_train.c), writes a checkpoint and
+ * exits.  A second one ends the process at once, as without handlers. */
+void rt_signal_install(void);
+/* The signal received so far (0: none). */
+int rt_signal_pending(void);
+
 /* ---- --save: rt_save.c --------------------------------------------------- */
 
 uint16_t rt_f32_to_f16(float f);
@@ -579,5 +630,10 @@ bool rt_save_check(const RtProgram *p, const RtMeta *m, RtErr *e);
  * the arena. */
 bool rt_save_write(const char *path, const RtProgram *p, const RtMeta *m, const char *arena,
                    RtErr *e);
+/* The bytes rt_save_write writes, in *bytes (the caller frees them). */
+bool rt_save_pack(const RtProgram *p, const RtMeta *m, const char *arena, uint8_t **bytes, size_t *len, RtErr *e);
+/* FNV-1a of the embedded model without the parameters' values: the same
+ * for every program compiled from one model file, whatever its plan. */
+bool rt_save_model_hash(const RtProgram *p, const RtMeta *m, uint64_t *hash, RtErr *e);
 
 #endif

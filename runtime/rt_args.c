@@ -70,7 +70,8 @@ bool rt_args_parse(int argc, char **argv, RtArgs *a, RtErr *e) {
     a->data = calloc((size_t)n, sizeof *a->data);
     a->eval = calloc((size_t)n, sizeof *a->eval);
     if (!a->data || !a->eval) return rt_error(e, "out of memory");
-    bool have_log_every = false, have_lr = false;
+    bool have_log_every = false, have_lr = false, have_keep = false;
+    a->checkpoint_keep = 2;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
@@ -100,7 +101,8 @@ bool rt_args_parse(int argc, char **argv, RtArgs *a, RtErr *e) {
         static const char *const known[] = {"--data", "--eval-data", "--steps", "--epochs", "--lr",
                                             "--lr-schedule", "--warmup-steps", "--shuffle", "--seed",
                                             "--metrics", "--save", "--predict", "--log-every", "--trace",
-                                            "--calibrate-comm"};
+                                            "--calibrate-comm", "--checkpoint", "--checkpoint-every",
+                                            "--checkpoint-keep", "--resume"};
         bool is_known = false;
         for (size_t k = 0; k < sizeof known / sizeof *known; k++) is_known |= strcmp(flag, known[k]) == 0;
         if (!is_known) return rt_usage_error(e, "unknown option '%s' (see --help)", flag);
@@ -154,6 +156,19 @@ bool rt_args_parse(int argc, char **argv, RtArgs *a, RtErr *e) {
             ok = set_once(&a->trace, flag, value, e);
         } else if (strcmp(flag, "--calibrate-comm") == 0) {
             ok = set_once(&a->calibrate_comm, flag, value, e);
+        } else if (strcmp(flag, "--checkpoint") == 0) {
+            ok = set_once(&a->checkpoint, flag, value, e);
+        } else if (strcmp(flag, "--resume") == 0) {
+            ok = set_once(&a->resume, flag, value, e);
+        } else if (strcmp(flag, "--checkpoint-every") == 0) {
+            if (a->checkpoint_every) return rt_usage_error(e, "--checkpoint-every given twice");
+            ok = parse_count(flag, value, 1, &a->checkpoint_every, e);
+        } else if (strcmp(flag, "--checkpoint-keep") == 0) {
+            if (have_keep) return rt_usage_error(e, "--checkpoint-keep given twice");
+            ok = parse_count(flag, value, 1, &a->checkpoint_keep, e) &&
+                 (a->checkpoint_keep <= 1000000 ||
+                  rt_usage_error(e, "--checkpoint-keep needs an integer from 1 to 1000000, got '%s'", value));
+            have_keep = true;
         } else {
             ok = set_once(&a->predict, flag, value, e);
         }
@@ -164,7 +179,8 @@ bool rt_args_parse(int argc, char **argv, RtArgs *a, RtErr *e) {
     if (a->calibrate_comm) {
         if (a->n_data || a->n_eval || a->steps || a->epochs || a->has_lr || a->has_lr_schedule || a->has_warmup ||
             a->shuffle || a->has_mask_seed || have_log_every ||
-            a->metrics || a->save || a->predict || a->trace || a->check_replicas)
+            a->metrics || a->save || a->predict || a->trace || a->check_replicas || a->checkpoint || a->resume ||
+            a->checkpoint_every || have_keep)
             return rt_usage_error(e, "--calibrate-comm takes no other option");
         return true;
     }
@@ -172,6 +188,8 @@ bool rt_args_parse(int argc, char **argv, RtArgs *a, RtErr *e) {
     if (!a->steps && !a->epochs) return rt_usage_error(e, "give --steps K or --epochs E");
     if (a->steps && a->epochs) return rt_usage_error(e, "give --steps or --epochs, not both");
     if (a->predict && a->n_eval == 0) return rt_usage_error(e, "--predict needs --eval-data");
+    if ((a->checkpoint_every || have_keep) && !a->checkpoint)
+        return rt_usage_error(e, "%s needs --checkpoint DIR", a->checkpoint_every ? "--checkpoint-every" : "--checkpoint-keep");
     return true;
 }
 
@@ -181,7 +199,8 @@ uint64_t rt_args_fingerprint(const RtArgs *a) {
     int64_t ints[] = {a->steps,        a->epochs,         a->shuffle,        a->has_lr,
                       a->n_eval > 0,   a->predict != NULL, a->check_replicas, a->trace != NULL,
                       a->has_lr_schedule ? (int64_t)a->lr_schedule : -1,
-                      a->has_warmup ? a->warmup_steps : -1};
+                      a->has_warmup ? a->warmup_steps : -1,
+                      a->checkpoint != NULL, a->checkpoint_every, a->resume != NULL};
     h = rt_fnv1a64(h, ints, sizeof ints);
     h = rt_fnv1a64(h, &a->seed, sizeof a->seed);
     h = rt_fnv1a64(h, &a->mask_seed, sizeof a->mask_seed);
@@ -247,6 +266,10 @@ bool rt_args_check_writable(const char *flag, const char *path, RtErr *e) {
 }
 
 bool rt_args_check_outputs(const RtArgs *a, RtErr *e) {
+    struct stat st;
+    if (a->checkpoint && stat(a->checkpoint, &st) == 0 && !S_ISDIR(st.st_mode))
+        return rt_usage_error(e, "--checkpoint %s: not a folder (give a folder, new or holding checkpoints)",
+                              a->checkpoint);
     const char *out_flag[] = {"--save", "--predict", "--metrics", "--trace"};
     const char *out_path[] = {a->save, a->predict, a->metrics, a->trace};
     for (int i = 0; i < 4; i++) {
@@ -294,6 +317,14 @@ void rt_args_usage(FILE *out, const RtMeta *m) {
             "                         and at the end\n"
             "  --predict OUT.npy      after training, the model output for every evaluation row\n"
             "  --save OUT.onnx        the model with its trained parameters\n"
+            "  --checkpoint DIR       write checkpoints to DIR (created if missing): the model,\n"
+            "                         the optimizer state and the run's position, after every\n"
+            "                         epoch (or --checkpoint-every N steps), at the end, and when\n"
+            "                         SIGTERM or SIGINT stops the run\n"
+            "  --checkpoint-every N   a checkpoint every N steps\n"
+            "  --checkpoint-keep K    keep the newest K checkpoints in DIR (default 2)\n"
+            "  --resume DIR           continue from DIR's latest intact checkpoint; --steps and\n"
+            "                         --epochs still count from the start of training\n"
             "  --log-every N          log line every N steps when stderr is not a terminal\n"
             "                         (default 100; 0: only the final line)\n"
             "  --check-replicas       at the end, check that every data-parallel replica holds\n"

@@ -119,6 +119,7 @@ static bool prepare(const RtProgram *prog, const RtArgs *args, const RtMeta *met
     memset(r->arena, 0, (size_t)meta->arena_bytes);
     memcpy(r->arena, prog->init + meta->layout.init_offset, (size_t)meta->init_bytes);
     if (meta->layout.has_seed) memcpy(r->arena + meta->seed_offset, &args->mask_seed, sizeof args->mask_seed);
+    r->mask_seed = args->mask_seed;
     if (!rt_comm_setup(r->arena, meta, e)) return false;
     *prog->program = meta->layout.stage;
     /* Ranks of stages without the output still take part in gathering
@@ -132,6 +133,22 @@ static bool prepare(const RtProgram *prog, const RtArgs *args, const RtMeta *met
                        args->log_every, e);
 }
 
+/* Checkpoints need the optimizer state listed in the metadata, and rank 0
+ * the model's identity, which a checkpoint records and resuming checks. */
+static bool prepare_checkpoints(const RtProgram *prog, const RtMeta *meta, RtCheckpoint *c, RtRun *r, RtErr *e) {
+    const char *flag = c->dir ? "--checkpoint" : "--resume";
+    if (!meta->has_state)
+        return rt_usage_error(e, "%s: this program's metadata lists no optimizer state (compiled by an older "
+                              "cleave): recompile it", flag);
+    if (rt_rank() == 0) {
+        RtMeta all;
+        rt_stage_save_view(meta, &all);
+        if (!rt_save_check(prog, &all, e) || !rt_save_model_hash(prog, meta, &c->model_hash, e)) return false;
+    }
+    r->ckpt = c;
+    return true;
+}
+
 static bool run(const RtProgram *prog, const RtArgs *args, const RtMeta *meta, RtErr *e) {
     bool rank0 = rt_rank() == 0, ok = false;
     int n = meta->n_inputs, ranks = rt_ranks();
@@ -142,8 +159,11 @@ static bool run(const RtProgram *prog, const RtArgs *args, const RtMeta *meta, R
     const char **train_paths = calloc((size_t)n, sizeof *train_paths);
     const char **eval_paths = calloc((size_t)n, sizeof *eval_paths);
     RtRun r = {.prog = prog, .meta = meta};
+    RtCheckpoint ckpt = {.dir = args->checkpoint, .every = args->checkpoint_every, .keep = (int)args->checkpoint_keep,
+                         .prog = prog};
     if (!train_paths || !eval_paths) rt_error(e, "out of memory");
     else prepare(prog, args, meta, &r, train_paths, eval_paths, e);
+    if (!e->status && (args->checkpoint || args->resume)) prepare_checkpoints(prog, meta, &ckpt, &r, e);
     /* The workers of a program compiled with --threads, once for the run. */
     if (!e->status) rt_pool_start(meta->threads, e);
     /* The first collective after start-up: a rank that failed above (a file
@@ -152,6 +172,9 @@ static bool run(const RtProgram *prog, const RtArgs *args, const RtMeta *meta, R
     rt_bind_ranks(!args->no_bind);
     rt_comm_groups();
     if (rt_layout_pipelined(&meta->layout)) rt_stage_report(&r.log, meta);
+    if (args->resume && !rt_ckpt_resume(&ckpt, args->resume, &r, e)) goto out;
+    r.log.start = r.log.step_mark = r.start_step;
+    rt_signal_install();
     rt_trace_start(args->trace != NULL);
 
     if (!rt_train_run(&r, e)) goto out;
@@ -160,7 +183,7 @@ static bool run(const RtProgram *prog, const RtArgs *args, const RtMeta *meta, R
      * never costs the trained model: it goes to its own RtErr, and the
      * save below runs whatever it says. */
     RtErr log_e = {0};
-    if (args->trace) rt_trace_write(args->trace, meta, r.total_steps, &log_e);
+    if (args->trace) rt_trace_write(args->trace, meta, r.total_steps - r.start_step, &log_e);
     if (args->check_replicas) {
         if (!rt_comm_check_replicas(meta, r.arena, e)) goto out;
         if (rank0) {

@@ -65,7 +65,8 @@ static bool get_offset(json_t *obj, const char *where, uint64_t bytes, const RtM
 
 /* KIND_MODEL_OUTPUT: the output under loss_kind "model", where the model's
  * first output is its loss and may well be a scalar rather than rows. */
-typedef enum { KIND_INPUT, KIND_OUTPUT, KIND_MODEL_OUTPUT, KIND_PARAM } TensorKind;
+/* KIND_STATE: the optimizer's state of a parameter, float32 like it. */
+typedef enum { KIND_INPUT, KIND_OUTPUT, KIND_MODEL_OUTPUT, KIND_PARAM, KIND_STATE } TensorKind;
 
 /* A tensor described by o, at the offset of off (its entry in this
  * rank's program); absent when off is NULL. */
@@ -113,7 +114,7 @@ static bool get_tensor(json_t *o, json_t *off, const char *where, TensorKind kin
                         " (batch %" PRId64 " over %d replicas)", where, t->shape[0], m->local_batch, m->batch,
                         m->layout.dp);
     }
-    if (kind == KIND_PARAM) t->row_elems = t->elems;
+    if (kind == KIND_PARAM || kind == KIND_STATE) t->row_elems = t->elems;
     else if (nd >= 1 && t->shape[0] == m->local_batch) t->row_elems = t->elems / m->local_batch;
     else t->row_elems = 0; /* no rows: nothing to predict */
     if (__builtin_mul_overflow((uint64_t)t->elems, (uint64_t)rt_dtype_size(t->dtype), &t->bytes))
@@ -164,7 +165,7 @@ static bool get_tensor_list(json_t *root, json_t *prog, const char *key, TensorK
         snprintf(where, sizeof where, "%s[%zu]", key, i);
         json_t *o = json_array_get(arr, i), *name = json_object_get(o, "name");
         json_t *off = json_is_string(name) ? find_named(offsets, json_string_value(name)) : NULL;
-        if (!off && kind == KIND_PARAM) continue;
+        if (!off && (kind == KIND_PARAM || kind == KIND_STATE)) continue;
         int k = *n_out;
         if (!get_tensor(o, off, where, kind, m, &(*out)[k], e)) return false;
         *n_out = k + 1; /* counted before anything else can fail, so rt_meta_free frees its name */
@@ -320,25 +321,36 @@ static bool parse_slots(json_t *prog, RtMeta *m, RtErr *e) {
     return true;
 }
 
-/* Every parameter of the program and the stage --save reads it from;
- * offsets are that stage's (rank 0 places them for --save). */
-static bool parse_all_params(json_t *root, RtMeta *m, RtErr *e) {
+/* Every tensor of root[key] ("params" or "state") and the stage --save
+ * and checkpoints read it from; offsets are that stage's (rank 0 places
+ * them when it gathers them).  Optimizer state also names its parameter:
+ * "name" is PARAM.SLOT. */
+static bool parse_all(json_t *root, const char *key, TensorKind kind, RtMeta *m, RtTensor **all, int **stages,
+                      int *n_all, RtErr *e) {
     RtLayout *l = &m->layout;
-    json_t *arr = json_object_get(root, "params");
+    json_t *arr = json_object_get(root, key);
     size_t n = json_array_size(arr);
-    l->all_params = calloc(n ? n : 1, sizeof *l->all_params);
-    l->param_stage = calloc(n ? n : 1, sizeof *l->param_stage);
-    if (!l->all_params || !l->param_stage) return rt_error(e, "out of memory reading the program metadata");
+    *all = calloc(n ? n : 1, sizeof **all);
+    *stages = calloc(n ? n : 1, sizeof **stages);
+    if (!*all || !*stages) return rt_error(e, "out of memory reading the program metadata");
     for (size_t i = 0; i < n; i++) {
         char where[64];
-        snprintf(where, sizeof where, "params[%zu]", i);
+        snprintf(where, sizeof where, "%s[%zu]", key, i);
         json_t *o = json_array_get(arr, i);
         int64_t stage;
-        if (!get_tensor(o, NULL, where, KIND_PARAM, m, &l->all_params[i], e)) return false;
-        l->n_all_params = (int)i + 1;
+        if (!get_tensor(o, NULL, where, kind, m, &(*all)[i], e)) return false;
+        *n_all = (int)i + 1;
         if (!get_int(o, "stage", where, 0, &stage, e)) return false;
         if (stage >= l->stages) return rt_error(e, BAD "%s: stage %" PRId64 " of %d", where, stage, l->stages);
-        l->param_stage[i] = (int)stage;
+        (*stages)[i] = (int)stage;
+        if (kind != KIND_STATE) continue;
+        json_t *param = member(o, "param", where, JSON_STRING, e), *slot = member(o, "slot", where, JSON_STRING, e);
+        if (!param || !slot) return false;
+        const char *name = (*all)[i].name, *p = json_string_value(param);
+        size_t plen = strlen(p);
+        if (strncmp(name, p, plen) != 0 || name[plen] != '.' || strcmp(name + plen + 1, json_string_value(slot)) != 0)
+            return rt_error(e, BAD "%s: \"name\" \"%s\" is not \"param\".\"slot\"", where, name);
+        (*all)[i].of_len = (int)plen;
     }
     return true;
 }
@@ -351,8 +363,16 @@ static bool parse_tensors(json_t *root, json_t *prog, RtMeta *m, RtErr *e) {
     json_t *out_off = json_object_get(prog, "output");
     m->layout.has_output = out_off != NULL;
     if (!out || !get_tensor(out, out_off, "output", out_kind, m, &m->output, e)) return false;
-    return get_tensor_list(root, prog, "params", KIND_PARAM, m, &m->params, &m->n_params, e) &&
-           parse_all_params(root, m, e);
+    RtLayout *l = &m->layout;
+    if (!get_tensor_list(root, prog, "params", KIND_PARAM, m, &m->params, &m->n_params, e) ||
+        !parse_all(root, "params", KIND_PARAM, m, &l->all_params, &l->param_stage, &l->n_all_params, e))
+        return false;
+    /* Absent (rt_abi.h): an optimizer without state, or a program from
+     * before checkpoints, which then cannot write any. */
+    if (!json_object_get(root, "state")) return true;
+    m->has_state = true;
+    return get_tensor_list(root, prog, "state", KIND_STATE, m, &m->state, &m->n_state, e) &&
+           parse_all(root, "state", KIND_STATE, m, &l->all_state, &l->state_stage, &l->n_all_state, e);
 }
 
 static bool parse_root(json_t *root, int rank, RtMeta *m, RtErr *e) {
@@ -412,7 +432,11 @@ static bool parse_root(json_t *root, int rank, RtMeta *m, RtErr *e) {
     else if (strcmp(k, "model") == 0) m->loss_kind = RT_LOSS_MODEL;
     else return rt_error(e, BAD "\"loss_kind\" \"%s\" is not ce, mse or model", k);
     if (!parse_tensors(root, prog, m, e)) return false;
-    if (!member(root, "optimizer", "", JSON_OBJECT, e)) return false;
+    json_t *opt = member(root, "optimizer", "", JSON_OBJECT, e);
+    if (!opt) return false;
+    /* kept as text: a checkpoint records it, and resuming compares it */
+    m->optimizer = json_dumps(opt, JSON_COMPACT | JSON_SORT_KEYS);
+    if (!m->optimizer) return rt_error(e, "out of memory reading the program metadata");
     /* Absent: one thread (rt_abi.h). */
     int64_t threads = 1;
     if (json_object_get(root, "threads") && !get_int(root, "threads", "", 1, &threads, e)) return false;
@@ -476,6 +500,12 @@ void rt_meta_free(RtMeta *m) {
     for (int i = 0; i < m->layout.n_all_params; i++) free(m->layout.all_params[i].name);
     free(m->layout.all_params);
     free(m->layout.param_stage);
+    for (int i = 0; i < m->n_state; i++) free(m->state[i].name);
+    free(m->state);
+    for (int i = 0; i < m->layout.n_all_state; i++) free(m->layout.all_state[i].name);
+    free(m->layout.all_state);
+    free(m->layout.state_stage);
+    free(m->optimizer);
     memset(m, 0, sizeof *m);
     m->labels = -1;
 }

@@ -68,8 +68,9 @@ static void json_num(FILE *f, const char *fmt, double x) {
 
 static void draw_bar(RtLog *l, int64_t step, double loss, double now) {
     double elapsed = now - l->t_start;
-    double rate = elapsed > 0 ? (double)(step * l->batch) / elapsed : 0;
-    double eta = step > 0 ? elapsed / (double)step * (double)(l->total - step) : 0;
+    int64_t done = step - l->start; /* by this run */
+    double rate = elapsed > 0 ? (double)(done * l->batch) / elapsed : 0;
+    double eta = done > 0 ? elapsed / (double)done * (double)(l->total - step) : 0;
     enum { WIDTH = 24 };
     char bar[WIDTH + 1];
     int filled = (int)((double)WIDTH * (double)step / (double)l->total);

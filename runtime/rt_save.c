@@ -178,22 +178,28 @@ bool rt_save_check(const RtProgram *p, const RtMeta *m, RtErr *e) {
     return ok;
 }
 
-bool rt_save_write(const char *path, const RtProgram *p, const RtMeta *m, const char *arena, RtErr *e) {
+bool rt_save_pack(const RtProgram *p, const RtMeta *m, const char *arena, uint8_t **bytes, size_t *len, RtErr *e) {
     Onnx__ModelProto *mp = unpack(p, e);
     if (!mp) return false;
     bool ok = check_model(mp, m, e);
     for (int k = 0; ok && k < m->n_params; k++)
         ok = write_values(find_initializer(mp->graph, m->params[k].name), &m->params[k], arena, e);
-    uint8_t *bytes = NULL;
-    size_t len = 0;
+    *bytes = NULL;
+    *len = 0;
     if (ok) {
-        len = onnx__model_proto__get_packed_size(mp);
-        bytes = malloc(len ? len : 1);
-        if (!bytes) ok = rt_error(e, "--save: out of memory for %zu bytes", len);
-        else onnx__model_proto__pack(mp, bytes);
+        *len = onnx__model_proto__get_packed_size(mp);
+        *bytes = malloc(*len ? *len : 1);
+        if (!*bytes) ok = rt_error(e, "--save: out of memory for %zu bytes", *len);
+        else onnx__model_proto__pack(mp, *bytes);
     }
     onnx__model_proto__free_unpacked(mp, NULL);
-    if (!ok) return false;
+    return ok;
+}
+
+bool rt_save_write(const char *path, const RtProgram *p, const RtMeta *m, const char *arena, RtErr *e) {
+    uint8_t *bytes;
+    size_t len;
+    if (!rt_save_pack(p, m, arena, &bytes, &len, e)) return false;
     /* Beside the target and renamed over it: a full disk or a kill
      * during the write leaves the previous model at path whole. */
     OutFile out;
@@ -207,4 +213,34 @@ bool rt_save_write(const char *path, const RtProgram *p, const RtMeta *m, const 
     err = out_file_finish(&out);
     if (err) return rt_error(e, "--save %s: write failed, the file is as it was: %s", path, out_file_why(err));
     return true;
+}
+
+/* The model's identity apart from its weights: FNV-1a over the embedded
+ * model with the parameters' values removed.  Two programs compiled from
+ * the same file, under any plan, agree; another graph, another
+ * initializer's shape or a changed constant do not. */
+bool rt_save_model_hash(const RtProgram *p, const RtMeta *m, uint64_t *hash, RtErr *e) {
+    Onnx__ModelProto *mp = unpack(p, e);
+    if (!mp) return false;
+    for (int k = 0; k < m->layout.n_all_params; k++) {
+        Onnx__TensorProto *t = find_initializer(mp->graph, m->layout.all_params[k].name);
+        if (!t) continue;
+        clear_contents(t);
+        free(t->raw_data.data);
+        t->raw_data.data = NULL;
+        t->raw_data.len = 0;
+        t->has_raw_data = 0;
+    }
+    size_t len = onnx__model_proto__get_packed_size(mp);
+    uint8_t *bytes = malloc(len ? len : 1);
+    bool ok = bytes != NULL;
+    if (ok) {
+        onnx__model_proto__pack(mp, bytes);
+        *hash = rt_fnv1a64(RT_FNV1A64_INIT, bytes, len);
+    } else {
+        rt_error(e, "out of memory for the model's %zu bytes", len);
+    }
+    free(bytes);
+    onnx__model_proto__free_unpacked(mp, NULL);
+    return ok;
 }

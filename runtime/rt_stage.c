@@ -12,30 +12,30 @@
 #include "rt.h"
 #include "rt_mpi.h"
 
-/* A parameter's bytes as the count of one MPI message. */
+/* A tensor's bytes as the count of one MPI message. */
 static int message_bytes(const RtTensor *t) {
-    if (t->bytes > INT_MAX)
-        rt_fatal("--save: parameter %s of %" PRIu64 " bytes is too large to send", t->name, t->bytes);
+    if (t->bytes > INT_MAX) rt_fatal("%s of %" PRIu64 " bytes is too large to send", t->name, t->bytes);
     return (int)t->bytes;
 }
 
-/* Rank 0 copies the parameters of stage 0 and receives every other from
- * the replica-0 rank of the stage that holds it, which sends it. */
-bool rt_stage_gather_params(const RtMeta *m, const char *arena, RtMeta *view, char **buf, RtErr *e) {
+/* Rank 0 copies the tensors of stage 0 and receives every other from the
+ * replica-0 rank of the stage that holds it, which sends it. */
+static void gather(const RtMeta *m, const char *arena, const RtTensor *held_list, int n_held, RtTensor *all,
+                   const int *stage_of, int n_all, char **buf) {
     const RtLayout *st = &m->layout;
     bool rank0 = rt_rank() == 0;
     uint64_t total = 0;
-    for (int i = 0; i < st->n_all_params; i++) total += (st->all_params[i].bytes + 63) / 64 * 64;
+    for (int i = 0; i < n_all; i++) total += (all[i].bytes + 63) / 64 * 64;
     *buf = NULL;
     if (rank0 && !(*buf = malloc(total ? total : 1)))
-        rt_fatal("--save: out of memory for %" PRIu64 " bytes of parameters", total);
+        rt_fatal("out of memory for %" PRIu64 " bytes of parameters and optimizer state", total);
     uint64_t at = 0;
-    for (int i = 0; i < st->n_all_params; i++) {
-        RtTensor *t = &st->all_params[i];
-        int owner = st->param_stage[i];
+    for (int i = 0; i < n_all; i++) {
+        RtTensor *t = &all[i];
+        int owner = stage_of[i];
         const RtTensor *held = NULL;
-        for (int k = 0; k < m->n_params && !held; k++)
-            if (strcmp(m->params[k].name, t->name) == 0) held = &m->params[k];
+        for (int k = 0; k < n_held && !held; k++)
+            if (strcmp(held_list[k].name, t->name) == 0) held = &held_list[k];
         if (rank0) {
             t->offset = at;
             if (owner == 0 && held) memcpy(*buf + at, arena + held->offset, t->bytes);
@@ -44,13 +44,23 @@ bool rt_stage_gather_params(const RtMeta *m, const char *arena, RtMeta *view, ch
                          rt_comm_world(), MPI_STATUS_IGNORE);
             at += (t->bytes + 63) / 64 * 64;
         } else if (st->replica == 0 && st->stage == owner && owner != 0) {
-            if (!held) rt_fatal("--save: stage %d does not hold parameter %s", owner, t->name);
+            if (!held) rt_fatal("stage %d does not hold %s", owner, t->name);
             MPI_Send(arena + held->offset, message_bytes(t), MPI_BYTE, 0, i % 32768, rt_comm_world());
         }
     }
-    if (rank0) rt_stage_save_view(m, view);
+}
+
+bool rt_stage_gather_params(const RtMeta *m, const char *arena, RtMeta *view, char **buf, RtErr *e) {
+    const RtLayout *st = &m->layout;
+    gather(m, arena, m->params, m->n_params, st->all_params, st->param_stage, st->n_all_params, buf);
+    if (rt_rank() == 0) rt_stage_save_view(m, view);
     (void)e;
     return true;
+}
+
+void rt_stage_gather_state(const RtMeta *m, const char *arena, char **buf) {
+    const RtLayout *st = &m->layout;
+    gather(m, arena, m->state, m->n_state, st->all_state, st->state_stage, st->n_all_state, buf);
 }
 
 void rt_stage_save_view(const RtMeta *m, RtMeta *view) {

@@ -9,6 +9,7 @@
  * exist before the first step. */
 #include <inttypes.h>
 #include <math.h>
+#include <signal.h>
 #include <string.h>
 
 #include "rt.h"
@@ -134,15 +135,37 @@ void rt_eval_run(RtRun *r, bool predict, RtEvalResult *out) {
     out->accuracy = sums[2] > 0 ? sums[1] / sums[2] : NAN;
 }
 
+static const char *signal_name(int sig) { return sig == SIGINT ? "SIGINT" : "SIGTERM"; }
+
+/* After the step that found a signal: the checkpoint, when there is a
+ * folder for it and the step's is not written yet, and the error every
+ * rank exits with (128 + the signal, as a shell reports a process the
+ * signal killed). */
+static bool stop_on_signal(RtRun *r, int64_t done, bool written, RtErr *e) {
+    int sig = r->stop_signal;
+    char saved[512] = "nothing saved: no --checkpoint";
+    if (r->ckpt && r->ckpt->dir) {
+        if (!written && !rt_ckpt_write(r->ckpt, r, done, e)) return false;
+        snprintf(saved, sizeof saved, "checkpoint %s/step-%09" PRId64 " written; continue with --resume %s",
+                 r->ckpt->dir, done, r->ckpt->dir);
+    }
+    rt_error_all(e, "stopped by %s after step %" PRId64 " of %" PRId64 ": %s", signal_name(sig), done,
+                 r->total_steps, saved);
+    e->status = 128 + sig;
+    return false;
+}
+
 bool rt_train_run(RtRun *r, RtErr *e) {
     const RtMeta *m = r->meta;
     int64_t B = m->batch, L = m->local_batch, per_epoch = rt_steps_per_epoch(r->train_rows, B), epoch = -1;
     const RtLayout *l = &m->layout;
     int64_t r0 = (int64_t)l->replica * L, r1 = r0 + L;
+    const RtCheckpoint *ck = r->ckpt && r->ckpt->dir ? r->ckpt : NULL;
+    int64_t every = ck && ck->every > 0 ? ck->every : per_epoch;
     /* Whether the step's loss is a reduction over ranks: the means of the
      * last stage of each replica (the other ranks add nothing). */
     bool sharded = m->ranks > 1;
-    for (int64_t s = 0; s < r->total_steps; s++) {
+    for (int64_t s = r->start_step; s < r->total_steps; s++) {
         int64_t ep = s / per_epoch, i = s % per_epoch;
         if (ep != epoch) {
             rt_order_epoch(&r->order, ep);
@@ -161,15 +184,17 @@ bool rt_train_run(RtRun *r, RtErr *e) {
         if (!rt_comm_step_end(&comm, e)) return false;
         /* The global batch's loss is the mean of the replicas' means (each
          * over L rows); a NaN or infinity anywhere reaches every rank through
-         * the sum, so all stop at the same step. */
-        double loss[2] = {0, 1};
+         * the sum, so all stop at the same step.  So does a SIGTERM or
+         * SIGINT any rank received: loss[2] and loss[3] count them. */
+        int sig = rt_signal_pending();
+        double loss[4] = {0, 1, sig == SIGTERM, sig == SIGINT};
         if (l->loss_count) loss[0] = step_loss(r);
         else loss[1] = 0;
         /* The step ends for every rank when the loss is known: a rank
          * that finished its own work early waits here, and the trace
          * counts that as idle time of the step. */
         double t_sync = rt_trace_wait_begin();
-        if (sharded) rt_comm_sum(loss, 2);
+        if (sharded) rt_comm_sum(loss, 4);
         rt_trace_wait_end(RT_EV_SYNC, t_sync);
         rt_trace_step_end();
         loss[0] /= loss[1];
@@ -186,6 +211,16 @@ bool rt_train_run(RtRun *r, RtErr *e) {
             rt_comm_state_from_replica0(m, r->arena);
             rt_eval_run(r, last, &res);
             rt_log_eval(&r->log, ep, res.loss, res.has_accuracy, res.accuracy);
+        }
+        bool written = false;
+        if (ck && ((s + 1) % every == 0 || last)) {
+            if (!rt_ckpt_write(ck, r, s + 1, e)) return false;
+            written = true;
+        }
+        /* A signal at the last step stops nothing: the run ends anyway. */
+        if (!last && (loss[2] > 0 || loss[3] > 0)) {
+            r->stop_signal = loss[2] > 0 ? SIGTERM : SIGINT;
+            return stop_on_signal(r, s + 1, written, e);
         }
     }
     return true;
