@@ -549,8 +549,8 @@ static bool check_compatible(const json_t *h, const RtRun *r, const RtCheckpoint
                                 where, what, t->name);
             json_t *shape = shape_json(t);
             bool same = json_equal(shape, json_object_get(found, "shape"));
-            char *theirs = json_dumps(json_object_get(found, "shape"), JSON_COMPACT);
-            char *ours = json_dumps(shape, JSON_COMPACT);
+            char *theirs = json_dumps(json_object_get(found, "shape"), 0);
+            char *ours = json_dumps(shape, 0);
             json_decref(shape);
             if (!same)
                 rt_error(e, "%s: %s '%s' has shape %s there, %s in this program", where, what, t->name,
