@@ -67,7 +67,20 @@
  *                                   initializers as the ONNX file names
  *                                   them; --save writes these back, each
  *                                   from the first stage `s` holding it
- *  "loss_kind": "ce"|"mse"|"model", "optimizer": {...},
+ *  "state": [{"name": "P.SLOT", "param": P, "slot": s, "dtype": "float32",
+ *             "shape": [...], "stage": s}],
+ *                                   the optimizer's state (SGD's
+ *                                   momentum_buffer, Adam's exp_avg and
+ *                                   exp_avg_sq) of parameter P, zero to start
+ *                                   with; checkpoints save and restore it by
+ *                                   name (absent: a program that cannot write
+ *                                   checkpoints)
+ *  "loss_kind": "ce"|"mse"|"model",
+ *  "optimizer": {"name": s, "weight_decay": x, "clip_grad_norm": x,
+ *                "momentum": x, "nesterov": b,  (momentum)
+ *                "beta1": x, "beta2": x, "eps": x},  (adam, adamw)
+ *                                   recorded in checkpoints; resuming under
+ *                                   other values is refused
  *  "ignore_index": I,               loss_kind ce: labels equal to I count
  *                                   for nothing (absent: none is ignored)
  *  "threads": T,                    threads each rank runs its large matrix
@@ -83,6 +96,7 @@
  *                                   micro-batches' rows back to back from
  *                                   offset, as one [L, ...] tensor
  *    "params": [{"name", "offset"}],  the parameters it holds
+ *    "state": [{"name", "offset"}],   the optimizer state it holds
  *    "buckets": [{"offset": o, "count": n}],
  *                                   with replicas (D > 1): the gradient
  *                                   buckets, n float32 values at byte o,
