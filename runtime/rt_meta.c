@@ -172,6 +172,9 @@ static bool get_tensor_list(json_t *root, json_t *prog, const char *key, TensorK
         json_t *trainable = kind == KIND_PARAM ? member(o, "trainable", where, JSON_TRUE, e) : NULL;
         if (kind == KIND_PARAM && !trainable) return false;
         (*out)[k].trainable = json_is_true(trainable);
+        /* PARAM of PARAM.SLOT, which parse_all checks */
+        json_t *param = kind == KIND_STATE ? json_object_get(o, "param") : NULL;
+        if (json_is_string(param)) (*out)[k].of_len = (int)strlen(json_string_value(param));
         for (int j = 0; j < k; j++)
             if (strcmp((*out)[j].name, (*out)[k].name) == 0)
                 return rt_error(e, BAD "%s: name \"%s\" is used twice", key, (*out)[k].name);

@@ -551,6 +551,47 @@ START_TEST(meta_bad) {
 }
 END_TEST
 
+/* good_meta with a momentum buffer for W, held at offset 512. */
+static const char *state_meta(void) {
+    static char json[4096];
+    const char *at = strstr(good_meta, " \"loss_kind\"");
+    const char *prog = strstr(good_meta, " \"buckets\": []");
+    snprintf(json, sizeof json,
+             "%.*s \"state\": [{\"name\": \"W.momentum_buffer\", \"param\": \"W\", \"slot\": \"momentum_buffer\","
+             " \"dtype\": \"float32\", \"shape\": [4, 3], \"stage\": 0}],%.*s \"state\": [{\"name\": "
+             "\"W.momentum_buffer\", \"offset\": 512}],%s",
+             (int)(at - good_meta), good_meta, (int)(prog - at), at, prog);
+    return json;
+}
+
+START_TEST(meta_state) {
+    RtMeta m;
+    RtErr e = {0};
+    ck_assert_msg(rt_meta_parse(good_meta, strlen(good_meta), &m, &e), "%s", e.msg);
+    ck_assert(!m.has_state); /* no "state": a program that cannot write checkpoints */
+    ck_assert_str_eq(m.optimizer, "{\"name\":\"sgd\"}");
+    rt_meta_free(&m);
+    const char *meta = state_meta();
+    ck_assert_msg(rt_meta_parse(meta, strlen(meta), &m, &e), "%s: %s", e.msg, meta);
+    ck_assert(m.has_state);
+    ck_assert_int_eq(m.n_state, 1);
+    ck_assert_str_eq(m.state[0].name, "W.momentum_buffer");
+    ck_assert_int_eq(m.state[0].of_len, 1);
+    ck_assert_uint_eq(m.state[0].offset, 512);
+    ck_assert_int_eq(m.state[0].elems, 12);
+    ck_assert_int_eq(m.layout.n_all_state, 1);
+    ck_assert_int_eq(m.layout.state_stage[0], 0);
+    rt_meta_free(&m);
+    ASSERT_HAS(edit_error(meta, "\"slot\": \"momentum_buffer\"", "\"slot\": \"exp_avg\"", 0),
+               "state[0]: \"name\" \"W.momentum_buffer\" is not \"param\".\"slot\"");
+    ASSERT_HAS(edit_error(meta, "\"param\": \"W\", ", "", 0), "state[0]: \"param\" is missing");
+    ASSERT_HAS(edit_error(meta, "\"offset\": 512", "\"offset\": 576", 0),
+               "state[0]: 48 bytes at offset 576 end past the arena");
+    ASSERT_HAS(edit_error(meta, "[4, 3], \"stage\": 0}], \"loss_kind", "[4, 3], \"stage\": 3}], \"loss_kind", 0),
+               "state[0]: stage 3 of 1");
+}
+END_TEST
+
 START_TEST(meta_pipeline) {
     RtMeta m;
     RtErr e = {0};
@@ -973,7 +1014,7 @@ int main(void) {
         {"npy", {npy_good_headers, npy_bad_headers, npy_write_reads_back}},
         {"idx", {idx_headers}},
         {"data", {decode_conversions, decode_idx, load_files}},
-        {"meta", {meta_good, meta_bad, meta_parallel, meta_pipeline}},
+        {"meta", {meta_good, meta_bad, meta_state, meta_parallel, meta_pipeline}},
         {"args", {args_good, args_bad, args_bind, args_fingerprint}},
         {"comm", {fnv1a}},
         {"order", {splitmix_reference, order_is_a_permutation, batch_rows_wrap}},
