@@ -503,7 +503,7 @@ static bool load_latest(const char *dir, Loaded *l, char *used, size_t used_size
     char why[256] = "", damaged[320] = "";
     bool ok = false;
     for (int i = -1; !ok && i < n; i++) {
-        char name[40];
+        char name[sizeof first];
         if (i < 0) {
             if (!first[0]) continue;
             snprintf(name, sizeof name, "%s", first);
