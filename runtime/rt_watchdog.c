@@ -131,7 +131,7 @@ static void *watch(void *unused) {
     double tick = W.timeout / 4 < 0.2 ? W.timeout / 4 : 0.2;
     if (tick < 0.01) tick = 0.01;
     unsigned seen = 0;
-    double since = 0;
+    double since = 0, last = mono_now();
     pthread_mutex_lock(&W.mu);
     while (!W.stop) {
         struct timespec until;
@@ -143,7 +143,13 @@ static void *watch(void *unused) {
         if (W.stop) break;
         unsigned s = atomic_load_explicit(&W.seq, memory_order_acquire);
         double now = mono_now();
-        if (!(s & 1u) || s != seen) {
+        /* A tick far later than due means this process itself was stopped
+         * (SIGSTOP, a suspended machine): that time was not spent waiting
+         * for a peer.  mpirun continues a stopped rank before it kills it,
+         * and the rank must not then report its own stop as a time-out. */
+        bool resumed = now - last > 5 * tick + 0.5;
+        last = now;
+        if (!(s & 1u) || s != seen || resumed) {
             seen = s;
             since = now;
             continue;
