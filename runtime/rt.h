@@ -243,8 +243,9 @@ bool rt_comm_agree(RtErr *e);
 /* The same, also checking that every rank loaded as many training and eval
  * rows as rank 0 (the batch order depends on them). */
 bool rt_comm_agree_rows(int64_t train_rows, int64_t eval_rows, RtErr *e);
-/* Collective sum over the ranks of x[0..n), in place. */
-void rt_comm_sum(double *x, int n);
+/* Collective sum over the ranks of x[0..n), in place; `what` names it if
+ * a rank never comes (rt_watch_begin). */
+void rt_comm_sum(double *x, int n, const char *what);
 /* Collective over the replicas of each stage, for programs whose metadata
  * asks (state_from_replica0: batch statistics of each replica's own rows):
  * the non-trainable parameters the rank holds (running statistics) become
@@ -326,6 +327,39 @@ void rt_bind_ranks(bool enabled);
 /* The CPU this rank's thread was pinned to, or -1 when it was not. */
 int rt_bind_cpu(void);
 
+/* ---- --timeout: rt_watchdog.c ---------------------------------------------
+ *
+ * A thread that ends the process when the main thread has waited for other
+ * ranks longer than the time-out; mpirun then ends every rank.  Every
+ * blocking MPI call that waits for another rank is marked.  The marks are
+ * a few stores, cheap enough for every wait of a step, and do nothing
+ * while no watchdog runs. */
+
+#define RT_TIMEOUT_DEFAULT 300.0 /* seconds, --timeout's default */
+
+/* Whom a wait is for, when not one rank (peer >= 0). */
+#define RT_WATCH_EVERY (-1)    /* every rank */
+#define RT_WATCH_REPLICAS (-2) /* the replicas of this rank's stage */
+#define RT_WATCH_STAGES (-3)   /* the stages of this rank's replica */
+
+/* Starts the watchdog of a run (nothing for timeout 0, or when one runs);
+ * prog and rank name the process in its message. */
+bool rt_watch_start(double timeout, const char *prog, int rank, RtErr *e);
+/* Stops and joins it; the marks then do nothing. */
+void rt_watch_stop(void);
+/* A blocking wait begins: the message reads "for WHAT[ ARG] rank PEER" or
+ * "for WHAT[ ARG] over GROUP" (peer one of RT_WATCH_*); `what` must be a
+ * string that outlives the wait (a literal), arg < 0 for none. */
+void rt_watch_begin(const char *what, int arg, int peer);
+void rt_watch_end(void);
+/* Where the run is: inside 1-based step `step`, or in a phase outside the
+ * steps ("start-up", "evaluation", "saving": a literal), which the message
+ * names with the last step begun, if any. */
+void rt_watch_step(int64_t step);
+void rt_watch_phase(const char *phase);
+/* The layout, to name a group by its stage or replica. */
+void rt_watch_layout(int stages, int stage, int replica);
+
 /* ---- traces: rt_trace.c ---------------------------------------------------- */
 
 /* Event kinds; the first three are the units of cleave_rt_unit. */
@@ -382,6 +416,8 @@ typedef struct RtArgs {
     int64_t log_every; /* 0: only the final line */
     bool check_replicas;
     bool no_bind; /* --no-bind: leave oversubscribed ranks unpinned (rt_bind.c) */
+    double timeout; /* --timeout: seconds a rank waits for another before every
+                       rank stops (rt_watchdog.c); 0: no limit */
     bool help;
     /* --calibrate-comm OUT.json (rt_calibrate.c): time messages, no
      * training; no other option may be given with it */
@@ -407,7 +443,8 @@ bool rt_args_check_outputs(const RtArgs *a, RtErr *e);
 /* A hash of the flags every rank must agree on, since they decide how many
  * steps and collectives run or what the replicas compute: --steps,
  * --epochs, --shuffle, --lr, --lr-schedule, --warmup-steps, --eval-data
- * given, --predict given, --check-replicas. */
+ * given, --predict given, --check-replicas; and --timeout, so that no rank
+ * gives up sooner than the others were told to wait. */
 uint64_t rt_args_fingerprint(const RtArgs *a);
 
 /* ---- --calibrate-comm: rt_calibrate.c ------------------------------------ */

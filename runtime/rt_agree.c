@@ -30,12 +30,15 @@ typedef struct Report {
     char hash[RT_HASH_MAX + 8]; /* NUL-padded */
 } Report;
 
-/* Gathers every rank's report.  Out of memory, which this rank cannot
- * tell the others, aborts the job. */
-static Report *gather(const Report *mine) {
+/* Gathers every rank's report (`what` names the exchange to the
+ * watchdog).  Out of memory, which this rank cannot tell the others,
+ * aborts the job. */
+static Report *gather(const Report *mine, const char *what) {
     Report *all = calloc((size_t)rt_ranks(), sizeof *all);
     if (!all) rt_fatal("out of memory for %d ranks' reports", rt_ranks());
+    rt_watch_begin(what, -1, RT_WATCH_EVERY);
     MPI_Allgather(mine, (int)sizeof *mine, MPI_BYTE, all, (int)sizeof *mine, MPI_BYTE, rt_comm_world());
+    rt_watch_end();
     return all;
 }
 
@@ -75,7 +78,7 @@ bool rt_comm_startup(const RtHello *h, bool *any_help, RtErr *e) {
     mine.options = h->options;
     const RtMeta *m = h->meta;
     if (m) snprintf(mine.hash, sizeof mine.hash, "%s", m->plan_hash);
-    Report *all = gather(&mine);
+    Report *all = gather(&mine, "the start-up exchange");
     bool ok = settle(all, e);
     int ranks = rt_ranks();
     *any_help = false;
@@ -91,7 +94,8 @@ bool rt_comm_startup(const RtHello *h, bool *any_help, RtErr *e) {
                               "program on every rank", all[0].hash, all[r].hash, r);
         else if (all[r].options != all[0].options)
             ok = rt_error_all(e, "rank %d was started with other options than rank 0 (--steps, --epochs, --shuffle, "
-                              "--lr, --eval-data, --predict, --check-replicas and --trace must be the same on every rank)", r);
+                              "--lr, --eval-data, --predict, --check-replicas, --trace and --timeout must be the same on "
+                              "every rank)", r);
     }
     free(all);
     if (!ok) return false;
@@ -108,11 +112,12 @@ bool rt_comm_startup(const RtHello *h, bool *any_help, RtErr *e) {
     return true;
 }
 
-bool rt_comm_agree_rows(int64_t train_rows, int64_t eval_rows, RtErr *e) {
+/* rt_comm_agree_rows; `what` names the agreement to the watchdog. */
+static bool agree_rows(int64_t train_rows, int64_t eval_rows, const char *what, RtErr *e) {
     Report mine = report(e);
     mine.train_rows = train_rows;
     mine.eval_rows = eval_rows;
-    Report *all = gather(&mine);
+    Report *all = gather(&mine, what);
     bool ok = settle(all, e);
     for (int r = 1; r < rt_ranks() && ok; r++) {
         if (all[r].train_rows != all[0].train_rows)
@@ -126,7 +131,11 @@ bool rt_comm_agree_rows(int64_t train_rows, int64_t eval_rows, RtErr *e) {
     return ok;
 }
 
-bool rt_comm_agree(RtErr *e) { return rt_comm_agree_rows(0, 0, e); }
+bool rt_comm_agree_rows(int64_t train_rows, int64_t eval_rows, RtErr *e) {
+    return agree_rows(train_rows, eval_rows, "the agreement after loading the data", e);
+}
+
+bool rt_comm_agree(RtErr *e) { return agree_rows(0, 0, "the agreement on the run's outcome", e); }
 
 /* ---- --check-replicas ---------------------------------------------------- */
 
@@ -145,7 +154,9 @@ bool rt_comm_check_replicas(const RtMeta *m, const char *arena, RtErr *e) {
     for (int i = 0; i < n; i++)
         mine[i] = rt_fnv1a64(RT_FNV1A64_INIT, arena + m->params[i].offset, (size_t)m->params[i].bytes);
     mine[n] = rt_fnv1a64(RT_FNV1A64_INIT, mine, (size_t)n * sizeof *mine);
+    rt_watch_begin("the exchange of --check-replicas hashes", -1, RT_WATCH_REPLICAS);
     MPI_Allgather(mine, n + 1, MPI_UINT64_T, all, n + 1, MPI_UINT64_T, replicas);
+    rt_watch_end();
     int differ = -1, param = 0;
     for (int r = 1; r < size && differ < 0; r++) {
         const uint64_t *theirs = all + (size_t)r * (size_t)(n + 1);
@@ -156,7 +167,9 @@ bool rt_comm_check_replicas(const RtMeta *m, const char *arena, RtErr *e) {
     free(mine);
     free(all);
     int bad = differ >= 0 ? rt_group_stage() : INT_MAX, first = INT_MAX;
+    rt_watch_begin("the outcome of --check-replicas", -1, RT_WATCH_EVERY);
     MPI_Allreduce(&bad, &first, 1, MPI_INT, MPI_MIN, rt_comm_world());
+    rt_watch_end();
     if (first == INT_MAX) return true;
     if (m->layout.stages > 1)
         return rt_error_all(e, "replicas diverged: the replicas of stage %d hold different parameters", first);

@@ -44,6 +44,18 @@ static bool parse_lr(const char *s, float *out, RtErr *e) {
     return true;
 }
 
+/* Seconds: a finite number >= 0 (strtod's forms; "inf" and "nan" are not
+ * time-outs: 0 is the way to turn it off). */
+static bool parse_seconds(const char *flag, const char *s, double *out, RtErr *e) {
+    char *end = NULL;
+    errno = 0;
+    double x = strtod(s, &end);
+    if (!*s || *end || errno == ERANGE || !isfinite(x) || x < 0 || s[0] == ' ')
+        return rt_usage_error(e, "%s needs a number of seconds >= 0, got '%s'", flag, s);
+    *out = x == 0 ? 0 : x; /* -0 too: the ranks compare its bits */
+    return true;
+}
+
 static bool parse_named(const char *flag, const char *s, RtNamedFile *out, RtErr *e) {
     const char *eq = strchr(s, '=');
     if (!eq || eq == s || !eq[1])
@@ -66,11 +78,12 @@ static bool set_once(const char **slot, const char *flag, const char *value, RtE
 bool rt_args_parse(int argc, char **argv, RtArgs *a, RtErr *e) {
     memset(a, 0, sizeof *a);
     a->log_every = 100;
+    a->timeout = RT_TIMEOUT_DEFAULT;
     int n = argc > 0 ? argc : 1;
     a->data = calloc((size_t)n, sizeof *a->data);
     a->eval = calloc((size_t)n, sizeof *a->eval);
     if (!a->data || !a->eval) return rt_error(e, "out of memory");
-    bool have_log_every = false, have_lr = false, have_keep = false;
+    bool have_log_every = false, have_lr = false, have_keep = false, have_timeout = false;
     a->checkpoint_keep = 2;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
@@ -101,8 +114,8 @@ bool rt_args_parse(int argc, char **argv, RtArgs *a, RtErr *e) {
         static const char *const known[] = {"--data", "--eval-data", "--steps", "--epochs", "--lr",
                                             "--lr-schedule", "--warmup-steps", "--shuffle", "--seed",
                                             "--metrics", "--save", "--predict", "--log-every", "--trace",
-                                            "--calibrate-comm", "--checkpoint", "--checkpoint-every",
-                                            "--checkpoint-keep", "--resume"};
+                                            "--calibrate-comm", "--timeout", "--checkpoint",
+                                            "--checkpoint-every", "--checkpoint-keep", "--resume"};
         bool is_known = false;
         for (size_t k = 0; k < sizeof known / sizeof *known; k++) is_known |= strcmp(flag, known[k]) == 0;
         if (!is_known) return rt_usage_error(e, "unknown option '%s' (see --help)", flag);
@@ -148,6 +161,10 @@ bool rt_args_parse(int argc, char **argv, RtArgs *a, RtErr *e) {
             if (have_log_every) return rt_usage_error(e, "--log-every given twice");
             ok = parse_count(flag, value, 0, &a->log_every, e);
             have_log_every = true;
+        } else if (strcmp(flag, "--timeout") == 0) {
+            if (have_timeout) return rt_usage_error(e, "--timeout given twice");
+            ok = parse_seconds(flag, value, &a->timeout, e);
+            have_timeout = true;
         } else if (strcmp(flag, "--metrics") == 0) {
             ok = set_once(&a->metrics, flag, value, e);
         } else if (strcmp(flag, "--save") == 0) {
@@ -178,7 +195,7 @@ bool rt_args_parse(int argc, char **argv, RtArgs *a, RtErr *e) {
     /* A calibration trains nothing: a training flag with it is a mistake. */
     if (a->calibrate_comm) {
         if (a->n_data || a->n_eval || a->steps || a->epochs || a->has_lr || a->has_lr_schedule || a->has_warmup ||
-            a->shuffle || a->has_mask_seed || have_log_every ||
+            a->shuffle || a->has_mask_seed || have_log_every || have_timeout ||
             a->metrics || a->save || a->predict || a->trace || a->check_replicas || a->checkpoint || a->resume ||
             a->checkpoint_every || have_keep)
             return rt_usage_error(e, "--calibrate-comm takes no other option");
@@ -206,7 +223,12 @@ uint64_t rt_args_fingerprint(const RtArgs *a) {
     h = rt_fnv1a64(h, &a->mask_seed, sizeof a->mask_seed);
     uint32_t lr_bits = 0;
     if (a->has_lr) memcpy(&lr_bits, &a->lr, sizeof lr_bits);
-    return rt_fnv1a64(h, &lr_bits, sizeof lr_bits);
+    h = rt_fnv1a64(h, &lr_bits, sizeof lr_bits);
+    /* A rank with a shorter --timeout would stop the job where the user
+     * asked the others to wait. */
+    uint64_t timeout_bits;
+    memcpy(&timeout_bits, &a->timeout, sizeof timeout_bits);
+    return rt_fnv1a64(h, &timeout_bits, sizeof timeout_bits);
 }
 
 void rt_args_free(RtArgs *a) {
@@ -333,6 +355,8 @@ void rt_args_usage(FILE *out, const RtMeta *m) {
             "                         rank (cleave trace-stats FILE sums it up)\n"
             "  --no-bind              on a node with more ranks than CPUs, do not pin each rank to\n"
             "                         one CPU round robin (the placement the cost model assumes)\n"
+            "  --timeout S            a rank that waits for another rank longer than S seconds\n"
+            "                         stops every rank, naming the wait (default 300; 0: wait for ever)\n"
             "  -h, --help             this text\n",
             p);
     if (!m) return;

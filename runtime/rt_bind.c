@@ -41,6 +41,7 @@ void rt_bind_ranks(bool enabled) {
     int color = have ? (int)(rt_fnv1a64(RT_FNV1A64_INIT, &mine, sizeof mine) & 0x7fffffff) : 0;
     MPI_Comm node, same;
     int local = 0, locals = 1;
+    rt_watch_begin("the grouping of ranks by node", -1, RT_WATCH_EVERY);
     if (MPI_Comm_split_type(rt_comm_world(), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
         if (MPI_Comm_split(node, color, 0, &same) == MPI_SUCCESS) {
             MPI_Comm_rank(same, &local);
@@ -49,6 +50,7 @@ void rt_bind_ranks(bool enabled) {
         }
         MPI_Comm_free(&node);
     }
+    rt_watch_end();
     if (!enabled || !have) return;
     int cpus = CPU_COUNT(&mine);
     if (cpus <= 1 || locals <= cpus) return;

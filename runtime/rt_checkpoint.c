@@ -390,6 +390,7 @@ bool rt_ckpt_write(const RtCheckpoint *c, const RtRun *r, int64_t step, RtErr *e
     const RtMeta *m = r->meta;
     RtMeta view;
     char *params = NULL, *state = NULL;
+    rt_watch_phase("writing a checkpoint");
     rt_stage_gather_params(m, r->arena, &view, &params, e);
     rt_stage_gather_state(m, r->arena, &state);
     if (rt_rank() == 0 && write_folder(c, r, step, &view, params, state, e)) prune(c);
@@ -646,6 +647,7 @@ static void restore(const Loaded *l, const RtMeta *m, char *arena) {
 /* Rank 0's bytes to every rank, in pieces one MPI call carries. */
 static void broadcast(uint8_t **bytes, size_t *len) {
     uint64_t n = *len;
+    rt_watch_begin("the checkpoint's broadcast", -1, RT_WATCH_EVERY);
     MPI_Bcast(&n, 1, MPI_UINT64_T, 0, rt_comm_world());
     if (rt_rank() != 0) {
         *len = (size_t)n;
@@ -656,11 +658,13 @@ static void broadcast(uint8_t **bytes, size_t *len) {
         uint64_t piece = n - at < (1u << 30) ? n - at : (1u << 30);
         MPI_Bcast(*bytes + at, (int)piece, MPI_BYTE, 0, rt_comm_world());
     }
+    rt_watch_end();
 }
 
 bool rt_ckpt_resume(const RtCheckpoint *c, const char *dir, RtRun *r, RtErr *e) {
     Loaded l = {0};
     char used[64] = "";
+    rt_watch_phase("resuming");
     if (rt_rank() == 0 && load_latest(dir, &l, used, sizeof used, e)) {
         char where[PATH_MAX + 80];
         snprintf(where, sizeof where, "--resume: checkpoint %s/%s", dir, used);

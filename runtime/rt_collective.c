@@ -108,7 +108,9 @@ void cleave_rt_allreduce_wait(int32_t bucket) {
     if (g_coll.state[bucket] == IDLE) bucket_misuse(fn, bucket, "waited for but never started");
     if (g_coll.state[bucket] == RUNNING) {
         double t0 = rt_trace_wait_begin();
+        rt_watch_begin("the allreduce of gradient bucket", bucket, RT_WATCH_REPLICAS);
         MPI_Wait(&g_coll.req[bucket], MPI_STATUS_IGNORE);
+        rt_watch_end();
         g_coll.wait_s += rt_trace_wait_end(RT_EV_ALLREDUCE, t0);
         completed(bucket, rt_now());
     }
@@ -117,10 +119,12 @@ void cleave_rt_allreduce_wait(int32_t bucket) {
 }
 
 /* A blocking sum over a group: its time is both waited and spent
- * reducing. */
-static void sum_over(MPI_Comm group, void *buf, int count) {
+ * reducing.  what, bucket and who describe it to the watchdog. */
+static void sum_over(MPI_Comm group, void *buf, int count, const char *what, int bucket, int who) {
     double t0 = rt_trace_wait_begin();
+    rt_watch_begin(what, bucket, who);
     MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, group);
+    rt_watch_end();
     double dt = rt_trace_wait_end(RT_EV_ALLREDUCE, t0);
     g_coll.wait_s += dt;
     g_coll.allreduce_s += dt;
@@ -128,7 +132,8 @@ static void sum_over(MPI_Comm group, void *buf, int count) {
 
 void cleave_rt_allreduce(int32_t bucket) {
     const RtBucket *b = idle_bucket("cleave_rt_allreduce", bucket, "already started");
-    sum_over(rt_comm_replicas(), g_coll.arena + b->offset, b->count);
+    sum_over(rt_comm_replicas(), g_coll.arena + b->offset, b->count, "the allreduce of gradient bucket", bucket,
+             RT_WATCH_REPLICAS);
 }
 
 void cleave_rt_group_allreduce(int32_t group, void *buf, int64_t count) {
@@ -137,11 +142,11 @@ void cleave_rt_group_allreduce(int32_t group, void *buf, int64_t count) {
         rt_fatal("an allreduce of %" PRId64 " values is larger than one MPI call sums", count);
     if (group == stages && stages > 1) {
         if (rt_comm_stages() == MPI_COMM_NULL) rt_fatal("an allreduce over the stages runs before they are grouped");
-        sum_over(rt_comm_stages(), buf, (int)count);
+        sum_over(rt_comm_stages(), buf, (int)count, "a sum in the step", -1, RT_WATCH_STAGES);
         return;
     }
     if (group != stage) rt_fatal("an allreduce over the replicas of stage %d runs on stage %d", group, stage);
-    sum_over(rt_comm_replicas(), buf, (int)count);
+    sum_over(rt_comm_replicas(), buf, (int)count, "a sum in the step", -1, RT_WATCH_REPLICAS);
 }
 
 void rt_coll_progress(void) {
@@ -155,8 +160,11 @@ void rt_coll_progress(void) {
 
 /* ---- reductions over every rank ------------------------------------------ */
 
-void rt_comm_sum(double *x, int n) {
-    if (rt_ranks() > 1) MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, MPI_SUM, rt_comm_world());
+void rt_comm_sum(double *x, int n, const char *what) {
+    if (rt_ranks() <= 1) return;
+    rt_watch_begin(what, -1, RT_WATCH_EVERY);
+    MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, MPI_SUM, rt_comm_world());
+    rt_watch_end();
 }
 
 void rt_comm_state_from_replica0(const RtMeta *m, char *arena) {
@@ -165,10 +173,14 @@ void rt_comm_state_from_replica0(const RtMeta *m, char *arena) {
         const RtTensor *t = &m->params[i];
         if (t->trainable) continue;
         if (t->bytes > INT_MAX) rt_fatal("parameter %s of %" PRIu64 " bytes is too large to send", t->name, t->bytes);
+        rt_watch_begin("the broadcast of replica 0's running statistics", -1, RT_WATCH_REPLICAS);
         MPI_Bcast(arena + t->offset, (int)t->bytes, MPI_BYTE, 0, rt_comm_replicas());
+        rt_watch_end();
     }
 }
 
 void rt_comm_gather(const float *send, int count, float *recv) {
+    rt_watch_begin("the gather of --predict rows", -1, RT_WATCH_EVERY);
     MPI_Gather(send, count, MPI_FLOAT, recv, count, MPI_FLOAT, 0, rt_comm_world());
+    rt_watch_end();
 }

@@ -44,7 +44,12 @@ void rt_comm_finalize(void) {
     if (!g.mpi_up) return;
     rt_group_free();
     if (g.world != MPI_COMM_NULL) MPI_Comm_free(&g.world);
+    /* Open MPI's MPI_Finalize waits for every rank */
+    rt_watch_phase("the end of the run");
+    rt_watch_begin("the end of MPI", -1, RT_WATCH_EVERY);
     MPI_Finalize();
+    rt_watch_end();
+    rt_watch_stop();
     g.mpi_up = false;
 }
 
@@ -54,13 +59,18 @@ MPI_Comm rt_comm_replicas(void) { return g.replicas != MPI_COMM_NULL ? g.replica
 
 MPI_Comm rt_comm_stages(void) { return g.stages; }
 
-void rt_group_setup(const RtMeta *m) { g.layout = m->layout; }
+void rt_group_setup(const RtMeta *m) {
+    g.layout = m->layout;
+    rt_watch_layout(m->layout.stages, m->layout.stage, m->layout.replica);
+}
 
 void rt_group_split(void) {
     if (g.layout.stages <= 1 || g.replicas != MPI_COMM_NULL) return;
+    rt_watch_begin("the grouping of ranks by stage", -1, RT_WATCH_EVERY);
     MPI_Comm_split(g.world, g.layout.stage, g.layout.replica, &g.replicas);
     /* ranked by stage, so that a sum over them adds the stages in order */
     MPI_Comm_split(g.world, g.layout.replica, g.layout.stage, &g.stages);
+    rt_watch_end();
 }
 
 void rt_group_free(void) {

@@ -178,6 +178,7 @@ static bool run(const RtProgram *prog, const RtArgs *args, const RtMeta *meta, R
     rt_trace_start(args->trace != NULL);
 
     if (!rt_train_run(&r, e)) goto out;
+    rt_watch_phase("the end of the run");
     rt_comm_state_from_replica0(meta, r.arena);
     /* A failed log write (--trace, --metrics) is reported at the end but
      * never costs the trained model: it goes to its own RtErr, and the
@@ -198,6 +199,7 @@ static bool run(const RtProgram *prog, const RtArgs *args, const RtMeta *meta, R
     if (args->save) {
         RtMeta all;
         char *params = NULL;
+        rt_watch_phase("saving");
         rt_stage_gather_params(meta, r.arena, &all, &params, e);
         if (rank0 && !e->status) rt_save_write(args->save, prog, &all, params, e);
         free(params);
@@ -218,6 +220,7 @@ static bool run(const RtProgram *prog, const RtArgs *args, const RtMeta *meta, R
             snprintf(log_e.msg + len, sizeof log_e.msg - len, " (the trained model is saved in %s)", args->save);
         *e = log_e;
     }
+    rt_watch_phase("the end of the run");
     if (!rt_comm_agree(e)) goto out;
     ok = true;
 out:
@@ -253,6 +256,13 @@ int main(int argc, char **argv) {
     RtArgs args;
     RtMeta meta;
     bool ok = rt_args_parse(argc, argv, &args, &e);
+    /* The watchdog covers every wait for other ranks from the start-up
+     * exchange on; a calibration (--calibrate-comm) runs without one.  A
+     * rank whose command line is wrong watches that exchange with the
+     * default time-out. */
+    if (rt_ranks() > 1 && !(ok && args.calibrate_comm) &&
+        !rt_watch_start(ok ? args.timeout : RT_TIMEOUT_DEFAULT, rt_prog_name(), rt_rank(), &e))
+        ok = false;
     /* A calibration runs on any number of ranks, whatever the program was
      * compiled for, so it skips the start-up checks of a training run. */
     if (ok && !args.help && args.calibrate_comm) {

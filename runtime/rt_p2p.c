@@ -81,7 +81,9 @@ void cleave_rt_recv(int32_t peer, int32_t tag, void *buf, int64_t bytes) {
     int n = message_size(bytes, tag), from = rt_group_peer(peer);
     double t = rt_trace_wait_begin();
     MPI_Status status;
+    rt_watch_begin("a receive from", -1, from);
     MPI_Recv(buf, n, MPI_BYTE, from, tag, rt_comm_world(), &status);
+    rt_watch_end();
     int got = 0;
     MPI_Get_count(&status, MPI_BYTE, &got);
     if (got != n) rt_fatal("received %d bytes with tag %d from rank %d, expected %d", got, tag, from, n);
@@ -94,7 +96,9 @@ void cleave_rt_send_wait(int32_t peer, int32_t tag) {
     while (i < g_p2p.n_sends && g_p2p.send_key[i] != key) i++;
     if (i == g_p2p.n_sends) rt_fatal("a wait for a send to stage %d with tag %d that is not outstanding", peer, tag);
     double t = rt_trace_wait_begin();
+    rt_watch_begin("a send to", -1, rt_group_peer(peer));
     MPI_Wait(&g_p2p.sends[i], MPI_STATUS_IGNORE);
+    rt_watch_end();
     g_p2p.send_wait_s += rt_trace_wait_end(RT_EV_SEND, t);
     g_p2p.n_sends--;
     g_p2p.sends[i] = g_p2p.sends[g_p2p.n_sends];
@@ -110,12 +114,23 @@ void rt_p2p_progress(void) {
     MPI_Testsome(g_p2p.n_sends, g_p2p.sends, &count, g_p2p.done, MPI_STATUSES_IGNORE);
 }
 
+/* The rank the outstanding sends go to, or the stages of the replica when
+ * they go to several. */
+static int last_sends_peer(void) {
+    int32_t stage = g_p2p.send_key[0] / (int32_t)g_p2p.tag_bound;
+    for (int i = 1; i < g_p2p.n_sends; i++)
+        if (g_p2p.send_key[i] / (int32_t)g_p2p.tag_bound != stage) return RT_WATCH_STAGES;
+    return rt_group_peer(stage);
+}
+
 void rt_p2p_step_begin(void) { g_p2p.send_wait_s = g_p2p.recv_wait_s = 0; }
 
 void rt_p2p_step_end(RtStepComm *c) {
     if (g_p2p.n_sends) {
         double t = rt_trace_wait_begin();
+        rt_watch_begin("the step's last sends to", -1, last_sends_peer());
         MPI_Waitall(g_p2p.n_sends, g_p2p.sends, MPI_STATUSES_IGNORE);
+        rt_watch_end();
         g_p2p.n_sends = 0;
         g_p2p.send_wait_s += rt_trace_wait_end(RT_EV_SEND, t);
     }

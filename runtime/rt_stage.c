@@ -39,13 +39,18 @@ static void gather(const RtMeta *m, const char *arena, const RtTensor *held_list
         if (rank0) {
             t->offset = at;
             if (owner == 0 && held) memcpy(*buf + at, arena + held->offset, t->bytes);
-            else
-                MPI_Recv(*buf + at, message_bytes(t), MPI_BYTE, rt_layout_rank(st, 0, owner), i % 32768,
-                         rt_comm_world(), MPI_STATUS_IGNORE);
+            else {
+                int from = rt_layout_rank(st, 0, owner);
+                rt_watch_begin("the receive of parameters for --save or a checkpoint from", -1, from);
+                MPI_Recv(*buf + at, message_bytes(t), MPI_BYTE, from, i % 32768, rt_comm_world(), MPI_STATUS_IGNORE);
+                rt_watch_end();
+            }
             at += (t->bytes + 63) / 64 * 64;
         } else if (st->replica == 0 && st->stage == owner && owner != 0) {
             if (!held) rt_fatal("stage %d does not hold %s", owner, t->name);
+            rt_watch_begin("the send of parameters for --save or a checkpoint to", -1, 0);
             MPI_Send(arena + held->offset, message_bytes(t), MPI_BYTE, 0, i % 32768, rt_comm_world());
+            rt_watch_end();
         }
     }
 }
@@ -75,7 +80,9 @@ void rt_stage_report(RtLog *l, const RtMeta *m) {
     long long mine[3] = {st->stage, st->replica, (long long)st->peak_act_bytes};
     long long *all = rt_rank() == 0 ? malloc(sizeof *all * 3 * (size_t)ranks) : NULL;
     if (rt_rank() == 0 && !all) rt_fatal("out of memory for the report of %d ranks", ranks);
+    rt_watch_begin("the gather of the stages' layout for --metrics", -1, RT_WATCH_EVERY);
     MPI_Gather(mine, 3, MPI_LONG_LONG, all, 3, MPI_LONG_LONG, 0, rt_comm_world());
+    rt_watch_end();
     if (all && l->metrics) {
         fprintf(l->metrics, "{\"plan\": {\"schedule\": \"%s\", \"stages\": %d, \"dp\": %d, \"microbatches\": %d, "
                 "\"ranks\": [", st->schedule, st->stages, st->dp, st->microbatches);

@@ -62,7 +62,9 @@ static void add(int kind, double t0, double t1, int32_t micro) {
 void rt_trace_start(bool on) {
     T.on = on;
     if (!on) return;
+    rt_watch_begin("the barrier that starts --trace", -1, RT_WATCH_EVERY);
     MPI_Barrier(rt_comm_world());
+    rt_watch_end();
     T.origin = rt_now();
 }
 
@@ -182,8 +184,10 @@ bool rt_trace_write(const char *path, const RtMeta *m, int64_t steps, RtErr *e) 
     int *displs = rank == 0 ? calloc((size_t)ranks, sizeof *displs) : NULL;
     int64_t mine_mem[3], *mem = rank == 0 ? calloc((size_t)ranks * 3, sizeof *mem) : NULL;
     rank_facts(m, mine_mem);
+    rt_watch_begin("the gather of --trace events", -1, RT_WATCH_EVERY);
     MPI_Gather(&n, 1, MPI_INT, counts, 1, MPI_INT, 0, rt_comm_world());
     MPI_Gather(mine_mem, 3, MPI_INT64_T, mem, 3, MPI_INT64_T, 0, rt_comm_world());
+    rt_watch_end();
     int64_t total = 0;
     bool ok = true;
     if (rank == 0) {
@@ -197,11 +201,15 @@ bool rt_trace_write(const char *path, const RtMeta *m, int64_t steps, RtErr *e) 
     }
     /* Every rank learns whether the gather can go ahead. */
     int go = ok;
+    rt_watch_begin("the gather of --trace events", -1, RT_WATCH_EVERY);
     MPI_Bcast(&go, 1, MPI_INT, 0, rt_comm_world());
+    rt_watch_end();
     char *all = NULL;
     if (go && rank == 0 && !(all = malloc((size_t)total + 1))) go = 0;
     if (go) {
+        rt_watch_begin("the gather of --trace events", -1, RT_WATCH_EVERY);
         MPI_Gatherv(mine, n, MPI_CHAR, all, counts, displs, MPI_CHAR, 0, rt_comm_world());
+        rt_watch_end();
     }
     if (rank == 0) {
         if (!go) {

@@ -129,7 +129,7 @@ void rt_eval_run(RtRun *r, bool predict, RtEvalResult *out) {
      * holding a loss: the mean of their losses of every full batch is
      * sums[0] / sums[3].  A program of one rank on several sums nothing:
      * each rank ran every row. */
-    if (m->ranks > 1) rt_comm_sum(sums, 4);
+    if (m->ranks > 1) rt_comm_sum(sums, 4, "the evaluation's sums");
     out->loss = sums[3] > 0 ? sums[0] / sums[3] : NAN;
     out->has_accuracy = ce;
     out->accuracy = sums[2] > 0 ? sums[1] / sums[2] : NAN;
@@ -180,6 +180,7 @@ bool rt_train_run(RtRun *r, RtErr *e) {
         RtStepComm comm;
         rt_comm_step_begin();
         rt_trace_step_begin(s + 1);
+        rt_watch_step(s + 1);
         r->prog->train_step(r->arena);
         if (!rt_comm_step_end(&comm, e)) return false;
         /* The global batch's loss is the mean of the replicas' means (each
@@ -194,7 +195,7 @@ bool rt_train_run(RtRun *r, RtErr *e) {
          * that finished its own work early waits here, and the trace
          * counts that as idle time of the step. */
         double t_sync = rt_trace_wait_begin();
-        if (sharded) rt_comm_sum(loss, 4);
+        if (sharded) rt_comm_sum(loss, 4, "the loss sum");
         rt_trace_wait_end(RT_EV_SYNC, t_sync);
         rt_trace_step_end();
         loss[0] /= loss[1];
@@ -208,6 +209,7 @@ bool rt_train_run(RtRun *r, RtErr *e) {
         bool last = s == r->total_steps - 1;
         if (r->eval && (i == per_epoch - 1 || last)) {
             RtEvalResult res;
+            rt_watch_phase("evaluation");
             rt_comm_state_from_replica0(m, r->arena);
             rt_eval_run(r, last, &res);
             rt_log_eval(&r->log, ep, res.loss, res.has_accuracy, res.accuracy);

@@ -38,12 +38,20 @@ int rt_ranks(void) { return g_ranks; }
 const char *rt_prog_name(void) { return g_prog; }
 
 /* Ends MPI if it is running: the communicators still held need no freeing
- * first (MPI_Finalize releases them), and nothing runs after this. */
+ * first (MPI_Finalize releases them), and nothing runs after this.  The
+ * watchdog keeps watching MPI_Finalize, which waits for every rank, and is
+ * joined after it. */
 static void end_mpi(void) {
     int up = 0, down = 0;
     MPI_Initialized(&up);
     if (up) MPI_Finalized(&down);
-    if (up && !down) MPI_Finalize();
+    if (up && !down) {
+        rt_watch_phase("the end of the run");
+        rt_watch_begin("the end of MPI", -1, RT_WATCH_EVERY);
+        MPI_Finalize();
+        rt_watch_end();
+    }
+    rt_watch_stop();
 }
 
 void rt_die(const RtErr *e) {

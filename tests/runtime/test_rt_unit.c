@@ -751,6 +751,13 @@ START_TEST(args_good) {
     rt_args_free(&a);
     ck_assert_str_eq(args_error("--data x=y --check-replicas --steps 1", &a), "");
     ck_assert(a.check_replicas && a.steps == 1);
+    ck_assert(a.timeout == RT_TIMEOUT_DEFAULT);
+    rt_args_free(&a);
+    ck_assert_str_eq(args_error("--data x=y --steps 1 --timeout 2.5", &a), "");
+    ck_assert(a.timeout == 2.5);
+    rt_args_free(&a);
+    ck_assert_str_eq(args_error("--data x=y --steps 1 --timeout=0", &a), "");
+    ck_assert(a.timeout == 0);
     rt_args_free(&a);
 }
 END_TEST
@@ -785,6 +792,9 @@ START_TEST(args_fingerprint) {
               fingerprint("--data x=y --steps 3 --lr-schedule cosine"));
     ck_assert(base != fingerprint("--data x=y --steps 3 --warmup-steps 0"));
     ck_assert(fingerprint("--data x=y --steps 3 --warmup-steps 1") != fingerprint("--data x=y --steps 3 --warmup-steps 2"));
+    ck_assert(base != fingerprint("--data x=y --steps 3 --timeout 3"));
+    ck_assert(base == fingerprint("--data x=y --steps 3 --timeout 300"));
+    ck_assert(fingerprint("--data x=y --steps 3 --timeout 0") == fingerprint("--data x=y --steps 3 --timeout -0"));
 }
 END_TEST
 
@@ -838,6 +848,16 @@ START_TEST(args_bad) {
     ck_assert_str_eq(args_error("--data x=y --steps 1 --warmup-steps 2 --warmup-steps 2", NULL),
                      "--warmup-steps given twice");
     ck_assert_str_eq(args_error("--calibrate-comm c.json --warmup-steps 2", NULL), "--calibrate-comm takes no other option");
+    ck_assert_str_eq(args_error("--calibrate-comm c.json --timeout 2", NULL), "--calibrate-comm takes no other option");
+    ck_assert_str_eq(args_error("--data x=y --steps 1 --timeout -1", NULL),
+                     "--timeout needs a number of seconds >= 0, got '-1'");
+    ck_assert_str_eq(args_error("--data x=y --steps 1 --timeout abc", NULL),
+                     "--timeout needs a number of seconds >= 0, got 'abc'");
+    ck_assert_str_eq(args_error("--data x=y --steps 1 --timeout inf", NULL),
+                     "--timeout needs a number of seconds >= 0, got 'inf'");
+    ck_assert_str_eq(args_error("--data x=y --steps 1 --timeout 1e999", NULL),
+                     "--timeout needs a number of seconds >= 0, got '1e999'");
+    ck_assert_str_eq(args_error("--data x=y --steps 1 --timeout 1 --timeout 1", NULL), "--timeout given twice");
 }
 END_TEST
 
