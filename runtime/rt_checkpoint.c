@@ -501,7 +501,7 @@ static bool load_latest(const char *dir, Loaded *l, char *used, size_t used_size
     free(latest_path);
     int n;
     int64_t *steps = list_steps(dir, &n);
-    char why[256] = "", damaged[320] = "";
+    char why[256] = "", damaged[1024] = "";
     bool ok = false;
     for (int i = -1; !ok && i < n; i++) {
         char name[sizeof first];
