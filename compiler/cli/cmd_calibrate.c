@@ -9,6 +9,7 @@
  * compiler is not an MPI program.  Whatever cannot be measured keeps its
  * stated default (cluster_defaults), and the summary says which. */
 #include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <jansson.h>
 #include <signal.h>
@@ -310,9 +311,21 @@ static void measure_with_mpirun(Cluster *c, const Opts *o, RunResult *r) {
 /* ---- the command ---------------------------------------------------------- */
 
 /* Fails now, before a minute of measuring, when -o could not be written. */
+/* A FIFO -o writes to, held open for writing from the check until the
+ * file is written: a reader attached now sees no end of file in between,
+ * and one that is missing is found before the measurements, not after. */
+static int g_fifo = -1;
+
 static bool check_writable(const char *path, Diag *d) {
     struct stat st;
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return diag_error(d, DIAG_IO, "%s: is a folder", path);
+    if (stat(path, &st) == 0 && S_ISFIFO(st.st_mode)) {
+        g_fifo = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+        if (g_fifo < 0)
+            return diag_error(d, DIAG_IO, "-o %s: %s", path,
+                              errno == ENXIO ? "a FIFO with no reader: start its reader first" : strerror(errno));
+        return true;
+    }
     if (stat(path, &st) == 0)
         return access(path, W_OK) == 0 || diag_error(d, DIAG_IO, "%s: not writable: %s", path, strerror(errno));
     const char *slash = strrchr(path, '/');
@@ -414,6 +427,7 @@ int cmd_calibrate(int argc, char **argv) {
         err = out_file_finish(&out);
     }
     free(text);
+    if (g_fifo >= 0) close(g_fifo);
     if (err) {
         cluster_free(&c);
         diag_error(&d, DIAG_IO, "-o %s: cannot write: %s", o.out, out_file_why(err));

@@ -429,6 +429,10 @@ expect 1 "model.fifo: not a regular file \(a FIFO\)" -- "$CLEAVE" inspect "$OUTS
 expect 1 "cluster.fifo: not a regular file \(a FIFO\)" -- \
   "$CLEAVE" plan "$OUTS/model.onnx" --batch 8 --ranks 2 --cluster "$OUTS/cluster.fifo"
 expect 1 "trace.fifo: not a regular file \(a FIFO\)" -- "$CLEAVE" trace-stats "$OUTS/trace.fifo"
+# An output FIFO nobody reads is refused before calibrate measures anything.
+mkfifo "$OUTS/cluster_out.fifo"
+expect 1 "-o .*cluster_out.fifo: a FIFO with no reader: start its reader first" -- \
+  timeout 10 "$CLEAVE" calibrate --quick -o "$OUTS/cluster_out.fifo"
 check "a refused compile leaves the model as it was" [ "$(sha256sum <"$OUTS/model.onnx")" = "$model_sum" ]
 # A failing linker: one line naming the program, no linker chatter, and
 # nothing left behind; an unrelated PROG.o is never touched.
