@@ -434,6 +434,19 @@ mkfifo "$OUTS/cluster_out.fifo"
 expect 1 "-o .*cluster_out.fifo: a FIFO with no reader: start its reader first" -- \
   timeout 10 "$CLEAVE" calibrate --quick -o "$OUTS/cluster_out.fifo"
 check "a refused compile leaves the model as it was" [ "$(sha256sum <"$OUTS/model.onnx")" = "$model_sum" ]
+# Planning a very wide data-parallel job takes bounded memory: 65,536
+# ranks in 3 GB of address space (each rank's plan text is hashed on its
+# own; all of it at once took about 10 GB).  Not under AddressSanitizer,
+# which reserves more address space than that for itself.
+if ldd "$CLEAVE" 2>/dev/null | grep -q libasan; then
+  echo "SKIP: the address-space limit of a wide dp compile (an ASan build)"
+  skipped=$((skipped + 1))
+elif command -v prlimit >/dev/null; then
+  run prlimit --as=3000000000 "$CLEAVE" compile "$OUTS/model.onnx" --batch 65536 --ranks 65536 --strategy dp \
+    -o "$OUTS/wide_prog"
+  check "a 65536-rank dp program compiles in 3 GB of address space (status $status: $err)" [ "$status" -eq 0 ]
+  rm -f "$OUTS/wide_prog"
+fi
 # A failing linker: one line naming the program, no linker chatter, and
 # nothing left behind; an unrelated PROG.o is never touched.
 echo "someone's object" >"$OUTS/prog.o"
