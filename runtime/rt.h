@@ -176,6 +176,8 @@ int rt_layout_rank(const RtLayout *l, int replica, int stage);
 /* Whether l has stages or micro-batches, beyond replicas: what --help,
  * the metrics' plan line and the trace describe as a pipeline. */
 bool rt_layout_pipelined(const RtLayout *l);
+/* "ce", "mse" or "model", as the metadata spells it. */
+const char *rt_loss_kind_name(RtLossKind k);
 /* Index of the input called name, or -1. */
 int rt_meta_input(const RtMeta *m, const char *name);
 
@@ -195,6 +197,9 @@ const char *rt_prog_name(void);
  * e->status: alone or for an `every` error by exiting, otherwise by aborting
  * the whole job so no rank waits for a dead one. */
 _Noreturn void rt_die(const RtErr *e);
+/* Ends MPI if it is up (MPI_Finalize, which waits for every rank, under
+ * the watchdog) and then stops the watchdog: the last call of any run. */
+void rt_end_mpi(void);
 /* rt_die with an error this rank alone found (status 1): for a broken
  * program or a resource failure where no caller can take an error, such
  * as in the middle of a step, when the peers may be waiting on this rank. */
@@ -624,7 +629,7 @@ bool rt_train_run(RtRun *r, RtErr *e);
  * set.  Collective in a program of several ranks. */
 void rt_eval_run(RtRun *r, bool predict, RtEvalResult *out);
 
-/* ---- checkpoints: rt_checkpoint.c (docs/checkpoint.md) -------------------- */
+/* ---- checkpoints: rt_checkpoint.c, rt_resume.c (docs/checkpoint.md) ------ */
 
 typedef struct RtCheckpoint {
     const char *dir;     /* --checkpoint DIR, NULL for none (resume only) */

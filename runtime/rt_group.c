@@ -44,12 +44,7 @@ void rt_comm_finalize(void) {
     if (!g.mpi_up) return;
     rt_group_free();
     if (g.world != MPI_COMM_NULL) MPI_Comm_free(&g.world);
-    /* Open MPI's MPI_Finalize waits for every rank */
-    rt_watch_phase("the end of the run");
-    rt_watch_begin("the end of MPI", -1, RT_WATCH_EVERY);
-    MPI_Finalize();
-    rt_watch_end();
-    rt_watch_stop();
+    rt_end_mpi();
     g.mpi_up = false;
 }
 

@@ -513,6 +513,8 @@ void rt_meta_free(RtMeta *m) {
     m->labels = -1;
 }
 
+const char *rt_loss_kind_name(RtLossKind k) { return k == RT_LOSS_CE ? "ce" : k == RT_LOSS_MSE ? "mse" : "model"; }
+
 int rt_meta_input(const RtMeta *m, const char *name) {
     for (int i = 0; i < m->n_inputs; i++)
         if (strcmp(m->inputs[i].name, name) == 0) return i;

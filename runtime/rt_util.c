@@ -41,7 +41,7 @@ const char *rt_prog_name(void) { return g_prog; }
  * first (MPI_Finalize releases them), and nothing runs after this.  The
  * watchdog keeps watching MPI_Finalize, which waits for every rank, and is
  * joined after it. */
-static void end_mpi(void) {
+void rt_end_mpi(void) {
     int up = 0, down = 0;
     MPI_Initialized(&up);
     if (up) MPI_Finalized(&down);
@@ -65,7 +65,7 @@ void rt_die(const RtErr *e) {
             else fprintf(stderr, "%s: error: rank %d: %s\n", g_prog, g_rank, msg);
             fflush(stderr);
         }
-        end_mpi();
+        rt_end_mpi();
         exit(status);
     }
     if (g_ranks > 1) {
@@ -83,7 +83,7 @@ void rt_die(const RtErr *e) {
     rt_log_break_line();
     fprintf(stderr, "%s: error: %s\n", g_prog, msg);
     fflush(stderr);
-    end_mpi();
+    rt_end_mpi();
     exit(status);
 }
 

@@ -221,6 +221,17 @@ def workdir(path, prefix):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def image_data(work, rows, seed):
+    """Writes x.npy (rows of 1x28x28 standard normals) and y.npy (labels
+    0..9) into work; returns the --data flags feeding them to the inputs
+    "input" and "labels"."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    np.save(os.path.join(work, "x.npy"), rng.standard_normal((rows, 1, 28, 28)).astype(np.float32))
+    np.save(os.path.join(work, "y.npy"), rng.integers(0, 10, rows).astype(np.int64))
+    return ["--data", "input=" + os.path.join(work, "x.npy"), "--data", "labels=" + os.path.join(work, "y.npy")]
+
+
 def read_losses(path):
     """The per-step losses of a program's --metrics file."""
     out = []

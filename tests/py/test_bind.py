@@ -53,17 +53,13 @@ def main():
         why = "this process may use %d CPU" % len(allowed)
     if why:
         return harness.skip(why)
-    import numpy as np
     rep = harness.Report()
     if not rep.executable(args.cleave):
         return rep.summary()
     work = args.workdir
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    rng = np.random.default_rng(3)
-    np.save(os.path.join(work, "x.npy"), rng.standard_normal((ROWS, 1, 28, 28)).astype(np.float32))
-    np.save(os.path.join(work, "y.npy"), rng.integers(0, 10, ROWS).astype(np.int64))
-    files = ["--data", "input=" + os.path.join(work, "x.npy"), "--data", "labels=" + os.path.join(work, "y.npy")]
+    files = harness.image_data(work, ROWS, 3)
     two = ",".join(str(c) for c in allowed[:2])
     env = harness.mpi_env()
 

@@ -65,8 +65,7 @@ class Run:
 
     def __init__(self, rep, cleave, work):
         self.rep, self.cleave, self.work = rep, cleave, work
-        self.data = ["--data", "input=" + self.path("x.npy"), "--data", "labels=" + self.path("y.npy"),
-                     "--shuffle", "5", "--seed", "3", "--log-every", "0"]
+        self.files = ["--data", "input=" + self.path("x.npy"), "--data", "labels=" + self.path("y.npy")]
 
     def path(self, *names):
         return os.path.join(self.work, *names)
@@ -78,13 +77,13 @@ class Run:
         self.rep.check("%s: compiles" % name, p.returncode == 0, harness.failure(cmd, p))
         return prog
 
-    def argv(self, prog, ranks, extra):
-        argv = [prog] + self.data + list(extra)
+    def argv(self, prog, ranks, extra, shuffle):
+        argv = [prog] + self.files + ["--shuffle", shuffle, "--seed", "3", "--log-every", "0"] + list(extra)
         return harness.mpirun(ranks, argv) if ranks > 1 else argv
 
-    def run(self, prog, ranks, extra, timeout=300):
+    def run(self, prog, ranks, extra, timeout=300, shuffle="5"):
         """(status, stderr) of a run."""
-        argv = self.argv(prog, ranks, extra)
+        argv = self.argv(prog, ranks, extra, shuffle)
         env = harness.mpi_env(OMPI_MCA_btl_vader_single_copy_mechanism="none")
         p, _ = harness.run(argv, env=env, timeout=timeout)
         return p.returncode, p.stderr
@@ -92,7 +91,7 @@ class Run:
     def start(self, prog, ranks, extra):
         """The run as a process of its own session, for signals."""
         env = harness.mpi_env(OMPI_MCA_btl_vader_single_copy_mechanism="none")
-        return subprocess.Popen(self.argv(prog, ranks, extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        return subprocess.Popen(self.argv(prog, ranks, extra, "5"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 universal_newlines=True, env=env, start_new_session=True)
 
 
@@ -239,29 +238,24 @@ def check_damaged(rep, r, prog, ck, ref):
               (rc, err[-500:]))
 
 
-def check_refused(rep, r, model, other_model, ck, progs):
+def check_refused(rep, r, model, other_model, progs):
     at10 = r.path("at10")
-    cases = [
+    sgd = ["--loss", "ce", "--optimizer", "sgd", "--lr", "0.01"]
+    cases = [  # what differs, the program, the line, flags, --shuffle
         ("another batch", r.compile("batch32", model, [], batch=32),
-         "was written with batch 16, this program trains with batch 32", []),
-        ("another optimizer", r.compile("sgd", model, [], train=["--loss", "ce", "--optimizer", "sgd",
-                                                                 "--lr", "0.01"]),
-         'another optimizer: optimizer name "adamw" there, "sgd" in this program', []),
+         "was written with batch 16, this program trains with batch 32", [], "5"),
+        ("another optimizer", r.compile("sgd", model, [], train=sgd),
+         'another optimizer: optimizer name "adamw" there, "sgd" in this program', [], "5"),
         ("another model", r.compile("wider", other_model, []),
-         "parameter '0.weight' has shape [64, 20] there, [96, 20] in this program", []),
-        ("another --shuffle seed", progs["single"], "was written with --shuffle 5, this run has --shuffle 6",
-         ["--shuffle", "6"]),
-        ("another --lr", progs["single"], "was written with learning rate 0.01, this run has 0.02", ["--lr", "0.02"]),
+         "parameter '0.weight' has shape [64, 20] there, [96, 20] in this program", [], "5"),
+        ("another --shuffle seed", progs["single"], "was written with --shuffle 5, this run has --shuffle 6", [], "6"),
+        ("another --lr", progs["single"], "was written with learning rate 0.01, this run has 0.02",
+         ["--lr", "0.02"], "5"),
     ]
-    for label, prog, want, extra in cases:
-        data = list(r.data)
-        if extra[:1] == ["--shuffle"]:
-            data[data.index("--shuffle") + 1] = extra[1]
-            extra = []
-        argv = [prog] + data + ["--steps", str(STEPS), "--resume", at10] + extra
-        p, _ = harness.run(argv)
+    for label, prog, want, extra, shuffle in cases:
+        rc, err = r.run(prog, 1, ["--steps", str(STEPS), "--resume", at10] + extra, shuffle=shuffle)
         rep.check("a checkpoint of %s is refused, naming the difference" % label,
-                  p.returncode == 1 and want in p.stderr and p.stderr.count("\n") == 1, (p.returncode, p.stderr))
+                  rc == 1 and want in err and err.count("\n") == 1, (rc, err))
     rc, err = r.run(progs["single"], 1, ["--steps", "10", "--resume", at10])
     rep.check("a checkpoint at --steps is refused (exit 2): --steps counts from the start",
               rc == 2 and "is at step 10: a run of 10 steps" in err, (rc, err))
@@ -414,7 +408,7 @@ def main():
         ref, ref_dp2 = losses(r.path("ref.jsonl")), losses(r.path("ref_dp2.jsonl"))
         ck = check_resume(rep, r, progs, ref, ref_dp2)
         check_damaged(rep, r, progs["single"], ck, ref)
-        check_refused(rep, r, model, wider, ck, progs)
+        check_refused(rep, r, model, wider, progs)
         check_kill(rep, r, progs["single"], losses(r.path("ref_const.jsonl")))
         check_kill_save(rep, r, progs["single"])
         check_signals(rep, r, progs, ref)

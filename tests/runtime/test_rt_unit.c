@@ -849,14 +849,13 @@ START_TEST(args_bad) {
                      "--warmup-steps given twice");
     ck_assert_str_eq(args_error("--calibrate-comm c.json --warmup-steps 2", NULL), "--calibrate-comm takes no other option");
     ck_assert_str_eq(args_error("--calibrate-comm c.json --timeout 2", NULL), "--calibrate-comm takes no other option");
-    ck_assert_str_eq(args_error("--data x=y --steps 1 --timeout -1", NULL),
-                     "--timeout needs a number of seconds >= 0, got '-1'");
-    ck_assert_str_eq(args_error("--data x=y --steps 1 --timeout abc", NULL),
-                     "--timeout needs a number of seconds >= 0, got 'abc'");
-    ck_assert_str_eq(args_error("--data x=y --steps 1 --timeout inf", NULL),
-                     "--timeout needs a number of seconds >= 0, got 'inf'");
-    ck_assert_str_eq(args_error("--data x=y --steps 1 --timeout 1e999", NULL),
-                     "--timeout needs a number of seconds >= 0, got '1e999'");
+    static const char *const bad_timeouts[] = {"-1", "abc", "inf", "1e999"};
+    for (size_t i = 0; i < sizeof bad_timeouts / sizeof *bad_timeouts; i++) {
+        char cmd[64], want[96];
+        snprintf(cmd, sizeof cmd, "--data x=y --steps 1 --timeout %s", bad_timeouts[i]);
+        snprintf(want, sizeof want, "--timeout needs a number of seconds >= 0, got '%s'", bad_timeouts[i]);
+        ck_assert_str_eq(args_error(cmd, NULL), want);
+    }
     ck_assert_str_eq(args_error("--data x=y --steps 1 --timeout 1 --timeout 1", NULL), "--timeout given twice");
 }
 END_TEST
