@@ -642,12 +642,11 @@ static void end_partial(Cg *c, LLVMBasicBlockRef after) {
     LLVMPositionBuilderAtEnd(c->b, after);
 }
 
-/* Micro-kernels along one row of tiles: full B panels, then the narrow
- * last one when this N block has it. */
+/* Micro-kernels along one row of tiles: full B panels (`panel` floats
+ * apart), then the narrow last one when this N block has it. */
 static void row_of_tiles(Cg *c, const Blocking *k, LLVMValueRef uk_full, LLVMValueRef uk_edge, LLVMValueRef ap,
-                         LLVMValueRef bp, LLVMValueRef crow, LLVMValueRef kc, LLVMValueRef nc) {
+                         LLVMValueRef bp, LLVMValueRef panel, LLVMValueRef crow, LLVMValueRef kc, LLVMValueRef nc) {
     LLVMValueRef np = LLVMBuildUDiv(c->b, nc, cg_i64(c, k->nr), "");
-    LLVMValueRef panel = cg_mul(c, kc, k->nr);
     CgLoop l;
     LLVMValueRef jp = cg_for(c, &l, np);
     LLVMValueRef args[4] = {ap, at(c, bp, mul(c, jp, panel)), at(c, crow, cg_mul(c, jp, k->nr)), kc};
@@ -713,10 +712,14 @@ static void emit_part(Cg *c, const CgGemm *g, const Blocking *k, const Kernels *
     const Kernels at_kb = kernels_at(c, uks, kb), *uk = &at_kb;
     LLVMValueRef kc = min_i64(c, LLVMBuildNSWSub(c->b, cg_i64(c, K), pc, ""), k->kc);
 
-    /* B[pc.., jc..] into panels of NR columns */
-    LLVMValueRef bsrc = at(c, B, cg_add(c, cg_mul(c, pc, g->b_si), cg_mul(c, jc, g->b_sj)));
-    LLVMValueRef panel = cg_mul(c, kc, k->nr);
-    {
+    /* B[pc.., jc..] into panels of NR columns, unless the caller packed
+     * it: then its panels are K*NR floats apart, this block's k's at
+     * pc*NR into each */
+    LLVMValueRef panel = g->b_packed ? cg_i64(c, K * k->nr) : cg_mul(c, kc, k->nr);
+    if (g->b_packed) {
+        bp = at(c, B, cg_add(c, cg_mul(c, jc, K), cg_mul(c, pc, k->nr)));
+    } else {
+        LLVMValueRef bsrc = at(c, B, cg_add(c, cg_mul(c, pc, g->b_si), cg_mul(c, jc, g->b_sj)));
         LLVMValueRef np = LLVMBuildUDiv(c->b, nc, cg_i64(c, k->nr), "");
         CgLoop lp;
         LLVMValueRef p = cg_for(c, &lp, np);
@@ -729,19 +732,22 @@ static void emit_part(Cg *c, const CgGemm *g, const Blocking *k, const Kernels *
         }
     }
 
-    /* panels of MR rows of A, each against every B panel */
-    LLVMValueRef asrc = at(c, A, cg_mul(c, pc, g->a_sj));
+    /* panels of MR rows of A, each against every B panel; a packed A's
+     * panel of rows [row, row + MR) starts at row*K, its k's at pc*MR */
+    LLVMValueRef asrc = at(c, A, cg_mul(c, pc, g->a_packed ? k->mr : g->a_sj));
     LLVMValueRef ycol = at(c, Y, jc);
     LLVMValueRef ip = cg_for(c, &lip, LLVMBuildUDiv(c->b, m, cg_i64(c, k->mr), ""));
     LLVMValueRef row = cg_mul(c, ip, k->mr);
-    pack_a_panel(c, g, k, at(c, asrc, cg_mul(c, row, g->a_si)), ap, kc, k->mr);
-    row_of_tiles(c, k, uk->full, uk->n_edge, ap, bp, at(c, ycol, cg_mul(c, row, g->ldy)), kc, nc);
+    LLVMValueRef a_row = g->a_packed ? at(c, asrc, cg_mul(c, row, K)) : ap;
+    if (!g->a_packed) pack_a_panel(c, g, k, at(c, asrc, cg_mul(c, row, g->a_si)), ap, kc, k->mr);
+    row_of_tiles(c, k, uk->full, uk->n_edge, a_row, bp, panel, at(c, ycol, cg_mul(c, row, g->ldy)), kc, nc);
     cg_for_end(c, &lip);
     if (em) { /* the last panel: em rows, in the part that ends at M */
         LLVMBasicBlockRef after = if_partial(c, m, k->mr);
         LLVMValueRef last = LLVMBuildNSWSub(c->b, m, cg_i64(c, em), "");
-        pack_a_panel(c, g, k, at(c, asrc, cg_mul(c, last, g->a_si)), ap, kc, em);
-        row_of_tiles(c, k, uk->m_edge, uk->corner, ap, bp, at(c, ycol, cg_mul(c, last, g->ldy)), kc, nc);
+        LLVMValueRef a_last = g->a_packed ? at(c, asrc, cg_mul(c, last, K)) : ap;
+        if (!g->a_packed) pack_a_panel(c, g, k, at(c, asrc, cg_mul(c, last, g->a_si)), ap, kc, em);
+        row_of_tiles(c, k, uk->m_edge, uk->corner, a_last, bp, panel, at(c, ycol, cg_mul(c, last, g->ldy)), kc, nc);
         end_partial(c, after);
     }
     cg_for_end(c, &lkb);
@@ -810,12 +816,12 @@ static LLVMValueRef task_fn(Cg *c, const CgGemm *g, const Blocking *k, const Spl
     LLVMValueRef lo = cg_mul(c, p0, width), hi = min_i64(c, cg_mul(c, p1, width), extent);
     LLVMValueRef len = LLVMBuildNSWSub(c->b, hi, lo, "");
     LLVMValueRef A = ops[0], B = ops[1], Y = ops[2], m = cg_i64(c, g->M), n = cg_i64(c, g->N);
-    if (s->rows) {
-        A = at(c, A, cg_mul(c, lo, g->a_si));
+    if (s->rows) { /* lo is a multiple of MR, and of NR below */
+        A = at(c, A, cg_mul(c, lo, g->a_packed ? g->K : g->a_si));
         Y = at(c, Y, cg_mul(c, lo, g->ldy));
         m = len;
     } else {
-        B = at(c, B, cg_mul(c, lo, g->b_sj));
+        B = at(c, B, cg_mul(c, lo, g->b_packed ? g->K : g->b_sj));
         Y = at(c, Y, lo);
         n = len;
     }
@@ -870,6 +876,8 @@ static LLVMValueRef gemm_fn(Cg *c, const CgGemm *g, const Blocking *k, int slots
              (long long)g->N, (long long)g->K, (long long)g->a_si, (long long)g->a_sj, (long long)g->b_si,
              (long long)g->b_sj, (long long)g->ldy, abits, k->mr, k->nv, k->w, (long long)k->kc, (long long)k->nc,
              g->overwrite ? ".ow" : "", split);
+    if (g->a_packed || g->b_packed)
+        snprintf(name + strlen(name), sizeof name - strlen(name), ".p%s%s", g->a_packed ? "a" : "", g->b_packed ? "b" : "");
     int64_t a_area = round_up((int64_t)k->mr * k->kc, 16);
     /* one slice of scratch per part, 64-byte aligned so the B panels stay
      * aligned and no two threads write the same cache line */
@@ -920,6 +928,30 @@ void cg_gemm(Cg *c, const CgGemm *g, LLVMValueRef a, LLVMValueRef b, LLVMValueRe
     LLVMPositionBuilderAtEnd(c->b, saved);
     LLVMValueRef args[3] = {a, b, y};
     call(c, fn, args, 3);
+}
+
+int cg_gemm_panel_cols(void) { return blocking(1, 1).nr; }
+int cg_gemm_panel_rows(void) { return blocking(1, 1).mr; }
+
+int64_t cg_gemm_packed_a_floats(int64_t M, int64_t K) { return round_up(M, cg_gemm_panel_rows()) * K; }
+int64_t cg_gemm_packed_b_floats(int64_t K, int64_t N) { return round_up(N, cg_gemm_panel_cols()) * K; }
+
+/* Whole panels of MR rows over all of K, each as pack_a_panel writes one
+ * K block: the layouts agree, a K block's panel being the rows k0.. of
+ * the whole one. */
+void cg_gemm_pack_a(Cg *c, const CgGemm *g, LLVMValueRef a, LLVMValueRef dst) {
+    Blocking k = blocking(1, g->K);
+    int64_t full = g->M / k.mr, em = g->M % k.mr;
+    if (full > 0) {
+        CgLoop l;
+        LLVMValueRef row = cg_mul(c, cg_for(c, &l, cg_i64(c, full)), k.mr);
+        pack_a_panel(c, g, &k, at(c, a, cg_mul(c, row, g->a_si)), at(c, dst, cg_mul(c, row, g->K)), cg_i64(c, g->K),
+                     k.mr);
+        cg_for_end(c, &l);
+    }
+    if (em)
+        pack_a_panel(c, g, &k, at(c, a, cg_i64(c, full * k.mr * g->a_si)), at(c, dst, cg_i64(c, full * k.mr * g->K)),
+                     cg_i64(c, g->K), em);
 }
 
 void cg_gemm_in_slot(Cg *c, const CgGemm *g, LLVMValueRef a, LLVMValueRef b, LLVMValueRef y, LLVMValueRef slot,

@@ -36,6 +36,14 @@ typedef struct CgGemm {
     int64_t ldy;        /* element (i, j) of y at y + i*ldy + j */
     float alpha;
     bool overwrite;     /* y = alpha * op(A) op(B): y's old values are not read */
+    /* Operands already in the packed layouts (a_si ... b_sj unused):
+     * element (i, k) of A at a[(i / MR) * K * MR + k * MR + i % MR], as
+     * cg_gemm_pack_a writes it, so that a product run once per block of
+     * a convolution packs its filters once per call; element (k, j) of B
+     * at b[(j / NR) * K * NR + k * NR + j % NR] (cg_gemm_panel_cols), so
+     * that a convolution's patches go straight into the panels.  The
+     * columns of B's last panel past N are read but never used. */
+    bool a_packed, b_packed;
 } CgGemm;
 
 /* Whether a product of these float buffers with these sizes takes the
@@ -54,6 +62,20 @@ void cg_gemm(Cg *c, const CgGemm *g, LLVMValueRef a, LLVMValueRef b, LLVMValueRe
  * together never share scratch.  Same bits as cg_gemm. */
 void cg_gemm_in_slot(Cg *c, const CgGemm *g, LLVMValueRef a, LLVMValueRef b, LLVMValueRef y, LLVMValueRef slot,
                      int slots);
+
+/* NR, the columns of a packed B panel, and MR, the rows of a packed A
+ * panel, of the products this module builds. */
+int cg_gemm_panel_cols(void);
+int cg_gemm_panel_rows(void);
+
+/* Floats of A (M x K) and B (K x N) in the packed layouts of CgGemm
+ * (whole panels). */
+int64_t cg_gemm_packed_a_floats(int64_t M, int64_t K);
+int64_t cg_gemm_packed_b_floats(int64_t K, int64_t N);
+
+/* Emits the copy of op(A) (g's M, K, a_si, a_sj) from a into dst in the
+ * packed layout (CgGemm.a_packed). */
+void cg_gemm_pack_a(Cg *c, const CgGemm *g, LLVMValueRef a, LLVMValueRef dst);
 
 /* The threads the plan's products may use (--threads; 1 without). */
 int cg_threads(const Cg *c);

@@ -39,9 +39,16 @@ void conv_gemm_forward(Cg *c, const ConvShape *s, const Value *X, const Value *W
  * nl*P + p) of cols is x[n0+nl, g*Cpg+ch] at the input position output p
  * reads through that offset.  Gathering (im2col) copies x into cols,
  * zeros where the window reads padding; scattering (col2im) adds cols
- * into x. */
+ * into x.  With nr > 0 (gathering only, where conv_patches_in_panels
+ * allows it) cols is laid out as a packed product's B operand instead
+ * (cg_gemm.h, CgGemm.b_packed: panels of nr columns over all K rows),
+ * so the product reads the patches where the walk wrote them. */
 void conv_patch_walk(Cg *c, const ConvShape *s, const Value *x, LLVMValueRef n0, int64_t nb, LLVMValueRef g,
-                     LLVMValueRef cols, bool scatter);
+                     LLVMValueRef cols, bool scatter, int64_t nr);
+/* Whether the walk can write nb samples' patches in panels of nr
+ * columns: every vector it stores then starts at a whole vector's column
+ * and so lies inside one panel. */
+bool conv_patches_in_panels(const ConvShape *s, int64_t nb, int64_t nr);
 /* dX = the transposed convolution of dY by W. */
 void conv_gemm_grad_input(Cg *c, const ConvShape *s, const Value *dY, const Value *W, const Value *dX);
 /* dW = sum over the batch of dY correlated with X; with acc (float64

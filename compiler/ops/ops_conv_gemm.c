@@ -44,6 +44,7 @@
 #define WT_AREA "cleave.conv.wt"
 #define TAP_AREA "cleave.conv.tap"
 #define LAST_AREA "cleave.conv.last"
+#define APACK_AREA "cleave.conv.apack"
 
 /* Products at least this wide fill the micro-kernel's vectors (its tiles
  * are 48 or 64 columns wide) several times over. */
@@ -212,6 +213,7 @@ typedef struct Layout {
     bool flip;
     const Taps *taps;
     int per_tap; /* the kernel runs tap products (below): the threads it may use (else 0) */
+    bool packed; /* each group's filters already in the packed products' panels (gs apart; pack_filters) */
 } Layout;
 
 /* The stride of k = c*kt + t in the products that take (c, t) as one
@@ -353,7 +355,7 @@ static LLVMValueRef patches(Cg *c, const Block *b, const Value *X, int64_t *ld) 
         return fptr(c, cg_buf(c, X), cg_mul(c, cg_mad(c, b->n0, b->s->C, cg_mul(c, b->g, Cpg)), b->s->w.in_sz));
     }
     LLVMValueRef cols = block_area(c, b, COL_AREA, k_dim(b->s));
-    conv_patch_walk(c, b->s, X, b->n0, b->nb, b->g, cols, false);
+    conv_patch_walk(c, b->s, X, b->n0, b->nb, b->g, cols, false, 0);
     *ld = b->cols;
     return cols;
 }
@@ -503,10 +505,22 @@ static bool for_blocks(Cg *c, const ConvShape *s, BlockFn fn, const Value *const
 
 /* v: X, B, Y (the filters are b->wp) */
 static void forward_block(Cg *c, const Block *b, const Value *const *v) {
-    int64_t K = k_dim(b->s), Mpg = mpg(b->s), P = b->s->w.out_sz, ld;
-    LLVMValueRef cols = patches(c, b, v[0], &ld);
-    CgGemm gm = {.M = Mpg, .N = b->cols, .K = K, .a_si = b->lay->ms, .a_sj = k_stride(b->lay, b->s->w.k_sz),
-                 .b_si = ld, .b_sj = 1, .alpha = 1};
+    int64_t K = k_dim(b->s), Mpg = mpg(b->s), P = b->s->w.out_sz, ld = 0, nr = cg_gemm_panel_cols();
+    LLVMValueRef cols;
+    bool in_panels = !(b->direct && pointwise(b->s)) && conv_patches_in_panels(b->s, b->nb, nr);
+    if (in_panels) { /* im2col straight into the product's panels: no second copy */
+        int64_t full = cg_gemm_packed_b_floats(K, block_of(b->s, 0) * P);
+        cols = b->slots <= 1 ? area(c, COL_AREA, full)
+                             : fptr(c, cg_scratch(c, COL_AREA, full * b->slots), cg_mul(c, b->slot, full));
+        conv_patch_walk(c, b->s, v[0], b->n0, b->nb, b->g, cols, false, nr);
+    } else {
+        cols = patches(c, b, v[0], &ld);
+    }
+    CgGemm gm = {.M = Mpg, .N = b->cols, .K = K, .b_si = ld, .b_sj = 1, .alpha = 1, .b_packed = in_panels};
+    if (b->lay->packed)
+        gm.a_packed = true;
+    else
+        gm.a_si = b->lay->ms, gm.a_sj = k_stride(b->lay, b->s->w.k_sz);
     if (b->direct) { /* the product adds to the bias, or writes Y outright */
         gm.ldy = P;
         gm.overwrite = !v[1];
@@ -660,6 +674,24 @@ static void taps_block(Cg *c, const Block *b, const Value *const *v) {
     nest_close(c, &ns);
 }
 
+/* The filters at wp, laid out as *lay says, copied into the packed
+ * products' panels once per call (each group's Mpg x K matrix as
+ * cg_gemm_pack_a writes it); *lay then says so.  Without it every block
+ * of samples packs them again: resnet18's 64-channel layers at 8x8 run 8
+ * blocks per call. */
+static LLVMValueRef pack_filters(Cg *c, const ConvShape *s, LLVMValueRef wp, Layout *lay) {
+    int64_t K = k_dim(s), Mpg = mpg(s), per = cg_gemm_packed_a_floats(Mpg, K);
+    LLVMValueRef dst = area(c, APACK_AREA, s->G * per);
+    CgGemm gm = {.M = Mpg, .K = K, .a_si = lay->ms, .a_sj = k_stride(lay, s->w.k_sz)};
+    CgLoop l;
+    LLVMValueRef g = cg_for(c, &l, cg_i64(c, s->G));
+    cg_gemm_pack_a(c, &gm, fptr(c, wp, cg_mul(c, g, lay->gs)), fptr(c, dst, cg_mul(c, g, per)));
+    cg_for_end(c, &l);
+    lay->gs = per;
+    lay->packed = true;
+    return dst;
+}
+
 /* The forward pass with the filters at wp (W's buffer, its kept offsets,
  * or the flipped filters of an input gradient) laid out as lay says. */
 static void forward_with(Cg *c, const ConvShape *s, const Value *X, LLVMValueRef wp, const Layout *lay,
@@ -667,6 +699,7 @@ static void forward_with(Cg *c, const ConvShape *s, const Value *X, LLVMValueRef
     const Value *v[3] = {X, B, Y};
     Layout run = *lay;
     run.per_tap = taps_pay(s) ? cg_threads(c) : 0;
+    if (!run.per_tap && n_blocks(s, 0) > 1) wp = pack_filters(c, s, wp, &run);
     for_blocks(c, s, run.per_tap ? taps_block : forward_block, v, wp, &run, true, epi);
 }
 
@@ -703,7 +736,7 @@ static void grad_input_block(Cg *c, const Block *b, const Value *const *v) {
     LLVMValueRef cols = block_area(c, b, COL_AREA, K);
     gm.overwrite = true;
     block_gemm(c, b, &gm, w_group(c, b), dy, cols);
-    conv_patch_walk(c, b->s, v[2], b->n0, b->nb, b->g, cols, true);
+    conv_patch_walk(c, b->s, v[2], b->n0, b->nb, b->g, cols, true, 0);
 }
 
 /* At stride 1 the input gradient is a convolution of dY (padded by

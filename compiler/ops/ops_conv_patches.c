@@ -24,12 +24,48 @@ static LLVMValueRef splat(Cg *c, LLVMValueRef x, int w) {
 
 static LLVMValueRef i32k(Cg *c, int v) { return LLVMConstInt(c->t_i32, (unsigned long long)v, 0); }
 
+/* Where a run of the patch matrix goes: row `row` from column `col` on.
+ * With rows of ncols floats (nr = 0) that is one pointer, base; in
+ * panels of nr columns over K rows, column col + o of the row lies at
+ * ((col + o) / nr) * K * nr + row * nr + (col + o) % nr, and the walk
+ * only stores vectors that start at whole vectors' columns, which stay
+ * inside one panel (conv_patches_in_panels). */
+typedef struct Dst {
+    LLVMValueRef base; /* cols, or with nr = 0 the run's first element */
+    LLVMValueRef row, col;
+    int64_t nr, K;
+} Dst;
+
+static Dst dst_rows(Cg *c, LLVMValueRef cols, int64_t ncols, LLVMValueRef row, LLVMValueRef col, int64_t nr,
+                    int64_t K) {
+    if (nr) return (Dst){cols, row, col, nr, K};
+    return (Dst){fptr(c, cols, cg_add(c, cg_mul(c, row, ncols), col)), NULL, NULL, 0, K};
+}
+
+/* The same run from `o` columns further on. */
+static Dst dst_skip(Cg *c, const Dst *d, LLVMValueRef o) {
+    Dst e = *d;
+    if (d->nr)
+        e.col = cg_add(c, d->col, o);
+    else
+        e.base = fptr(c, d->base, o);
+    return e;
+}
+
+/* The element o columns into the run. */
+static LLVMValueRef dst_at(Cg *c, const Dst *d, LLVMValueRef o) {
+    if (!d->nr) return fptr(c, d->base, o);
+    LLVMValueRef col = cg_add(c, d->col, o), nr = cg_i64(c, d->nr);
+    LLVMValueRef q = LLVMBuildUDiv(c->b, col, nr, ""), r = LLVMBuildURem(c->b, col, nr, "");
+    return fptr(c, d->base, cg_add(c, cg_mul(c, q, d->K * d->nr), cg_add(c, cg_mul(c, d->row, d->nr), r)));
+}
+
 /* The vector of W floats at element o0 of a run: gathered from x into
  * cols, or added from cols into x.  Lanes outside [lo, hi) are padding:
  * masked loads and stores do not touch them (so x's address may lie
  * outside its buffer there); tail, when set, masks the lanes past the
  * run's end. */
-static void vector_at(Cg *c, LLVMValueRef xp, LLVMValueRef cp, LLVMValueRef vlo, LLVMValueRef vhi, int64_t o0,
+static void vector_at(Cg *c, LLVMValueRef xp, const Dst *cp, LLVMValueRef vlo, LLVMValueRef vhi, int64_t o0,
                       LLVMValueRef o_iv, LLVMValueRef tail, int64_t stride, bool scatter) {
     int W = cg_vector_floats();
     LLVMTypeRef vt = LLVMVectorType(c->t_f32, (unsigned)W), over[2] = {vt, c->t_ptr};
@@ -40,7 +76,7 @@ static void vector_at(Cg *c, LLVMValueRef xp, LLVMValueRef cp, LLVMValueRef vlo,
     LLVMValueRef m = LLVMBuildAnd(c->b, LLVMBuildICmp(c->b, LLVMIntSGE, idx, vlo, ""),
                                   LLVMBuildICmp(c->b, LLVMIntSLT, idx, vhi, ""), "");
     if (tail) m = LLVMBuildAnd(c->b, m, tail, "");
-    LLVMValueRef xa = LLVMBuildGEP2(c->b, c->t_f32, xp, &o, 1, ""), ca = fptr(c, cp, o);
+    LLVMValueRef xa = LLVMBuildGEP2(c->b, c->t_f32, xp, &o, 1, ""), ca = dst_at(c, cp, o);
     LLVMValueRef align = LLVMConstInt(c->t_i32, 4, 0), zero = LLVMConstNull(vt);
     LLVMValueRef xv;
     if (stride == 1) {
@@ -103,7 +139,7 @@ static void vector_at(Cg *c, LLVMValueRef xp, LLVMValueRef cp, LLVMValueRef vlo,
  * partial one.  xp is x's element at o = 0 (possibly outside x), cp the
  * run's start in cols; x is read at `stride` (gathers where it is not 1,
  * which only the gathering direction takes). */
-static void vector_run(Cg *c, LLVMValueRef xp, LLVMValueRef cp, LLVMValueRef lo, LLVMValueRef hi, int64_t last,
+static void vector_run(Cg *c, LLVMValueRef xp, const Dst *cp, LLVMValueRef lo, LLVMValueRef hi, int64_t last,
                        int64_t stride, bool scatter) {
     int W = cg_vector_floats();
     LLVMValueRef vlo = splat(c, lo, W), vhi = splat(c, hi, W);
@@ -228,11 +264,11 @@ static void plane_lanes(Cg *c, const Win *w, const Plane *pl, int64_t v, const L
  * plane_lanes gives it) into cols at cp, zeros where masked off.
  * Masked-off lanes touch no memory, so their addresses may lie outside
  * x. */
-static void plane_vector(Cg *c, const Plane *pl, LLVMValueRef xb, LLVMValueRef cp, LLVMValueRef at,
+static void plane_vector(Cg *c, const Plane *pl, LLVMValueRef xb, const Dst *d, LLVMValueRef at,
                          LLVMValueRef mask, LLVMValueRef store_mask) {
     LLVMTypeRef vt = LLVMVectorType(c->t_f32, (unsigned)pl->W), over[2] = {vt, c->t_ptr};
     LLVMValueRef align = LLVMConstInt(c->t_i32, 4, 0), zero = LLVMConstNull(vt);
-    LLVMValueRef ps = LLVMBuildGEP2(c->b, c->t_f32, xb, &at, 1, ""), xv;
+    LLVMValueRef ps = LLVMBuildGEP2(c->b, c->t_f32, xb, &at, 1, ""), xv, cp = dst_at(c, d, cg_i64(c, 0));
     if (pl->contig) {
         xv = cg_intrinsic(c, "llvm.masked.load", over, 2, (LLVMValueRef[]){ps, align, mask, zero}, 4);
     } else {
@@ -255,7 +291,7 @@ static LLVMValueRef lanes_below(Cg *c, int W, int64_t n) {
 /* im2col for small planes (see above): rows (ch, kernel offset) in
  * order, each as whole vectors of its nb*P columns. */
 static void plane_patches(Cg *c, const ConvShape *s, const Plane *pl, const Value *x, LLVMValueRef n0, int64_t nb,
-                          LLVMValueRef g, LLVMValueRef cols) {
+                          LLVMValueRef g, LLVMValueRef cols, int64_t nr) {
     const Win *w = &s->w;
     int r = w->nsp, W = pl->W;
     int64_t Cpg = s->C / s->G, P = w->out_sz;
@@ -267,7 +303,7 @@ static void plane_patches(Cg *c, const ConvShape *s, const Plane *pl, const Valu
     }
     LLVMValueRef xi = cg_mul(c, cg_add(c, cg_mul(c, n0, s->C), cg_mad(c, g, Cpg, ch)), w->in_sz);
     LLVMValueRef xb = LLVMBuildGEP2(c->b, c->t_f32, cg_buf(c, x), &xi, 1, "");
-    LLVMValueRef rowp = fptr(c, cols, cg_mul(c, row, nb * P));
+    Dst rowp = dst_rows(c, cols, nb * P, row, cg_i64(c, 0), nr, Cpg * w->k_sz);
     if (pl->spans) { /* every vector of the row: W/P samples, one pattern */
         int64_t per = W / P, whole = nb / per, rest = nb % per;
         LLVMValueRef at, mask;
@@ -280,7 +316,8 @@ static void plane_patches(Cg *c, const ConvShape *s, const Plane *pl, const Valu
             LLVMValueRef xv = fptr(c, xb, cg_mul(c, v, per * pl->sample));
             LLVMValueRef tail = part ? lanes_below(c, W, rest * P) : NULL;
             LLVMValueRef m = tail ? LLVMBuildAnd(c->b, mask, tail, "") : mask;
-            plane_vector(c, pl, xv, fptr(c, rowp, cg_mul(c, v, W)), at, m, tail);
+            Dst d = dst_skip(c, &rowp, cg_mul(c, v, W));
+            plane_vector(c, pl, xv, &d, at, m, tail);
             cg_for_end(c, &l);
         }
     } else { /* each sample's P positions in vecs vectors */
@@ -288,10 +325,12 @@ static void plane_patches(Cg *c, const ConvShape *s, const Plane *pl, const Valu
         for (int64_t v = 0; v < pl->vecs; v++) plane_lanes(c, w, pl, v, k, &at[v], &mask[v]);
         CgLoop l;
         LLVMValueRef nl = cg_for(c, &l, cg_i64(c, nb));
-        LLVMValueRef xv = fptr(c, xb, cg_mul(c, nl, pl->sample)), cp = fptr(c, rowp, cg_mul(c, nl, P));
+        LLVMValueRef xv = fptr(c, xb, cg_mul(c, nl, pl->sample));
+        Dst cp = dst_skip(c, &rowp, cg_mul(c, nl, P));
         for (int64_t v = 0; v < pl->vecs; v++) {
             LLVMValueRef tail = (v + 1) * W > P ? lanes_below(c, W, P - v * W) : NULL;
-            plane_vector(c, pl, xv, fptr(c, cp, cg_i64(c, v * W)), at[v], mask[v], tail);
+            Dst d = dst_skip(c, &cp, cg_i64(c, v * W));
+            plane_vector(c, pl, xv, &d, at[v], mask[v], tail);
         }
         cg_for_end(c, &l);
     }
@@ -302,11 +341,32 @@ static void plane_patches(Cg *c, const ConvShape *s, const Plane *pl, const Valu
  * the matrix as runs along the last output dim, whose valid range is
  * computed once per run, so the inner loops test nothing and run
  * contiguously at stride 1. */
-void conv_patch_walk(Cg *c, const ConvShape *s, const Value *x, LLVMValueRef n0, int64_t nb, LLVMValueRef g,
-                     LLVMValueRef cols, bool scatter) {
+/* The general walk stores vectors (rather than one float at a time)
+ * along its runs: always at stride 1, at other strides while 32-bit
+ * offsets reach. */
+static bool runs_in_vectors(const Win *w, bool scatter) {
+    int j = w->nsp - 1;
+    return w->s[j] == 1 || (!scatter && (w->out[j] + cg_vector_floats()) * w->s[j] < INT32_MAX);
+}
+
+bool conv_patches_in_panels(const ConvShape *s, int64_t nb, int64_t nr) {
+    const Win *w = &s->w;
+    int64_t W = cg_vector_floats(), P = w->out_sz, last = w->out[w->nsp - 1];
+    if (nr % W || nb * s->C * w->in_sz >= INT32_MAX) return false;
+    bool samples_whole = P % W == 0 || nb == 1; /* each sample starts at a whole vector */
     Plane pl;
+    if (plane_walk(s, nb, false, &pl)) return pl.spans || samples_whole;
+    /* runs start at whole vectors: each a whole number of them, or the
+     * run a whole sample */
+    return runs_in_vectors(w, false) && (last % W == 0 || (last == P && samples_whole));
+}
+
+void conv_patch_walk(Cg *c, const ConvShape *s, const Value *x, LLVMValueRef n0, int64_t nb, LLVMValueRef g,
+                     LLVMValueRef cols, bool scatter, int64_t nr) {
+    Plane pl;
+    CLEAVE_CHECK(!nr || (!scatter && conv_patches_in_panels(s, nb, nr)), "patches in panels of %lld", (long long)nr);
     if (plane_walk(s, nb, scatter, &pl)) {
-        plane_patches(c, s, &pl, x, n0, nb, g, cols);
+        plane_patches(c, s, &pl, x, n0, nb, g, cols, nr);
         return;
     }
     const Win *w = &s->w;
@@ -322,7 +382,7 @@ void conv_patch_walk(Cg *c, const ConvShape *s, const Value *x, LLVMValueRef n0,
         k[j] = nest_for(c, &ns, cg_i64(c, w->k[j]));
         row = cg_mad(c, row, w->k[j], k[j]);
     }
-    LLVMValueRef ci = cg_add(c, cg_mul(c, row, nb * P), cg_mul(c, nl, P));
+    LLVMValueRef ci = cg_mul(c, nl, P); /* the run's first column */
     LLVMValueRef inside = LLVMConstInt(c->t_i1, 1, 0);
     for (int j = 0; j < r - 1; j++) {
         LLVMValueRef o = nest_for(c, &ns, cg_i64(c, w->out[j])), ip = in_pos(c, w, j, o, k[j]);
@@ -340,17 +400,18 @@ void conv_patch_walk(Cg *c, const ConvShape *s, const Value *x, LLVMValueRef n0,
     lo = LLVMBuildSelect(c->b, inside, lo, cg_i64(c, 0), "");
     hi = imax(c, LLVMBuildSelect(c->b, inside, hi, cg_i64(c, 0), ""), lo);
     xi = cg_add(c, xi, affine(c, -w->pb[j], k[j], w->d[j]));
-    LLVMValueRef base = fptr(c, cols, ci);
-    if (w->s[j] == 1 || (!scatter && (last + cg_vector_floats()) * w->s[j] < INT32_MAX)) {
+    Dst run = dst_rows(c, cols, nb * P, row, ci, nr, Cpg * w->k_sz);
+    if (runs_in_vectors(w, scatter)) {
         /* vectors, padding masked off: x's run is contiguous at stride 1,
          * gathered at other strides (col2im keeps the scalar loop there,
          * its adds being read-modify-writes of x, and so does a run too
          * long for 32-bit offsets) */
         LLVMValueRef xo = LLVMBuildGEP2(c->b, c->t_f32, cg_buf(c, x), &xi, 1, "");
-        vector_run(c, xo, base, lo, hi, last, w->s[j], scatter);
+        vector_run(c, xo, &run, lo, hi, last, w->s[j], scatter);
         nest_close(c, &ns);
         return;
     }
+    LLVMValueRef base = run.base;
     if (!scatter) LLVMBuildMemSet(c->b, base, LLVMConstInt(c->t_i8, 0, 0), cg_mul(c, lo, 4), 4);
     CgLoop l;
     LLVMValueRef o = for_range(c, &l, lo, hi);
