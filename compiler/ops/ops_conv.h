@@ -42,13 +42,41 @@ void conv_gemm_forward(Cg *c, const ConvShape *s, const Value *X, const Value *W
  * into x.  With nr > 0 (gathering only, where conv_patches_in_panels
  * allows it) cols is laid out as a packed product's B operand instead
  * (cg_gemm.h, CgGemm.b_packed: panels of nr columns over all K rows),
- * so the product reads the patches where the walk wrote them. */
+ * so the product reads the patches where the walk wrote them.  phases
+ * (gathering only): scratch of conv_phase_floats(s, nb) floats where
+ * the walk may first copy the block's input into phase planes (below),
+ * or NULL. */
 void conv_patch_walk(Cg *c, const ConvShape *s, const Value *x, LLVMValueRef n0, int64_t nb, LLVMValueRef g,
-                     LLVMValueRef cols, bool scatter, int64_t nr);
+                     LLVMValueRef cols, bool scatter, int64_t nr, LLVMValueRef phases);
 /* Whether the walk can write nb samples' patches in panels of nr
  * columns: every vector it stores then starts at a whole vector's column
  * and so lies inside one panel. */
 bool conv_patches_in_panels(const ConvShape *s, int64_t nb, int64_t nr);
+/* Phase planes (ops_conv_phases.c): a strided convolution's input split
+ * by position modulo the stride, each phase a plane of w.in = ceil(in /
+ * s) positions; kernel offset k reads phase f(k) at the output positions
+ * shifted by q(k), so that its patches are read at stride 1. */
+typedef struct ConvPhases {
+    Win w;         /* positions in a phase plane: w.in per axis, stride and dilation 1, no padding */
+    int64_t S;     /* phases per channel */
+    int64_t plane; /* floats of one phase plane */
+} ConvPhases;
+/* Whether the walk takes phase planes for this convolution (strides of
+ * 2 to 4 whose every phase some offset reads, planes small enough to
+ * copy by unrolled shuffles, whole runs of positions after). */
+bool conv_phases_of(const ConvShape *s, ConvPhases *ph);
+/* Scratch floats of nb samples' phase planes; 0 when not taken. */
+int64_t conv_phase_floats(const ConvShape *s, int64_t nb);
+/* Copies group g's channels of samples [n0, n0+nb) of x into phase
+ * planes at dst: channel ch of sample nl at (nl*Cpg + ch) * S * plane,
+ * its phases in row-major order of the strides, the positions past the
+ * input's end zero. */
+void conv_phase_copy(Cg *c, const ConvShape *s, const ConvPhases *ph, const Value *x, LLVMValueRef n0, int64_t nb,
+                     LLVMValueRef g, LLVMValueRef dst);
+/* For kernel offsets k[]: the shifts kq[] at which they read their
+ * phase plane, and *off, that plane's first float within a channel. */
+void conv_phase_offset(Cg *c, const ConvShape *s, const ConvPhases *ph, const LLVMValueRef *k, LLVMValueRef *kq,
+                       LLVMValueRef *off);
 /* dX = the transposed convolution of dY by W. */
 void conv_gemm_grad_input(Cg *c, const ConvShape *s, const Value *dY, const Value *W, const Value *dX);
 /* dW = sum over the batch of dY correlated with X; with acc (float64

@@ -45,6 +45,7 @@
 #define TAP_AREA "cleave.conv.tap"
 #define LAST_AREA "cleave.conv.last"
 #define APACK_AREA "cleave.conv.apack"
+#define PHASE_AREA "cleave.conv.phases"
 
 /* Products at least this wide fill the micro-kernel's vectors (its tiles
  * are 48 or 64 columns wide) several times over. */
@@ -92,6 +93,8 @@ static bool taps_pay(const ConvShape *s) {
     if (s->w.out_sz >= MIN_COLS || s->C / s->G < TAPS_MIN_CHANNELS || mpg(s) < 16) return false;
     int64_t valid = 0, k[MAX_RANK], lo[MAX_RANK], hi[MAX_RANK];
     for (int64_t t = 0; t < s->w.k_sz; t++) valid += tap_box(&s->w, t, k, lo, hi);
+    ConvPhases ph;
+    if (strided && !getenv("TAPS_S") && conv_phases_of(s, &ph)) return false;
     return (strided ? 10 * valid <= 9 * s->w.out_sz * s->w.k_sz : 4 * valid <= 3 * s->w.out_sz * s->w.k_sz);
 }
 
@@ -299,6 +302,20 @@ static LLVMValueRef block_area(Cg *c, const Block *b, const char *name, int64_t 
     return sample_area(c, b, name, rows * b->s->w.out_sz);
 }
 
+/* The block's scratch area `name` of `full` floats for a full block (a
+ * multiple of 64 bytes per thread); NULL when full is 0. */
+static LLVMValueRef block_scratch(Cg *c, const Block *b, const char *name, int64_t full) {
+    if (full <= 0) return NULL;
+    full = (full + 15) / 16 * 16;
+    if (b->slots <= 1) return area(c, name, full);
+    return fptr(c, cg_scratch(c, name, full * b->slots), cg_mul(c, b->slot, full));
+}
+
+/* Scratch for the block's phase planes, where its patch walk takes them. */
+static LLVMValueRef phase_area(Cg *c, const Block *b) {
+    return block_scratch(c, b, PHASE_AREA, conv_phase_floats(b->s, block_of(b->s, 0)));
+}
+
 /* The block's product: on a thread of the kernel's own it must not split
  * further, and packs into the thread's slice. */
 static void block_gemm(Cg *c, const Block *b, const CgGemm *gm, LLVMValueRef a, LLVMValueRef x, LLVMValueRef y) {
@@ -355,7 +372,7 @@ static LLVMValueRef patches(Cg *c, const Block *b, const Value *X, int64_t *ld) 
         return fptr(c, cg_buf(c, X), cg_mul(c, cg_mad(c, b->n0, b->s->C, cg_mul(c, b->g, Cpg)), b->s->w.in_sz));
     }
     LLVMValueRef cols = block_area(c, b, COL_AREA, k_dim(b->s));
-    conv_patch_walk(c, b->s, X, b->n0, b->nb, b->g, cols, false, 0);
+    conv_patch_walk(c, b->s, X, b->n0, b->nb, b->g, cols, false, 0, phase_area(c, b));
     *ld = b->cols;
     return cols;
 }
@@ -509,10 +526,8 @@ static void forward_block(Cg *c, const Block *b, const Value *const *v) {
     LLVMValueRef cols;
     bool in_panels = !(b->direct && pointwise(b->s)) && conv_patches_in_panels(b->s, b->nb, nr);
     if (in_panels) { /* im2col straight into the product's panels: no second copy */
-        int64_t full = cg_gemm_packed_b_floats(K, block_of(b->s, 0) * P);
-        cols = b->slots <= 1 ? area(c, COL_AREA, full)
-                             : fptr(c, cg_scratch(c, COL_AREA, full * b->slots), cg_mul(c, b->slot, full));
-        conv_patch_walk(c, b->s, v[0], b->n0, b->nb, b->g, cols, false, nr);
+        cols = block_scratch(c, b, COL_AREA, cg_gemm_packed_b_floats(K, block_of(b->s, 0) * P));
+        conv_patch_walk(c, b->s, v[0], b->n0, b->nb, b->g, cols, false, nr, phase_area(c, b));
     } else {
         cols = patches(c, b, v[0], &ld);
     }
@@ -736,7 +751,7 @@ static void grad_input_block(Cg *c, const Block *b, const Value *const *v) {
     LLVMValueRef cols = block_area(c, b, COL_AREA, K);
     gm.overwrite = true;
     block_gemm(c, b, &gm, w_group(c, b), dy, cols);
-    conv_patch_walk(c, b->s, v[2], b->n0, b->nb, b->g, cols, true, 0);
+    conv_patch_walk(c, b->s, v[2], b->n0, b->nb, b->g, cols, true, 0, NULL);
 }
 
 /* At stride 1 the input gradient is a convolution of dY (padded by

@@ -157,6 +157,28 @@ static void vector_run(Cg *c, LLVMValueRef xp, const Dst *cp, LLVMValueRef lo, L
     }
 }
 
+/* Where a patch row reads: x itself, or the block's phase planes
+ * (ops_conv_phases.c).  Channel ch of sample nl of the block starts at
+ * first + nl*sample + ch*chan; kernel offset k reads positions as the
+ * window w says at offsets kq (k itself, or its shift in the phase
+ * planes), from off further on (its phase plane). */
+typedef struct Src {
+    LLVMValueRef buf, first;
+    int64_t chan, sample;
+    const Win *w;
+    const ConvShape *s;
+    const ConvPhases *ph;
+} Src;
+
+static void src_offsets(Cg *c, const Src *x, const LLVMValueRef *k, LLVMValueRef *kq, LLVMValueRef *off) {
+    if (x->ph) {
+        conv_phase_offset(c, x->s, x->ph, k, kq, off);
+        return;
+    }
+    for (int j = 0; j < x->w->nsp; j++) kq[j] = k[j];
+    *off = cg_i64(c, 0);
+}
+
 /* ---- small planes ---- */
 
 /* Where the output rows are shorter than a vector (the late layers of a
@@ -192,9 +214,8 @@ typedef struct Plane {
 /* Whether the small-plane walk serves this convolution (see above): rows
  * shorter than a vector, at most 8 vectors of unrolled code per sample,
  * 32-bit offsets within a block of x. */
-static bool plane_walk(const ConvShape *s, int64_t nb, bool scatter, Plane *pl) {
+static bool plane_walk(const ConvShape *s, const Win *w, int64_t sample, int64_t nb, bool scatter, Plane *pl) {
     int W = cg_vector_floats();
-    const Win *w = &s->w;
     int r = w->nsp;
     int64_t P = w->out_sz;
     bool contig = true;
@@ -206,12 +227,13 @@ static bool plane_walk(const ConvShape *s, int64_t nb, bool scatter, Plane *pl) 
     if (tiny) contig = false;
     /* contiguous 2x2 planes ran 10% slower than their runs of 2 */
     if (scatter || (!contig && !tiny && w->s[r - 1] == 1) || (contig && 2 * P < W)) return false;
-    if (w->out[r - 1] >= W || P > 8 * W || nb * s->C * w->in_sz >= INT32_MAX) return false;
+    if (w->out[r - 1] >= W || P > 8 * W || nb * sample >= INT32_MAX) return false;
     pl->W = W;
     pl->contig = contig;
     pl->spans = !contig && W % P == 0;
     pl->vecs = pl->spans ? 1 : (P + W - 1) / W;
-    pl->sample = s->C * w->in_sz;
+    pl->sample = sample;
+    (void)s;
     return true;
 }
 
@@ -290,9 +312,9 @@ static LLVMValueRef lanes_below(Cg *c, int W, int64_t n) {
 
 /* im2col for small planes (see above): rows (ch, kernel offset) in
  * order, each as whole vectors of its nb*P columns. */
-static void plane_patches(Cg *c, const ConvShape *s, const Plane *pl, const Value *x, LLVMValueRef n0, int64_t nb,
-                          LLVMValueRef g, LLVMValueRef cols, int64_t nr) {
-    const Win *w = &s->w;
+static void plane_patches(Cg *c, const ConvShape *s, const Plane *pl, const Src *x, int64_t nb, LLVMValueRef cols,
+                          int64_t nr) {
+    const Win *w = x->w;
     int r = w->nsp, W = pl->W;
     int64_t Cpg = s->C / s->G, P = w->out_sz;
     Nest ns = {.n = 0};
@@ -301,13 +323,15 @@ static void plane_patches(Cg *c, const ConvShape *s, const Plane *pl, const Valu
         k[j] = nest_for(c, &ns, cg_i64(c, w->k[j]));
         row = cg_mad(c, row, w->k[j], k[j]);
     }
-    LLVMValueRef xi = cg_mul(c, cg_add(c, cg_mul(c, n0, s->C), cg_mad(c, g, Cpg, ch)), w->in_sz);
-    LLVMValueRef xb = LLVMBuildGEP2(c->b, c->t_f32, cg_buf(c, x), &xi, 1, "");
+    LLVMValueRef kq[MAX_RANK], off;
+    src_offsets(c, x, k, kq, &off);
+    LLVMValueRef xi = cg_add(c, cg_add(c, x->first, cg_mul(c, ch, x->chan)), off);
+    LLVMValueRef xb = LLVMBuildGEP2(c->b, c->t_f32, x->buf, &xi, 1, "");
     Dst rowp = dst_rows(c, cols, nb * P, row, cg_i64(c, 0), nr, Cpg * w->k_sz);
     if (pl->spans) { /* every vector of the row: W/P samples, one pattern */
         int64_t per = W / P, whole = nb / per, rest = nb % per;
         LLVMValueRef at, mask;
-        plane_lanes(c, w, pl, 0, k, &at, &mask);
+        plane_lanes(c, w, pl, 0, kq, &at, &mask);
         for (int part = 0; part < 2; part++) {
             int64_t count = part ? (rest > 0) : whole;
             if (count == 0) continue;
@@ -322,7 +346,7 @@ static void plane_patches(Cg *c, const ConvShape *s, const Plane *pl, const Valu
         }
     } else { /* each sample's P positions in vecs vectors */
         LLVMValueRef at[8], mask[8];
-        for (int64_t v = 0; v < pl->vecs; v++) plane_lanes(c, w, pl, v, k, &at[v], &mask[v]);
+        for (int64_t v = 0; v < pl->vecs; v++) plane_lanes(c, w, pl, v, kq, &at[v], &mask[v]);
         CgLoop l;
         LLVMValueRef nl = cg_for(c, &l, cg_i64(c, nb));
         LLVMValueRef xv = fptr(c, xb, cg_mul(c, nl, pl->sample));
@@ -355,37 +379,49 @@ bool conv_patches_in_panels(const ConvShape *s, int64_t nb, int64_t nr) {
     if (nr % W || nb * s->C * w->in_sz >= INT32_MAX) return false;
     bool samples_whole = P % W == 0 || nb == 1; /* each sample starts at a whole vector */
     Plane pl;
-    if (plane_walk(s, nb, false, &pl)) return pl.spans || samples_whole;
+    ConvPhases ph;
+    bool phased = conv_phases_of(s, &ph);
+    if (plane_walk(s, phased ? &ph.w : w, phased ? (s->C / s->G) * ph.S * ph.plane : s->C * w->in_sz, nb, false, &pl))
+        return pl.spans || samples_whole;
     /* runs start at whole vectors: each a whole number of them, or the
      * run a whole sample */
-    return runs_in_vectors(w, false) && (last % W == 0 || (last == P && samples_whole));
+    return runs_in_vectors(phased ? &ph.w : w, false) && (last % W == 0 || (last == P && samples_whole));
 }
 
 void conv_patch_walk(Cg *c, const ConvShape *s, const Value *x, LLVMValueRef n0, int64_t nb, LLVMValueRef g,
-                     LLVMValueRef cols, bool scatter, int64_t nr) {
+                     LLVMValueRef cols, bool scatter, int64_t nr, LLVMValueRef phases) {
     Plane pl;
     CLEAVE_CHECK(!nr || (!scatter && conv_patches_in_panels(s, nb, nr)), "patches in panels of %lld", (long long)nr);
-    if (plane_walk(s, nb, scatter, &pl)) {
-        plane_patches(c, s, &pl, x, n0, nb, g, cols, nr);
+    int64_t Cpg = s->C / s->G;
+    Src src = {cg_buf(c, x), cg_mul(c, cg_add(c, cg_mul(c, n0, s->C), cg_mul(c, g, Cpg)), s->w.in_sz), s->w.in_sz,
+               s->C * s->w.in_sz, &s->w, s, NULL};
+    ConvPhases ph;
+    if (!scatter && phases && conv_phases_of(s, &ph)) { /* read the block's phase planes instead of x */
+        conv_phase_copy(c, s, &ph, x, n0, nb, g, phases);
+        src = (Src){phases, cg_i64(c, 0), ph.S * ph.plane, Cpg * ph.S * ph.plane, &ph.w, s, &ph};
+    }
+    if (plane_walk(s, src.w, src.sample, nb, scatter, &pl)) {
+        plane_patches(c, s, &pl, &src, nb, cols, nr);
         return;
     }
-    const Win *w = &s->w;
+    const Win *w = src.w;
     int r = w->nsp;
-    int64_t Cpg = s->C / s->G, P = w->out_sz, is[MAX_RANK], os[MAX_RANK];
+    int64_t P = w->out_sz, is[MAX_RANK], os[MAX_RANK];
     strides_of(w->in, r, is);
     strides_of(w->out, r, os);
     Nest ns = {.n = 0};
     LLVMValueRef nl = nest_for(c, &ns, cg_i64(c, nb)), ch = nest_for(c, &ns, cg_i64(c, Cpg));
-    LLVMValueRef xi = cg_mul(c, cg_add(c, cg_mul(c, cg_add(c, n0, nl), s->C), cg_mad(c, g, Cpg, ch)), w->in_sz);
-    LLVMValueRef row = ch, k[MAX_RANK];
+    LLVMValueRef row = ch, k[MAX_RANK], kq[MAX_RANK], off;
     for (int j = 0; j < r; j++) {
         k[j] = nest_for(c, &ns, cg_i64(c, w->k[j]));
         row = cg_mad(c, row, w->k[j], k[j]);
     }
+    src_offsets(c, &src, k, kq, &off);
+    LLVMValueRef xi = cg_add(c, cg_add(c, src.first, cg_add(c, cg_mul(c, nl, src.sample), cg_mul(c, ch, src.chan))), off);
     LLVMValueRef ci = cg_mul(c, nl, P); /* the run's first column */
     LLVMValueRef inside = LLVMConstInt(c->t_i1, 1, 0);
     for (int j = 0; j < r - 1; j++) {
-        LLVMValueRef o = nest_for(c, &ns, cg_i64(c, w->out[j])), ip = in_pos(c, w, j, o, k[j]);
+        LLVMValueRef o = nest_for(c, &ns, cg_i64(c, w->out[j])), ip = in_pos(c, w, j, o, kq[j]);
         LLVMValueRef in_j = LLVMBuildAnd(c->b, LLVMBuildICmp(c->b, LLVMIntSGE, ip, cg_i64(c, 0), ""),
                                          LLVMBuildICmp(c->b, LLVMIntSLT, ip, cg_i64(c, w->in[j]), ""), "");
         inside = LLVMBuildAnd(c->b, inside, in_j, "");
@@ -395,18 +431,18 @@ void conv_patch_walk(Cg *c, const ConvShape *s, const Value *x, LLVMValueRef n0,
     int j = r - 1;
     int64_t last = w->out[j];
     LLVMValueRef lo, hi;
-    output_range(c, w, j, k[j], &lo, &hi);
+    output_range(c, w, j, kq[j], &lo, &hi);
     /* a run whose outer position reads padding is all padding */
     lo = LLVMBuildSelect(c->b, inside, lo, cg_i64(c, 0), "");
     hi = imax(c, LLVMBuildSelect(c->b, inside, hi, cg_i64(c, 0), ""), lo);
-    xi = cg_add(c, xi, affine(c, -w->pb[j], k[j], w->d[j]));
+    xi = cg_add(c, xi, affine(c, -w->pb[j], kq[j], w->d[j]));
     Dst run = dst_rows(c, cols, nb * P, row, ci, nr, Cpg * w->k_sz);
     if (runs_in_vectors(w, scatter)) {
         /* vectors, padding masked off: x's run is contiguous at stride 1,
          * gathered at other strides (col2im keeps the scalar loop there,
          * its adds being read-modify-writes of x, and so does a run too
          * long for 32-bit offsets) */
-        LLVMValueRef xo = LLVMBuildGEP2(c->b, c->t_f32, cg_buf(c, x), &xi, 1, "");
+        LLVMValueRef xo = LLVMBuildGEP2(c->b, c->t_f32, src.buf, &xi, 1, "");
         vector_run(c, xo, &run, lo, hi, last, w->s[j], scatter);
         nest_close(c, &ns);
         return;

@@ -1,0 +1,203 @@
+/* ops_conv_phases.c - phase planes: a strided convolution's input split
+ * by position modulo the stride, so that its patches are read with plain
+ * vector loads (ops_conv_patches.c) instead of gathers and shuffles.
+ *
+ * Along an axis of stride s, input position i = q*s + f lies in phase f
+ * at index q.  The output at o reads, through kernel offset k,
+ * i = o*s - pb + k*d: phase f(k) = (k*d - pb) mod s at index o + q(k),
+ * q(k) = floor((k*d - pb) / s).  So within one phase plane the positions
+ * one kernel offset reads are the output positions shifted by q(k), a
+ * stride-1 pattern: where the phase planes have the output's inner sizes
+ * (a 3x3 window of stride 2 padded by 1, and the 7x7 stem of stride 2
+ * padded by 3), a sample's positions are contiguous and a patch row is
+ * one masked load per vector.  Each plane is copied into its phases once
+ * per block of samples, by vector shuffles whose patterns are fixed at
+ * compile time; a kernel of k_sz offsets then reads it k_sz times. */
+#include <stdint.h>
+
+#include "../codegen/cg_gemm.h"
+#include "ops_cg.h"
+#include "ops_conv.h"
+
+/* Planes up to this many floats are copied by unrolled shuffles (the
+ * 32x32 stem: 64 vectors). */
+enum { PHASE_MAX_PLANE = 4096 };
+
+bool conv_phases_of(const ConvShape *s, ConvPhases *ph) {
+    const Win *w = &s->w;
+    int r = w->nsp;
+    bool strided = false;
+    ConvPhases p = {.w = *w, .S = 1, .plane = 1};
+    for (int j = 0; j < r; j++) {
+        int64_t st = w->s[j];
+        if (st < 1 || st > 4) return false;
+        strided |= st > 1;
+        /* every phase must be read, or the copy moves floats nobody reads
+         * (a 1x1 window of stride 2 reads one phase in four) */
+        bool seen[4] = {false, false, false, false};
+        for (int64_t k = 0; k < w->k[j]; k++) seen[((k * w->d[j] - w->pb[j]) % st + st) % st] = true;
+        for (int64_t f = 0; f < st; f++)
+            if (!seen[f]) return false;
+        p.w.in[j] = (w->in[j] + st - 1) / st;
+        p.w.s[j] = 1;
+        p.w.d[j] = 1;
+        p.w.pb[j] = p.w.pe[j] = 0;
+        p.S *= st;
+        p.plane *= p.w.in[j];
+    }
+    p.w.in_sz = p.plane;
+    if (!strided || w->in_sz > PHASE_MAX_PLANE) return false;
+    /* the phase planes must give whole runs of positions: contiguous
+     * samples of small planes (inner sizes equal to the output's), or
+     * rows of at least a vector */
+    bool contig = true;
+    for (int j = 1; j < r; j++) contig &= p.w.in[j] == w->out[j];
+    if (!contig && w->out[r - 1] < cg_vector_floats()) return false;
+    *ph = p;
+    return true;
+}
+
+int64_t conv_phase_floats(const ConvShape *s, int64_t nb) {
+    ConvPhases ph;
+    if (!conv_phases_of(s, &ph)) return 0;
+    return nb * (s->C / s->G) * ph.S * ph.plane;
+}
+
+void conv_phase_offset(Cg *c, const ConvShape *s, const ConvPhases *ph, const LLVMValueRef *k, LLVMValueRef *kq,
+                       LLVMValueRef *off) {
+    const Win *w = &s->w;
+    LLVMValueRef f = cg_i64(c, 0);
+    for (int j = 0; j < w->nsp; j++) {
+        int64_t st = w->s[j], lift = (w->pb[j] + st - 1) / st; /* keeps k*d - pb + lift*s >= 0 */
+        LLVMValueRef a = cg_add(c, cg_mul(c, k[j], w->d[j]), cg_i64(c, lift * st - w->pb[j]));
+        kq[j] = LLVMBuildNSWSub(c->b, LLVMBuildUDiv(c->b, a, cg_i64(c, st), ""), cg_i64(c, lift), "");
+        f = cg_mad(c, f, st, LLVMBuildURem(c->b, a, cg_i64(c, st), ""));
+    }
+    *off = cg_mul(c, f, ph->plane);
+}
+
+/* One output vector of a plane's phases: lane t takes source float
+ * src[t] of the plane (-1: zero, a position past the input's end),
+ * picked by one shuffle out of the few source vectors it needs, loaded
+ * once per plane (vec[]). */
+static LLVMValueRef phase_vector(Cg *c, const int64_t *src, int W, LLVMValueRef xb, int64_t in_sz, LLVMValueRef *vec) {
+    LLVMTypeRef vt = LLVMVectorType(c->t_f32, (unsigned)W), over[2] = {vt, c->t_ptr};
+    int64_t used[4];
+    int n = 0;
+    bool zero = false;
+    LLVMValueRef mask[16];
+    for (int t = 0; t < W; t++) {
+        if (src[t] < 0) {
+            zero = true;
+            continue;
+        }
+        int64_t v = src[t] / W;
+        int u = 0;
+        while (u < n && used[u] != v) u++;
+        if (u == n) {
+            if (n == 4) return NULL; /* too scattered: the caller gathers */
+            used[n++] = v;
+        }
+    }
+    if (zero && n == 4) return NULL;
+    LLVMValueRef part[4];
+    for (int u = 0; u < n; u++) {
+        int64_t v = used[u];
+        if (!vec[v]) { /* whole vectors as plain loads, the plane's last one masked */
+            LLVMValueRef idx = cg_i64(c, v * W), p = LLVMBuildGEP2(c->b, c->t_f32, xb, &idx, 1, "");
+            int64_t lanes = in_sz - v * W < W ? in_sz - v * W : W;
+            if (lanes == W) {
+                vec[v] = LLVMBuildLoad2(c->b, vt, p, "");
+                LLVMSetAlignment(vec[v], 4);
+            } else {
+                LLVMValueRef bits[16];
+                for (int t = 0; t < W; t++) bits[t] = LLVMConstInt(c->t_i1, t < lanes, 0);
+                vec[v] = cg_intrinsic(c, "llvm.masked.load", over, 2,
+                                      (LLVMValueRef[]){p, LLVMConstInt(c->t_i32, 4, 0),
+                                                       LLVMConstVector(bits, (unsigned)W), LLVMConstNull(vt)}, 4);
+            }
+        }
+        part[u] = vec[v];
+    }
+    int m = n + zero;
+    for (int u = n; u < 4; u++) part[u] = LLVMConstNull(vt); /* lane u*W..: zeros */
+    for (int t = 0; t < W; t++) {
+        int u = 0;
+        if (src[t] >= 0)
+            while (used[u] != src[t] / W) u++;
+        else
+            u = n;
+        mask[t] = LLVMConstInt(c->t_i32, (unsigned long long)(u * W + (src[t] >= 0 ? src[t] % W : 0)), 0);
+    }
+    LLVMValueRef all = part[0];
+    int width = W;
+    if (m > 1) { /* concatenate into 2 or 4 vectors' lanes */
+        LLVMValueRef cat[64];
+        for (int i = 0; i < 2 * W; i++) cat[i] = LLVMConstInt(c->t_i32, (unsigned long long)i, 0);
+        LLVMValueRef lo = LLVMBuildShuffleVector(c->b, part[0], part[1], LLVMConstVector(cat, 2u * W), "");
+        all = lo;
+        width = 2 * W;
+        if (m > 2) {
+            LLVMValueRef hi = LLVMBuildShuffleVector(c->b, part[2], part[3], LLVMConstVector(cat, 2u * W), "");
+            for (int i = 0; i < 4 * W; i++) cat[i] = LLVMConstInt(c->t_i32, (unsigned long long)i, 0);
+            all = LLVMBuildShuffleVector(c->b, lo, hi, LLVMConstVector(cat, 4u * W), "");
+            width = 4 * W;
+        }
+    }
+    return LLVMBuildShuffleVector(c->b, all, LLVMGetUndef(LLVMVectorType(c->t_f32, (unsigned)width)),
+                                  LLVMConstVector(mask, (unsigned)W), "");
+}
+
+void conv_phase_copy(Cg *c, const ConvShape *s, const ConvPhases *ph, const Value *x, LLVMValueRef n0, int64_t nb,
+                     LLVMValueRef g, LLVMValueRef dst) {
+    const Win *w = &s->w;
+    int r = w->nsp, W = cg_vector_floats();
+    int64_t Cpg = s->C / s->G, total = ph->S * ph->plane, is[MAX_RANK], ps[MAX_RANK], fs[MAX_RANK];
+    strides_of(w->in, r, is);
+    strides_of(ph->w.in, r, ps);
+    strides_of(w->s, r, fs);
+    LLVMTypeRef vt = LLVMVectorType(c->t_f32, (unsigned)W), gover[2] = {vt, LLVMVectorType(c->t_ptr, (unsigned)W)};
+    Nest ns = {.n = 0};
+    LLVMValueRef nl = nest_for(c, &ns, cg_i64(c, nb)), ch = nest_for(c, &ns, cg_i64(c, Cpg));
+    LLVMValueRef xi = cg_mul(c, cg_add(c, cg_mul(c, cg_add(c, n0, nl), s->C), cg_mad(c, g, Cpg, ch)), w->in_sz);
+    LLVMValueRef xb = LLVMBuildGEP2(c->b, c->t_f32, cg_buf(c, x), &xi, 1, "");
+    LLVMValueRef db = fptr(c, dst, cg_mul(c, cg_mad(c, nl, Cpg, ch), total));
+    LLVMValueRef vec[PHASE_MAX_PLANE / 4] = {0};
+    for (int64_t v0 = 0; v0 < total; v0 += W) {
+        int64_t src[16];
+        for (int t = 0; t < W; t++) {
+            int64_t e = v0 + t, f = e / ph->plane, q = e % ph->plane, at = 0;
+            bool in = e < total;
+            for (int j = 0; j < r; j++) {
+                int64_t i = (q / ps[j]) % ph->w.in[j] * w->s[j] + (f / fs[j]) % w->s[j];
+                in &= i < w->in[j];
+                at += i * is[j];
+            }
+            src[t] = in ? at : -1;
+        }
+        LLVMValueRef out = phase_vector(c, src, W, xb, w->in_sz, vec);
+        if (!out) { /* lanes from more than four vectors: a gather */
+            LLVMValueRef offs[16], bits[16];
+            for (int t = 0; t < W; t++) {
+                offs[t] = LLVMConstInt(c->t_i32, (unsigned long long)(src[t] < 0 ? 0 : src[t]), 0);
+                bits[t] = LLVMConstInt(c->t_i1, src[t] >= 0, 0);
+            }
+            LLVMValueRef ptrs = LLVMBuildGEP2(c->b, c->t_f32, xb, (LLVMValueRef[]){LLVMConstVector(offs, (unsigned)W)},
+                                              1, "");
+            out = cg_intrinsic(c, "llvm.masked.gather", gover, 2,
+                               (LLVMValueRef[]){ptrs, LLVMConstInt(c->t_i32, 4, 0), LLVMConstVector(bits, (unsigned)W),
+                                                LLVMConstNull(vt)}, 4);
+        }
+        LLVMValueRef p = fptr(c, db, cg_i64(c, v0));
+        if (v0 + W <= total) {
+            LLVMSetAlignment(LLVMBuildStore(c->b, out, p), 4);
+        } else {
+            LLVMValueRef bits[16];
+            for (int t = 0; t < W; t++) bits[t] = LLVMConstInt(c->t_i1, v0 + t < total, 0);
+            LLVMTypeRef over[2] = {vt, c->t_ptr};
+            cg_intrinsic(c, "llvm.masked.store", over, 2,
+                         (LLVMValueRef[]){out, p, LLVMConstInt(c->t_i32, 4, 0), LLVMConstVector(bits, (unsigned)W)}, 4);
+        }
+    }
+    nest_close(c, &ns);
+}
