@@ -83,10 +83,14 @@ static int64_t tap_box(const Win *w, int64_t t, int64_t *k, int64_t *lo, int64_t
 
 /* Whether the forward pass takes tap products ("tap products" below):
  * small planes, deep enough products, and a quarter or more of the patch
- * matrix reading padding, or a tenth at strides above 1 (whose patches
- * the product path gathers lane by lane, where tap products copy rows:
- * resnet18's 64->128 stride-2 layer at 8x8 ran at 165 against 138
- * GFLOP/s; at stride 1 and 8x8 they lost, 134 against 160). */
+ * matrix reading padding, or a tenth at strides above 1 whose patches
+ * the product path gathers lane by lane (tap products copy rows instead).
+ * Strided convolutions whose patches come from phase planes
+ * (ops_conv_phases.c) are read with plain loads and keep the product:
+ * resnet18's 64->128 stride-2 layer at 8x8 ran at 226 GFLOP/s that way
+ * against 192 in tap products (one kernel, process CPU time, best of 5,
+ * 2026-12-04; before phase planes the gathers lost, 138 against 165).
+ * At stride 1 and 8x8 tap products lost, 134 against 160. */
 static bool taps_pay(const ConvShape *s) {
     bool strided = false;
     for (int j = 0; j < s->w.nsp; j++) strided |= s->w.s[j] > 1;
@@ -94,7 +98,7 @@ static bool taps_pay(const ConvShape *s) {
     int64_t valid = 0, k[MAX_RANK], lo[MAX_RANK], hi[MAX_RANK];
     for (int64_t t = 0; t < s->w.k_sz; t++) valid += tap_box(&s->w, t, k, lo, hi);
     ConvPhases ph;
-    if (strided && !getenv("TAPS_S") && conv_phases_of(s, &ph)) return false;
+    if (strided && conv_phases_of(s, &ph)) return false;
     return (strided ? 10 * valid <= 9 * s->w.out_sz * s->w.k_sz : 4 * valid <= 3 * s->w.out_sz * s->w.k_sz);
 }
 
