@@ -75,7 +75,7 @@ rate_bps() {
 # (one segment per packet) below 200 Mbit/s, where 128 us is about a frame.
 shape() {
     local ns=$1 dev=$2 bps=$3
-    local gso=$((bps / 8 * 128 / 1000000))
+    local gso=$((bps * 16 / 1000000)) # bytes in 128 us
     if [ "$gso" -lt 3000 ]; then
         ip -n "$ns" link set dev "$dev" gso_max_segs 1
         gso=1514
@@ -117,14 +117,15 @@ cmd_up() {
             *) [ -z "$n" ] || die "up: one host count, got '$n' and '$1'"; n=$1; shift ;;
         esac
     done
-    [[ $n =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le $max_hosts ] ||
+    if ! [[ $n =~ ^[0-9]+$ ]] || [ "$n" -lt 1 ] || [ "$n" -gt $max_hosts ]; then
         die "up: the host count '${n}' is not a number from 1 to $max_hosts"
-    [[ $slots =~ ^[0-9]+$ ]] && [ "$slots" -ge 1 ] || die "--slots '$slots' is not a positive number"
+    fi
+    if ! [[ $slots =~ ^[0-9]+$ ]] || [ "$slots" -lt 1 ]; then
+        die "--slots '$slots' is not a positive number"
+    fi
     local bps=""
     [ -z "$rate" ] || bps=$(rate_bps "$rate")
     need_root
-    [[ $prefix =~ ^[a-z][a-z0-9]{0,23}$ ]] ||
-        die "CLEAVE_TESTCLUSTER_PREFIX '$prefix' must be a lower-case letter and up to 23 letters or digits"
     if net_up || [ -n "$(hosts_up)" ]; then
         die "a cluster named '$prefix' is already up ($(hosts_up | wc -l) hosts); run '$0 down' first"
     fi
@@ -266,6 +267,9 @@ main() {
     [ $# -ge 1 ] || die "usage: $0 up N [--rate RATE] [--slots K] | down | status | env | exec CMD... | mpirun ARG..."
     local cmd=$1
     shift
+    # The prefix goes into namespace names and patterns that find them.
+    [[ $prefix =~ ^[a-z][a-z0-9]{0,23}$ ]] ||
+        die "CLEAVE_TESTCLUSTER_PREFIX '$prefix' must be a lower-case letter and up to 23 letters or digits"
     case $cmd in
         up) cmd_up "$@" ;;
         down) cmd_down ;;
