@@ -7,7 +7,11 @@ rate of single messages of a few sizes, each sent whole and acknowledged
 before the next (so a message's time includes its round trip, as a rendezvous
 MPI message of that size does).
 
-    scripts/testcluster-rate.py [--from cleave-h0] [--to cleave-h1] [--seconds 3]
+    scripts/testcluster-rate.py [--from cleave-h0] [--to cleave-h1] [--seconds 3] [--idle MS]
+
+--idle rests the link MS milliseconds before each single message, as a
+training step's computation does between its messages; a rested token
+bucket lets a message smaller than the bucket through faster than the rate.
 
 Needs root and a cluster that is up.  Only the hosts' addresses are used.
 """

@@ -67,12 +67,14 @@ rate_bps() {
 # host's pair are shaped, so its link is limited both ways, like a host's
 # cable to a switch.
 #
-# The veths hand the qdisc GSO packets of up to 64 KiB, and tbf (htb alike)
-# lets a packet go whenever its bucket is not empty, so a 64 KiB packet
-# passes on the credit of a much smaller one: mid-size messages then cross
-# at about twice the rate.  GSO is cut to about 128 us of the link (16 KiB
-# at 1 Gbit/s, 160 KiB and so the whole 64 KiB above 4 Gbit/s) and off
-# (one segment per packet) below 200 Mbit/s, where 128 us is about a frame.
+# The veths hand the qdisc GSO packets of up to 64 KiB, far larger than a
+# frame, and a token bucket lets a packet through on less credit than its
+# size: with them, htb and tbf were seen to pass mid-size messages at about
+# twice the rate.  GSO is cut to about 128 us of the link (16 KiB at
+# 1 Gbit/s; the whole 64 KiB from 4 Gbit/s) and off (one segment per
+# packet) below 200 Mbit/s, where 128 us is about a frame, so that no packet
+# borrows much.  (With the bucket below, this machine held the rate with
+# GSO on as well; docs/testcluster.md has the figures.)
 shape() {
     local ns=$1 dev=$2 bps=$3
     local gso=$((bps * 16 / 1000000)) # bytes in 128 us
