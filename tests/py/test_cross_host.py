@@ -88,8 +88,10 @@ exec "$@"
 """
 
 
-class Stop(Exception):
-    """SIGTERM or SIGHUP: unwinds like Ctrl-C, so the cluster comes down."""
+class Stop(BaseException):
+    """SIGTERM or SIGHUP: unwinds like Ctrl-C, so the cluster comes down
+    (a BaseException, as KeyboardInterrupt, so that no check's guard takes
+    it for a failed check)."""
 
 
 def on_signal(signum, _frame):
@@ -149,7 +151,13 @@ class Cluster:
         return self
 
     def __exit__(self, *exc):
-        rc, _, err = self.script("down")
+        # A second Ctrl-C or SIGTERM waits until the cluster is down.
+        held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+        signal.pthread_sigmask(signal.SIG_BLOCK, held)
+        try:
+            rc, _, err = self.script("down")
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
         if rc != 0:
             print("FAIL cluster %s down: %s" % (PREFIX, tail(err)))
         return False
@@ -326,31 +334,17 @@ def run_case(rep, cl, work, key, map_by, files, ref_losses, ref_w):
     rep.guarded("%s: link bytes" % tag, crossed)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--cleave", required=True)
-    ap.add_argument("--workdir", default="/tmp/cleave_cross_host")
-    args = ap.parse_args()
-    cleave = os.path.abspath(args.cleave)
-    try:
-        import numpy as np
-        import onnx  # noqa: F401
-        import torch  # noqa: F401
-        import pipeline_models as pm
-        import train_models as tm
-    except Exception as e:  # pragma: no cover
-        return harness.skip("torch not available (%s)" % e)
-    why = harness.missing(programs=("mpirun", "ip", "tc", "unshare"))
-    if why:
-        return harness.skip(why)
-    if os.geteuid() != 0:
-        return harness.skip("needs root to create network namespaces")
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, on_signal)
+def checks(cleave, workdir):
+    """Everything after the skips; the clusters it brings up are down when
+    it returns or raises."""
+    import numpy as np
+    import pipeline_models as pm
+    import train_models as tm
+
     rep = harness.Report()
     if not rep.executable(cleave):
         return rep.summary()
-    work = os.path.abspath(args.workdir)
+    work = os.path.abspath(workdir)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     remove_stale()
@@ -377,24 +371,48 @@ def main():
     os.chmod(os.path.join(work, "where.sh"), 0o755)
 
     t_start = time.time()
-    try:
-        for hosts, slots, cases in CLUSTERS:
-            with Cluster(work, hosts, slots) as cl:
-                if not rep.check("%d hosts up" % hosts, not cl.up_error, cl.up_error):
-                    continue
-                check_isolation(rep, cl)
-                for key, map_by in cases:
-                    if key in progs:
-                        rep.guarded("%d hosts: %s" % (hosts, key),
-                                    lambda: run_case(rep, cl, work, key, map_by, files, ref_losses, ref_w))
-    except (KeyboardInterrupt, Stop) as e:
-        print("stopped (%s); the cluster is down" % (e or "Ctrl-C"))
-        return 1
+    for hosts, slots, cases in CLUSTERS:
+        with Cluster(work, hosts, slots) as cl:
+            if not rep.check("%d hosts up" % hosts, not cl.up_error, cl.up_error):
+                continue
+            check_isolation(rep, cl)
+            for key, map_by in cases:
+                if key in progs:
+                    rep.guarded("%d hosts: %s" % (hosts, key),
+                                lambda: run_case(rep, cl, work, key, map_by, files, ref_losses, ref_w))
     rc, out, _ = run(["ip", "netns", "list"])
     left = [l for l in out.splitlines() if l.startswith(PREFIX + "-")]
     rep.check("no namespace of this test left", rc == 0 and not left, left)
     print("(%.0f s)" % (time.time() - t_start))
     return rep.summary()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cleave", required=True)
+    ap.add_argument("--workdir", default="/tmp/cleave_cross_host")
+    args = ap.parse_args()
+    cleave = os.path.abspath(args.cleave)
+    try:
+        import numpy  # noqa: F401
+        import onnx  # noqa: F401
+        import torch  # noqa: F401
+        import pipeline_models  # noqa: F401
+        import train_models  # noqa: F401
+    except Exception as e:  # pragma: no cover
+        return harness.skip("torch not available (%s)" % e)
+    why = harness.missing(programs=("mpirun", "ip", "tc", "unshare"))
+    if why:
+        return harness.skip(why)
+    if os.geteuid() != 0:
+        return harness.skip("needs root to create network namespaces")
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    try:
+        return checks(cleave, args.workdir)
+    except (KeyboardInterrupt, Stop) as e:
+        print("stopped (%s); every cluster of this test is down" % (str(e) or "Ctrl-C"))
+        return 1
 
 
 if __name__ == "__main__":
