@@ -174,7 +174,16 @@ class Cluster:
         return out
 
     def mpirun(self, ranks, map_by, argv):
-        return self.script("mpirun", "-np", str(ranks), "--map-by", map_by, *argv, timeout=RUN_TIMEOUT)
+        """mpirun in the bridge namespace.  Open MPI's launcher sometimes
+        fails to make its session folder when other mpirun jobs come and go
+        at the same moment ("orte_session_dir failed", before any rank
+        starts): such a launch is tried again, twice at most."""
+        for _ in range(3):
+            rc, out, err = self.script("mpirun", "-np", str(ranks), "--map-by", map_by, *argv, timeout=RUN_TIMEOUT)
+            if rc == 0 or "orte_session_dir failed" not in err:
+                break
+            time.sleep(1)
+        return rc, out, err
 
 
 def remove_stale():
