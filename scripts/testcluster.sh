@@ -22,7 +22,7 @@
 # Addresses come from 198.18.0.0/15 (RFC 2544's range for network tests):
 # the bridge namespace is 198.18.0.1, host i is 198.18.0.(10+i), on one /24
 # with no other route, so nothing sent in the cluster can leave it.
-set -euo pipefail
+set -Eeuo pipefail # -E: up's ERR trap also fires inside the functions it calls
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 prefix=${CLEAVE_TESTCLUSTER_PREFIX:-cleave}
@@ -40,7 +40,7 @@ host_addr() { echo "198.18.0.$((10 + $1))"; }
 
 # The namespaces of this prefix that exist now, hosts in numeric order.
 hosts_up() {
-    ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$prefix-h[0-9]+\$" | sort -t h -k2 -n || true
+    ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$prefix-h[0-9]+\$" | sort -V || true
 }
 net_up() { [ -e "/run/netns/$net" ]; }
 
@@ -107,6 +107,14 @@ netem_note() {
     fi
 }
 
+# IPv6 off in a namespace before its links exist, so that they have no
+# link-local addresses and send no neighbour discovery: the cluster's only
+# addresses are its 198.18.0.x.
+no_ipv6() {
+    [ -d /proc/sys/net/ipv6 ] || return 0
+    ip netns exec "$1" sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1
+}
+
 cmd_up() {
     local n="" rate="" slots=1
     while [ $# -gt 0 ]; do
@@ -134,9 +142,10 @@ cmd_up() {
     command -v unshare >/dev/null || die "the 'unshare' command (util-linux) is missing; the agent needs it"
 
     # Anything that fails from here on takes down what was made.
-    trap 'echo "testcluster: up failed; removing what it made" >&2; cmd_down >/dev/null 2>&1 || true' ERR
+    trap 'echo "testcluster: up failed at: $BASH_COMMAND; removing what it made" >&2; cmd_down >/dev/null 2>&1 || true' ERR
     local err
     err=$(ip netns add "$net" 2>&1) || { trap - ERR; die "cannot create network namespace $net: ${err:-ip netns add failed}"; }
+    no_ipv6 "$net"
     ip -n "$net" link set lo up
     ip -n "$net" link add br0 type bridge
     ip -n "$net" addr add "$bridge_addr/24" dev br0
@@ -148,6 +157,7 @@ cmd_up() {
     for ((i = 0; i < n; i++)); do
         h=$(host_name "$i")
         ip netns add "$h"
+        no_ipv6 "$h"
         ip -n "$h" link set lo up
         # Made directly in the two namespaces: no name is ever taken in the
         # root namespace.  The bridge's port for host i is "hI".
@@ -228,7 +238,8 @@ cmd_status() {
             "$(ip -n "$h" -4 -o addr show dev eth0 | awk '{print $4}')" \
             "$(ip netns exec "$h" cat /sys/class/net/eth0/statistics/tx_bytes)" \
             "$(ip netns exec "$h" cat /sys/class/net/eth0/statistics/rx_bytes)" \
-            "$(tc -n "$net" qdisc show dev "$dev" | awk '/tbf/ {print "shaped to " $8; f=1} END {if (!f) print "unshaped"}')"
+            "$(tc -n "$net" qdisc show dev "$dev" | awk '/tbf/ {for (i = 1; i < NF; i++) if ($i == "rate") print "shaped to " $(i + 1); f = 1}
+                      END {if (!f) print "unshaped"}')"
     done
     echo "hostfile: $state/hostfile"
 }

@@ -264,15 +264,26 @@ def compile_programs(rep, work, cleave, model, opt_flags, files):
 
 
 def check_isolation(rep, cl):
-    """Each host holds only lo and eth0, and routes only to the subnet."""
-    for h in cl.names:
-        rc, out, err = run(["ip", "-n", h, "-j", "link", "show"])
-        names = sorted(l["ifname"] for l in json.loads(out)) if rc == 0 else err
-        rep.check("%s has only lo and eth0" % h, names == ["eth0", "lo"], names)
+    """Each host holds only lo and eth0, with 127.0.0.1 and its one address
+    in the subnet (no IPv6, not even link-local), and routes only to the
+    subnet."""
+    for i, h in enumerate(cl.names):
+        rc, out, err = run(["ip", "-n", h, "-j", "addr", "show"])
+        got = sorted((l["ifname"], a["family"], "%s/%d" % (a["local"], a["prefixlen"]))
+                     for l in json.loads(out) for a in l.get("addr_info", [])) if rc == 0 else err
+        want = [("eth0", "inet", "198.18.0.%d/24" % (10 + i)), ("lo", "inet", "127.0.0.1/8")]
+        rep.check("%s has only lo and eth0, addressed %s" % (h, [w[2] for w in want]), got == want, got)
         rc, out, err = run(["ip", "-n", h, "-j", "-4", "route", "show", "table", "all"])
         dests = sorted({r["dst"] for r in json.loads(out) if r.get("type", "unicast") == "unicast"}
                        ) if rc == 0 else err
         rep.check("%s routes only to 198.18.0.0/24" % h, dests == ["198.18.0.0/24"], dests)
+    # and the bridge's namespace has no link out either: its loopback, the
+    # bridge and one port per host
+    net = PREFIX + "-net"
+    rc, out, err = run(["ip", "-n", net, "-j", "link", "show"])
+    got = sorted(l["ifname"] for l in json.loads(out)) if rc == 0 else err
+    want = sorted(["lo", "br0"] + ["h%d" % i for i in range(cl.hosts)])
+    rep.check("%s holds only %s" % (net, want), got == want, got)
 
 
 def run_case(rep, cl, work, key, map_by, files, ref_losses, ref_w):
