@@ -60,7 +60,10 @@ rate_bps() {
         mbit) mult=1000000 ;;
         gbit) mult=1000000000 ;;
     esac
-    awk -v n="${BASH_REMATCH[1]}" -v m="$mult" 'BEGIN { printf "%.0f\n", n * m }'
+    local bps
+    bps=$(awk -v n="${BASH_REMATCH[1]}" -v m="$mult" 'BEGIN { printf "%.0f\n", n * m }')
+    [ "$bps" -ge 8000 ] || die "--rate '$r' is below 8kbit, too slow for a link"
+    echo "$bps"
 }
 
 # Shapes the egress of one veth end to bps bits per second.  Both ends of a
