@@ -774,6 +774,89 @@ START_TEST(simulated_times_follow_the_walk) {
 }
 END_TEST
 
+/* Messages between nodes share the nodes' links (cost/nic.h).  On BASE
+ * (10 us + bytes / 1 GB/s between nodes), ranks 0 and 1 of node 0 each
+ * send B bytes to a rank of node 1 at the same time: node 0's outgoing
+ * link carries 2 B, so the second message arrives B / bandwidth after the
+ * first, at t0 + latency + 2 B / bandwidth.  A message the other way (rank
+ * 5 to rank 2) uses the other direction of the links, and a message
+ * within node 0 none: neither waits.  Pairs of nodes with a link of their
+ * own (BASE with LINKS) share the node's link all the same. */
+START_TEST(messages_share_a_link) {
+    const int64_t B = 1000000;
+    PlanStep s1[] = {{.kind = STEP_SEND, .peer = 5, .tag = 2, .bytes = B, .micro = 0},
+                     {.kind = STEP_SEND_WAIT, .peer = 5, .tag = 2, .micro = 0}};
+    PlanStep s2[] = {{.kind = STEP_RECV, .peer = 5, .tag = 3, .bytes = B, .micro = 0}};
+    PlanStep s3[] = {{.kind = STEP_SEND, .peer = 0, .tag = 5, .bytes = B, .micro = 0},
+                     {.kind = STEP_SEND_WAIT, .peer = 0, .tag = 5, .micro = 0}};
+    PlanStep s4[] = {{.kind = STEP_RECV, .peer = 0, .tag = 1, .bytes = B, .micro = 0}};
+    PlanStep s5[] = {{.kind = STEP_SEND, .peer = 2, .tag = 3, .bytes = B, .micro = 0},
+                     {.kind = STEP_RECV, .peer = 1, .tag = 2, .bytes = B, .micro = 0},
+                     {.kind = STEP_SEND_WAIT, .peer = 2, .tag = 3, .micro = 0}};
+    PlanStep s0[] = {{.kind = STEP_SEND, .peer = 4, .tag = 1, .bytes = B, .micro = 0},
+                      {.kind = STEP_RECV, .peer = 3, .tag = 5, .bytes = B, .micro = 0},
+                      {.kind = STEP_SEND_WAIT, .peer = 4, .tag = 1, .micro = 0}};
+    RankPlan ranks[6] = {{.rank = 0, .n_train = 3, .train = s0}, {.rank = 1, .n_train = 2, .train = s1},
+                         {.rank = 2, .n_train = 1, .train = s2},  {.rank = 3, .n_train = 2, .train = s3},
+                         {.rank = 4, .n_train = 1, .train = s4},  {.rank = 5, .n_train = 3, .train = s5}};
+    Plan p = {.n_ranks = 6, .ranks = ranks};
+    for (int linked = 0; linked < 2; linked++) {
+        Cluster c;
+        if (linked) {
+            char *text = with_links();
+            write_file("cluster.json", text);
+            free(text);
+            load_ok("cluster.json", &c);
+        } else {
+            c = load_base();
+        }
+        c.step_overhead_s = 1e-5;
+        const ClusterLink *l = cluster_link(&c, 0, 4);
+        double t0 = c.step_overhead_s, one = (double)B / (l->bandwidth_gbps * 1e9);
+        SimResult r;
+        Diag d = {0};
+        ck_assert_msg(simulate_plan(&p, &c, &r, &d), "%s", d.msg);
+        near(r.ranks[4].end_s, t0 + l->latency_s + one, "the first message over node 0's link");
+        near(r.ranks[5].end_s, t0 + l->latency_s + 2 * one, "the second, after the first");
+        near(r.ranks[2].end_s, t0 + l->latency_s + one, "the other direction: alone");
+        near(r.ranks[0].end_s, t0 + l->latency_s + one, "rank 0's send");
+        near(r.ranks[3].end_s, t0 + cluster_p2p_seconds(&c, 3, 0, (double)B), "within node 0: alone");
+        sim_result_free(&r);
+        cluster_free(&c);
+    }
+}
+END_TEST
+
+/* Two allreduces at once over groups {0, 4} and {1, 5}, each a ring of
+ * two ranks on nodes 0 and 1: each sends X bytes along both of its edges
+ * (2 (n - 1) chunks of X / n), so node 0's outgoing link carries 2 X and
+ * the pair completes at start + 2 X / bandwidth, later than either ring
+ * alone (2 (latency + X / 2 / bandwidth) plus one addition). */
+START_TEST(collectives_share_a_link) {
+    Cluster c = load_base();
+    c.step_overhead_s = 1e-5;
+    const int64_t X = 4000000;
+    int g0[] = {0, 4}, g1[] = {1, 5};
+    PlanGroup groups[] = {{2, g0}, {2, g1}};
+    PlanStep a[] = {{.kind = STEP_ALLREDUCE, .group = 0, .bytes = X, .micro = -1}};
+    PlanStep b[] = {{.kind = STEP_ALLREDUCE, .group = 1, .bytes = X, .micro = -1}};
+    RankPlan ranks[6] = {{.rank = 0, .n_train = 1, .train = a}, {.rank = 1, .n_train = 1, .train = b},
+                         {.rank = 2},                          {.rank = 3},
+                         {.rank = 4, .n_train = 1, .train = a}, {.rank = 5, .n_train = 1, .train = b}};
+    Plan p = {.n_ranks = 6, .ranks = ranks, .n_groups = 2, .groups = groups};
+    SimResult r;
+    Diag d = {0};
+    ck_assert_msg(simulate_plan(&p, &c, &r, &d), "%s", d.msg);
+    double t0 = c.step_overhead_s, alone = cluster_allreduce_seconds(&c, g0, 2, (double)X);
+    double shared = 2.0 * (double)X / (c.inter_node.bandwidth_gbps * 1e9);
+    ck_assert(shared > alone);
+    near(r.ranks[0].end_s, t0 + alone, "the first ring: alone");
+    near(r.ranks[1].end_s, t0 + shared, "the second ring: after the first's traffic");
+    sim_result_free(&r);
+    cluster_free(&c);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("cluster");
     TCase *tc = tcase_create("cluster");
@@ -791,6 +874,8 @@ int main(void) {
     tcase_add_test(tc, truncated_and_corrupted_text);
     tcase_add_test(tc, large_clusters);
     tcase_add_test(tc, simulated_times_follow_the_walk);
+    tcase_add_test(tc, messages_share_a_link);
+    tcase_add_test(tc, collectives_share_a_link);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }
