@@ -18,6 +18,7 @@
  * plan's cluster numbers them: whether the ranks really share a node only
  * changes the speed, never the sum. */
 #include <mpi.h>
+#include <stdlib.h>
 
 #include "rt.h"
 #include "rt_comm.h"
@@ -39,6 +40,15 @@ void rt_comm_init(int *argc, char ***argv) {
      * FUNNELED: with --threads the process has worker threads (rt_pool.c),
      * but only this one ever calls MPI. */
     int provided = MPI_THREAD_SINGLE, rank = 0, ranks = 1;
+    /* The gradient buckets are summed in place by MPI_Iallreduce, for
+     * which Open MPI's libnbc picks a binomial tree (as it does for fewer
+     * than 4 ranks): the whole bucket goes up the tree and back down,
+     * 2 log2(n) times its bytes over the slowest link, where a ring sends
+     * 2 (n - 1) / n times them.  The cost model prices a ring (and so
+     * does the hierarchical sum for its leaders), so the programs ask
+     * libnbc for its ring, which sums in place as well; a value the user
+     * set in the environment is left alone. */
+    setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", 0);
     MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
     g.mpi_up = true;
     MPI_Comm_dup(MPI_COMM_WORLD, &g.world);

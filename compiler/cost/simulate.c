@@ -158,6 +158,56 @@ static double ring_on_links(Sim *S, const int *m, int n, double bytes, double st
     return end;
 }
 
+static int ascending(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* A hierarchical sum of `bytes` over m[0 .. n) (Plan.allreduce_node K,
+ * rank r on node r / K), as the runtime chains it: within each node a
+ * binomial reduction to its first rank (ceil(log2 k) rounds of a message
+ * and an addition of the whole buffer for k ranks), a ring allreduce
+ * among the leaders, and a binomial broadcast back; each part waits for
+ * the slowest node.  Starting at `start`, returns when it is complete on
+ * every member; the leaders' ring books its traffic between nodes on the
+ * links.  -1 when out of memory. */
+static double hierarchical_done(Sim *S, const int *m, int n, double bytes, double start, double share) {
+    const Cluster *c = S->c;
+    int K = S->p->allreduce_node, *sorted = malloc(sizeof *sorted * (size_t)n), *leaders = malloc(sizeof *leaders * (size_t)n);
+    if (!sorted || !leaders) {
+        free(sorted);
+        free(leaders);
+        return -1;
+    }
+    memcpy(sorted, m, sizeof *sorted * (size_t)n);
+    qsort(sorted, (size_t)n, sizeof *sorted, ascending);
+    int L = 0;
+    double down = 0, up = 0; /* the slowest node's reduction and broadcast */
+    for (int i = 0; i < n;) {
+        int j = i;
+        while (j < n && sorted[j] / K == sorted[i] / K) j++;
+        leaders[L++] = sorted[i];
+        double far = 0; /* the leader's slowest message to one of its node */
+        for (int k = i + 1; k < j; k++) {
+            double t = cluster_p2p_seconds(c, sorted[i], sorted[k], bytes);
+            if (t > far) far = t;
+        }
+        int rounds = 0;
+        while ((1 << rounds) < j - i) rounds++;
+        double add = bytes > 0 ? 3.0 * bytes / (c->elementwise_gbps * 1e9) : 0;
+        if (rounds * (far + add) > down) down = rounds * (far + add);
+        if (rounds * far > up) up = rounds * far;
+        i = j;
+    }
+    double ring = cluster_allreduce_seconds(c, leaders, L, bytes);
+    double done = start + (down + ring + up) / share;
+    double links = ring_on_links(S, leaders, L, bytes, start + down / share);
+    if (links + up / share > done) done = links + up / share;
+    free(sorted);
+    free(leaders);
+    return done;
+}
+
 /* Records rank r's part in a collective (dropped when out of memory,
  * which ev_failed then reports). */
 static void span(Sim *S, int r, double t0, double t1) {
@@ -193,11 +243,21 @@ static bool on_collective(void *ctx, const PlanStep *s, const int *m, int n) {
         if (S->coll_share[a] < share) share = S->coll_share[a];
         if (S->coll_share[b] < share) share = S->coll_share[b];
     }
-    double done = start + cluster_allreduce_seconds(S->c, m, n, (double)bytes) / share;
-    /* alone it takes `done`; its traffic between nodes may have to wait
-     * for the links other transfers hold */
-    double links = ring_on_links(S, m, n, (double)bytes, start);
-    if (links > done) done = links;
+    double done;
+    if (s->kind == STEP_ALLREDUCE_START && S->p->allreduce_node > 0) {
+        /* a gradient bucket the runtime sums node by node */
+        done = hierarchical_done(S, m, n, (double)bytes, start, share);
+        if (done < 0) {
+            S->ev_failed = true;
+            done = start;
+        }
+    } else {
+        done = start + cluster_allreduce_seconds(S->c, m, n, (double)bytes) / share;
+        /* alone it takes `done`; its traffic between nodes may have to
+         * wait for the links other transfers hold */
+        double links = ring_on_links(S, m, n, (double)bytes, start);
+        if (links > done) done = links;
+    }
     for (int i = 0; i < n; i++) {
         int r = m[i];
         span(S, r, start, done);
