@@ -135,6 +135,7 @@ bool driver_build_plan(const CompileOptions *o, const Layout *l, KernelProfile *
         return false;
     }
     p->threads = o->threads > 1 ? (int)o->threads : 1;
+    p->allreduce_node = p->replicas > 1 ? l->allreduce_node : 0;
     *gp = g;
     return true;
 }

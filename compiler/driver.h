@@ -34,6 +34,9 @@ typedef struct CompileOptions {
      * the results are the same bits for any value (docs/perf.md) */
     int64_t threads;
     double bucket_mb;
+    /* --allreduce hierarchical:K (0: flat): gradient buckets summed within
+     * nodes of K ranks first (Plan.allreduce_node) */
+    int64_t allreduce_node;
     /* The flags of layer, pipeline, hybrid, as given: micro-batches (0:
      * default), schedule (NULL: gpipe), the first node of every stage after
      * the first (n_cuts = 0: balanced by FLOPs), data-parallel replicas and
@@ -68,6 +71,9 @@ typedef struct Layout {
     int replicas, stages, microbatches; /* D, P, M */
     SchedKind schedule;                 /* staged strategies; SCHED_LAYER otherwise */
     Placement placement;
+    /* Plan.allreduce_node: 0 flat, K hierarchical over nodes of K ranks
+     * (only with replicas) */
+    int allreduce_node;
     /* Staged strategies: stage k + 1 begins at node cuts[k] (n_cuts =
      * stages - 1), or with n_cuts 0 the stages are balanced by FLOPs or,
      * with balance_time, by the predicted time of their nodes on the

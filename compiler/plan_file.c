@@ -213,6 +213,18 @@ bool plan_file_load(const char *path, CompileOptions *o, PlanFile *f, Diag *d) {
     if (bucket && !unbucketed && (!json_is_number(bucket) || !(json_number_value(bucket) > 0)))
         return diag_error(d, DIAG_FORMAT, "%s: bucket_mb must be a positive number", path);
     if (bucket && !unbucketed) o->bucket_mb = json_number_value(bucket);
+    const char *allreduce = NULL;
+    if (!get_str(f, f->root, "", "allreduce", false, &allreduce, d)) return false;
+    if (allreduce && strcmp(allreduce, "flat") && strcmp(allreduce, "hierarchical"))
+        return diag_error(d, DIAG_FORMAT, "%s: allreduce must be flat or hierarchical, got '%s'", path, allreduce);
+    int64_t node = 0;
+    bool hier = allreduce && strcmp(allreduce, "hierarchical") == 0;
+    if (!get_int(f, f->root, "", "allreduce_ranks_per_node", hier, 1, 1 << 20, &node, d)) return false;
+    if (hier && replicas < 2)
+        return diag_error(d, DIAG_FORMAT, "%s: allreduce hierarchical needs replicas, and the plan has 1", path);
+    if (!hier && json_object_get(f->root, "allreduce_ranks_per_node"))
+        return diag_error(d, DIAG_FORMAT, "%s: allreduce_ranks_per_node needs allreduce hierarchical", path);
+    o->allreduce_node = hier ? node : 0;
     const char *bn = NULL;
     if (!get_str(f, f->root, "", "bn_stats", false, &bn, d)) return false;
     if (bn && strcmp(bn, "global") && strcmp(bn, "local"))

@@ -169,6 +169,9 @@ char *program_meta(const Plan *p, const CompileOptions *o) {
     else json_decref(state);
     if (root) json_object_set_new(root, "placement", json_string(plan_placement_name(p->placement)));
     if (root) json_object_set_new(root, "threads", json_integer(p->threads > 1 ? p->threads : 1));
+    /* the runtime sums buckets hierarchically over nodes of this many ranks */
+    if (root && p->allreduce_node > 0)
+        json_object_set_new(root, "allreduce_ranks_per_node", json_integer(p->allreduce_node));
     if (root && o->train.loss == LOSS_CE) json_object_set_new(root, "ignore_index", json_integer(o->train.ignore_index));
     /* replicas with batch statistics of their own keep replica 0's running
      * statistics, as DDP's broadcast_buffers does */

@@ -27,11 +27,11 @@
 /* A layout of the search: its stages, if any, balanced on the model's own
  * prediction (cost/cluster_stages.h). */
 static void set_candidate(Candidate *c, Strategy strategy, int dp, int stages, int micro, SchedKind schedule,
-                          bool by_stage) {
+                          bool by_stage, int allreduce_node) {
     memset(c, 0, sizeof *c);
     c->layout = (Layout){.strategy = strategy, .replicas = dp, .stages = stages, .microbatches = micro,
                          .schedule = schedule, .placement = by_stage ? PLACE_BY_STAGE : PLACE_BY_REPLICA,
-                         .balance_time = true};
+                         .allreduce_node = allreduce_node, .balance_time = true};
 }
 
 const char *candidate_schedule(const Candidate *c) {
@@ -41,20 +41,29 @@ const char *candidate_schedule(const Candidate *c) {
 /* The candidates for o on cluster c: where a hybrid's replicas and stages
  * cannot all share one node, both placements, which put different
  * traffic on the slow links; likewise where ranks outnumber a node's
- * cores, since the placement decides which ranks share a core. */
+ * cores, since the placement decides which ranks share a core.  Where the
+ * ranks span nodes of more than one rank, every plan with replicas is
+ * tried with the flat and the hierarchical gradient allreduce (over the
+ * cluster's nodes). */
 static int enumerate(const CompileOptions *o, const Cluster *c, Candidate *out, int cap) {
     int n = 0, N = (int)(o->ranks > 0 ? o->ranks : 1);
     int64_t B = o->batch;
     static const SchedKind scheds[] = {SCHED_GPIPE, SCHED_1F1B};
+    int hier = N > c->ranks_per_node && c->ranks_per_node > 1 ? c->ranks_per_node : 0;
 #define ADD(...)                                          \
     do {                                                  \
-        if (n < cap) set_candidate(&out[n++], __VA_ARGS__); \
+        if (n < cap) set_candidate(&out[n++], __VA_ARGS__, 0); \
+    } while (0)
+#define ADD_DP(...)                                                    \
+    do {                                                               \
+        ADD(__VA_ARGS__);                                              \
+        if (hier && n < cap) set_candidate(&out[n++], __VA_ARGS__, hier); \
     } while (0)
     if (N == 1) {
         ADD(STRATEGY_SINGLE, 1, 1, 1, SCHED_LAYER, false);
         return n;
     }
-    if (B % N == 0) ADD(STRATEGY_DP, N, 1, 1, SCHED_LAYER, false);
+    if (B % N == 0) ADD_DP(STRATEGY_DP, N, 1, 1, SCHED_LAYER, false);
     ADD(STRATEGY_LAYER, 1, N, 1, SCHED_LAYER, false);
     for (int m = 2; m <= 32; m *= 2)
         for (int k = 0; k < 2; k++)
@@ -65,9 +74,10 @@ static int enumerate(const CompileOptions *o, const Cluster *c, Candidate *out, 
         for (int place = 0; place < (both ? 2 : 1); place++)
             for (int m = 1; m <= 8; m *= 2)
                 for (int k = 0; k < (m > 1 ? 2 : 1); k++)
-                    if (B % ((int64_t)D * m) == 0) ADD(STRATEGY_HYBRID, D, N / D, m, scheds[k], place == 1);
+                    if (B % ((int64_t)D * m) == 0) ADD_DP(STRATEGY_HYBRID, D, N / D, m, scheds[k], place == 1);
     }
 #undef ADD
+#undef ADD_DP
     return n;
 }
 
@@ -273,6 +283,7 @@ bool search_choose(const CompileOptions *o, Search *s, Layout *chosen, Diag *d) 
         fprintf(stderr, " (%d replica%s x %d stage%s, %d micro-batch%s, %s%s)", l->replicas, l->replicas > 1 ? "s" : "",
                 l->stages, l->stages > 1 ? "s" : "", l->microbatches, l->microbatches > 1 ? "es" : "",
                 candidate_schedule(c), l->placement == PLACE_BY_STAGE ? ", placed by stage" : "");
+    if (l->allreduce_node > 0) fprintf(stderr, ", gradients summed hierarchically over nodes of %d", l->allreduce_node);
     fprintf(stderr, ": predicted %.3f ms per step, the fastest of %d plans on %s\n", c->step_s * 1e3, s->n,
             s->cluster);
     return true;

@@ -112,6 +112,9 @@ typedef struct RtLayout {
     bool by_stage;           /* placement: a stage's replicas on consecutive ranks (else a replica's stages) */
     int64_t micro_batch;
     int64_t tag_bound;       /* every tag the program uses is below it */
+    int allreduce_node;      /* 0: gradient buckets summed over the replicas at
+                                once; K: hierarchically, within nodes of K
+                                ranks (rank r on node r / K) first */
     char schedule[16];
     uint64_t init_offset;    /* this program's image in cleave_init */
     int64_t peak_act_bytes;  /* planned peak of this rank's activations */

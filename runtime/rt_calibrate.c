@@ -1,7 +1,18 @@
-/* rt_calibrate.c - --calibrate-comm OUT.json: instead of training, ranks 0
- * and 1 time a ping-pong of messages from 8 B to 4 MiB (powers of two) and rank 0 writes
- * the point-to-point cost it fits, for `cleave calibrate` (the compiler is
- * not an MPI program, so it measures MPI through a generated one).
+/* rt_calibrate.c - --calibrate-comm OUT.json: instead of training, every
+ * pair of ranks in turn times a ping-pong of messages and rank 0 writes
+ * the point-to-point cost it fits for each pair, for `cleave calibrate`
+ * (the compiler is not an MPI program, so it measures MPI through a
+ * generated one).  Under `mpirun --map-by node` with one rank per node,
+ * the pairs are the links between the nodes.
+ *
+ * The probe is sized by the link it measures: small messages (8 B to
+ * 4 KiB) set the latency; then messages from 64 KiB double while one
+ * takes less than CAL_TARGET_S, up to CAL_MAX_BYTES, each size repeated
+ * about CAL_SIZE_S worth (at least CAL_MIN_TRIPS round trips).  A
+ * shared-memory link reaches the largest size in a fraction of a second;
+ * a 100 Mbit/s link stops near 256 KiB after about a second, where a
+ * fixed probe of 2 GB would take minutes.  The first rank of a pair
+ * decides each size and tells the second, so the two never disagree.
  *
  * The fit is the cost model's own: one message of B bytes takes
  * latency + B / bandwidth (docs/cluster.md).  It is a least-squares fit in
@@ -16,44 +27,54 @@
 #include "rt_mpi.h"
 
 #define CAL_MIN_BYTES 8
-#define CAL_MAX_BYTES (4 << 20)
+#define CAL_SMALL_BYTES 4096          /* the latency's sizes: 8 B .. 4 KiB */
+#define CAL_LARGE_BYTES (64 << 10)    /* the bandwidth's sizes start here */
+#define CAL_MAX_BYTES (16 << 20)
 #define CAL_MAX_POINTS 32
-#define CAL_REPEATS 3 /* best of: the least disturbed run of each size */
+#define CAL_REPEATS 3                 /* best of: the least disturbed run of each size */
+#define CAL_TARGET_S 0.02             /* a message this long times the bandwidth well */
+#define CAL_SIZE_S 0.05               /* round trips of one size take about this */
+#define CAL_MIN_TRIPS 4
 
 typedef struct Point {
     double bytes, seconds; /* one-way time of one message */
 } Point;
 
-/* Enough round trips that a size moves about 32 MiB, at least 20 and at
- * most 2000: small messages need many to rise above the timer's grain.
- * Both ranks compute the same count, so no message has to agree on it. */
-static int round_trips(int bytes) {
-    int n = (32 << 20) / bytes;
-    return n < 20 ? 20 : n > 2000 ? 2000 : n;
-}
+/* One pair's measurement. */
+typedef struct PairResult {
+    int a, b;
+    double alpha, beta;
+    bool same_node;
+    Point p[CAL_MAX_POINTS];
+    int n;
+} PairResult;
 
-/* Rank 0's one-way time of a `bytes` message; rank 1 echoes. */
-static double ping_pong(MPI_Comm c, int rank, char *buf, int bytes) {
-    int n = round_trips(bytes);
+/* Rank a's one-way time of a `bytes` message to b and back, the best of
+ * CAL_REPEATS runs of `trips` round trips; b echoes (and gets 0). */
+static double ping_pong(MPI_Comm c, int me, int a, int b, char *buf, int bytes, int trips) {
     double best = 0;
     for (int rep = 0; rep < CAL_REPEATS; rep++) {
-        MPI_Barrier(c);
         double t0 = MPI_Wtime();
-        for (int i = 0; i < n; i++) {
-            if (rank == 0) {
-                MPI_Send(buf, bytes, MPI_BYTE, 1, 0, c);
-                MPI_Recv(buf, bytes, MPI_BYTE, 1, 0, c, MPI_STATUS_IGNORE);
+        for (int i = 0; i < trips; i++) {
+            if (me == a) {
+                MPI_Send(buf, bytes, MPI_BYTE, b, 0, c);
+                MPI_Recv(buf, bytes, MPI_BYTE, b, 0, c, MPI_STATUS_IGNORE);
             } else {
-                MPI_Recv(buf, bytes, MPI_BYTE, 0, 0, c, MPI_STATUS_IGNORE);
-                MPI_Send(buf, bytes, MPI_BYTE, 0, 0, c);
+                MPI_Recv(buf, bytes, MPI_BYTE, a, 0, c, MPI_STATUS_IGNORE);
+                MPI_Send(buf, bytes, MPI_BYTE, a, 0, c);
             }
         }
-        double t = (MPI_Wtime() - t0) / n / 2;
+        double t = (MPI_Wtime() - t0) / trips / 2;
         if (rep == 0 || t < best) best = t;
     }
-    return best;
+    return me == a ? best : 0;
 }
 
+/* Round trips that take about CAL_SIZE_S at `seconds` one way. */
+static int trips_for(double seconds) {
+    double n = seconds > 0 ? CAL_SIZE_S / (2 * seconds) : 2000;
+    return n < CAL_MIN_TRIPS ? CAL_MIN_TRIPS : n > 2000 ? 2000 : (int)n;
+}
 /* Minimises sum ((alpha + beta B - t) / t)^2.  Falls back to the smallest
  * message's time as alpha and the largest's rate as 1 / beta when the fit
  * gives a negative term (noise on a link whose latency is near zero). */
@@ -77,60 +98,119 @@ static void fit(const Point *p, int n, double *alpha, double *beta) {
     }
 }
 
-static bool write_result(const char *path, const Point *p, int n, double alpha, double beta, bool same_node,
-                         const char *host0, const char *host1, RtErr *e) {
+/* A pair's point list, as JSON. */
+static void write_points(FILE *f, const PairResult *r) {
+    fprintf(f, "[");
+    for (int i = 0; i < r->n; i++) fprintf(f, "%s[%.0f, %.6e]", i ? ", " : "", r->p[i].bytes, r->p[i].seconds);
+    fprintf(f, "]");
+}
+
+/* Rank 0's file: the pair of ranks 0 and 1 at the top level, as it has
+ * always been, and every pair under "pairs". */
+static bool write_result(const char *path, const PairResult *r, int n_pairs, char (*names)[MPI_MAX_PROCESSOR_NAME + 1],
+                         RtErr *e) {
     OutFile out;
     int err = out_file_open(&out, path);
     if (err) return rt_error(e, "--calibrate-comm %s: cannot write: %s", path, out_file_why(err));
     FILE *f = out.f;
-    fprintf(f, "{\"latency_s\": %.6e, \"bandwidth_gbps\": %.6g, \"same_node\": %s,\n", alpha, 1e-9 / beta,
-            same_node ? "true" : "false");
+    fprintf(f, "{\"latency_s\": %.6e, \"bandwidth_gbps\": %.6g, \"same_node\": %s,\n", r[0].alpha, 1e-9 / r[0].beta,
+            r[0].same_node ? "true" : "false");
     /* Host names are what MPI reports: letters, digits, dots and dashes. */
-    fprintf(f, " \"hosts\": [\"%s\", \"%s\"], \"ranks\": %d,\n \"points\": [", host0, host1, rt_ranks());
-    for (int i = 0; i < n; i++) fprintf(f, "%s[%.0f, %.6e]", i ? ", " : "", p[i].bytes, p[i].seconds);
-    fprintf(f, "]}\n");
+    fprintf(f, " \"hosts\": [\"%s\", \"%s\"], \"ranks\": %d,\n \"points\": ", names[0], names[1], rt_ranks());
+    write_points(f, &r[0]);
+    fprintf(f, ",\n \"pairs\": [");
+    for (int i = 0; i < n_pairs; i++) {
+        fprintf(f, "%s\n  {\"ranks\": [%d, %d], \"hosts\": [\"%s\", \"%s\"], \"same_node\": %s, \"latency_s\": %.6e, "
+                "\"bandwidth_gbps\": %.6g, \"points\": ", i ? "," : "", r[i].a, r[i].b, names[r[i].a], names[r[i].b],
+                r[i].same_node ? "true" : "false", r[i].alpha, 1e-9 / r[i].beta);
+        write_points(f, &r[i]);
+        fprintf(f, "}");
+    }
+    fprintf(f, "\n ]}\n");
     err = out_file_finish(&out);
     if (err) return rt_error(e, "--calibrate-comm %s: write failed: %s", path, out_file_why(err));
     return true;
 }
 
+/* Ranks a and b time their link (every other rank returns at once); on
+ * rank a, r gets the points and the fit.  a picks each size and sends it
+ * to b first (0: done). */
+static void measure_pair(MPI_Comm c, int me, int a, int b, char *buf, PairResult *r) {
+    if (me != a && me != b) return;
+    r->n = 0;
+    for (int bytes = CAL_MIN_BYTES;;) {
+        int next = bytes;
+        if (me == a) MPI_Send(&next, 1, MPI_INT, b, 1, c);
+        else MPI_Recv(&next, 1, MPI_INT, a, 1, c, MPI_STATUS_IGNORE);
+        if (next == 0) break;
+        /* a first look with a few round trips sizes the timed run */
+        double guess = ping_pong(c, me, a, b, buf, next, 1);
+        int trips = 0;
+        if (me == a) trips = trips_for(guess);
+        if (me == a) MPI_Send(&trips, 1, MPI_INT, b, 2, c);
+        else MPI_Recv(&trips, 1, MPI_INT, a, 2, c, MPI_STATUS_IGNORE);
+        double t = ping_pong(c, me, a, b, buf, next, trips);
+        if (me != a) continue;
+        r->p[r->n++] = (Point){next, t};
+        /* the next size: double the small ones up to 4 KiB, then jump to
+         * the large ones, doubling while a message is quicker than the
+         * target and the points and the buffer allow */
+        if (next < CAL_SMALL_BYTES) bytes = next * 2;
+        else if (next < CAL_LARGE_BYTES) bytes = CAL_LARGE_BYTES;
+        else bytes = t < CAL_TARGET_S && next < CAL_MAX_BYTES && r->n < CAL_MAX_POINTS ? next * 2 : 0;
+        if (bytes == 0) {
+            int stop = 0;
+            MPI_Send(&stop, 1, MPI_INT, b, 1, c);
+            break;
+        }
+    }
+    if (me == a) fit(r->p, r->n, &r->alpha, &r->beta);
+}
+
 bool rt_calibrate_comm(const char *path, RtErr *e) {
     if (rt_ranks() < 2)
-        return rt_error_all(e, "--calibrate-comm times messages between ranks 0 and 1: run it under mpirun -np 2 "
+        return rt_error_all(e, "--calibrate-comm times messages between ranks: run it under mpirun -np 2 or more "
                                "(it runs on 1 rank)");
-    int rank = rt_rank();
+    int rank = rt_rank(), n = rt_ranks();
     if (rank == 0) rt_args_check_writable("--calibrate-comm", path, e);
     if (!rt_comm_agree(e)) return false;
 
     MPI_Comm c = rt_comm_world();
-    char names[2][MPI_MAX_PROCESSOR_NAME + 1];
-    memset(names, 0, sizeof names);
-    int len = 0;
-    MPI_Get_processor_name(names[rank < 2 ? rank : 0], &len);
-    /* Rank 1 tells rank 0 where it runs; ranks past 1 only wait. */
-    if (rank == 1) MPI_Send(names[1], MPI_MAX_PROCESSOR_NAME + 1, MPI_CHAR, 0, 1, c);
-    if (rank == 0) MPI_Recv(names[1], MPI_MAX_PROCESSOR_NAME + 1, MPI_CHAR, 1, 1, c, MPI_STATUS_IGNORE);
-
+    char (*names)[MPI_MAX_PROCESSOR_NAME + 1] = calloc((size_t)n, sizeof *names);
     char *buf = calloc(CAL_MAX_BYTES, 1);
-    if (!buf) rt_error(e, "out of memory for a %d-byte message", CAL_MAX_BYTES);
+    int n_pairs = n * (n - 1) / 2;
+    PairResult *r = calloc((size_t)n_pairs, sizeof *r);
+    if (!names || !buf || !r) rt_error(e, "out of memory for a %d-byte message and %d pairs", CAL_MAX_BYTES, n_pairs);
     if (!rt_comm_agree(e)) {
+        free(names);
         free(buf);
+        free(r);
         return false;
     }
-    Point p[CAL_MAX_POINTS];
-    int n = 0;
-    for (int bytes = CAL_MIN_BYTES; bytes <= CAL_MAX_BYTES; bytes *= 2) {
-        double t = rank < 2 ? ping_pong(c, rank, buf, bytes) : 0;
-        if (rank >= 2) { /* keep the barriers of ranks 0 and 1 company */
-            for (int rep = 0; rep < CAL_REPEATS; rep++) MPI_Barrier(c);
+    int len = 0;
+    char mine[MPI_MAX_PROCESSOR_NAME + 1] = "";
+    MPI_Get_processor_name(mine, &len);
+    MPI_Gather(mine, MPI_MAX_PROCESSOR_NAME + 1, MPI_CHAR, names, MPI_MAX_PROCESSOR_NAME + 1, MPI_CHAR, 0, c);
+    /* Pairs one after another, so that no other traffic shares a link;
+     * rank 0 collects each pair's result from its first rank. */
+    int k = 0;
+    for (int a = 0; a < n; a++)
+        for (int b = a + 1; b < n; b++, k++) {
+            MPI_Barrier(c);
+            PairResult x = {.a = a, .b = b};
+            measure_pair(c, rank, a, b, buf, &x);
+            if (a != 0 && rank == a) MPI_Send(&x, (int)sizeof x, MPI_BYTE, 0, 3, c);
+            if (a != 0 && rank == 0) MPI_Recv(&x, (int)sizeof x, MPI_BYTE, a, 3, c, MPI_STATUS_IGNORE);
+            if (rank == 0) {
+                x.a = a;
+                x.b = b;
+                x.same_node = strcmp(names[a], names[b]) == 0;
+                r[k] = x;
+            }
         }
-        p[n++] = (Point){bytes, t};
-    }
     free(buf);
-    if (rank == 0) {
-        double alpha, beta;
-        fit(p, n, &alpha, &beta);
-        write_result(path, p, n, alpha, beta, strcmp(names[0], names[1]) == 0, names[0], names[1], e);
-    }
+    if (rank == 0) write_result(path, r, n_pairs, names, e);
+    free(names);
+    free(r);
     return rt_comm_agree(e);
 }

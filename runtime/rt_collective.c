@@ -8,7 +8,19 @@
  * A bucket is started and waited for, or summed at once; between the
  * two, rt_coll_progress (from cleave_rt_progress) tests the running ones
  * so that they move during the backward pass, and notes when each
- * completed for the step's metrics. */
+ * completed for the step's metrics.
+ *
+ * A bucket is summed by one MPI_Iallreduce over the replicas (flat), or,
+ * when the plan says so (allreduce_node), hierarchically, as a chain of
+ * three non-blocking collectives: MPI_Ireduce to the node's leader,
+ * MPI_Iallreduce among the leaders, MPI_Ibcast from the leader back to
+ * the node (rt_group.c makes the communicators).  Testing and waiting
+ * move a bucket from one link of its chain to the next as each completes,
+ * so the chain still runs behind the backward pass.  MPI wants the
+ * collectives of one communicator started in the same order on all its
+ * members; a rank cannot tell when its peers see a link complete, so each
+ * kind of link has a communicator of its own and is started in the order
+ * the buckets were, a bucket waiting for those before it (`next`). */
 #include <inttypes.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -18,6 +30,9 @@
 #include "rt_comm.h"
 
 typedef enum { IDLE, RUNNING, DONE } BucketState;
+
+/* The links of a hierarchical bucket sum, in order. */
+enum { LINK_REDUCE, LINK_LEADERS, LINK_BCAST, N_LINKS };
 
 /* Set up by rt_coll_init before the first step; the generated step names
  * buckets by index only. */
@@ -32,6 +47,13 @@ static struct {
     int running;       /* started, completion not yet seen */
     int pending;       /* started, not yet waited for */
     double wait_s, allreduce_s;
+    /* hierarchical (RtLayout.allreduce_node): the link each bucket runs
+     * or last ran; the buckets in the order they were started since
+     * nothing was pending; per link, the index in `order` of the next
+     * bucket to start it */
+    bool hier;
+    int *link, *order;
+    int n_order, next[N_LINKS];
 } g_coll;
 
 bool rt_coll_init(char *arena, const RtMeta *m, RtErr *e) {
@@ -41,7 +63,9 @@ bool rt_coll_init(char *arena, const RtMeta *m, RtErr *e) {
     g_coll.state = calloc(n, sizeof *g_coll.state);
     g_coll.t_start = calloc(n, sizeof *g_coll.t_start);
     g_coll.done = calloc(n, sizeof *g_coll.done);
-    if (!g_coll.req || !g_coll.state || !g_coll.t_start || !g_coll.done) {
+    g_coll.link = calloc(n, sizeof *g_coll.link);
+    g_coll.order = calloc(n, sizeof *g_coll.order);
+    if (!g_coll.req || !g_coll.state || !g_coll.t_start || !g_coll.done || !g_coll.link || !g_coll.order) {
         rt_coll_free();
         return rt_error(e, "out of memory for %d gradient buckets", m->n_buckets);
     }
@@ -49,6 +73,7 @@ bool rt_coll_init(char *arena, const RtMeta *m, RtErr *e) {
     g_coll.arena = arena;
     g_coll.buckets = m->buckets;
     g_coll.n = m->n_buckets;
+    g_coll.hier = m->layout.allreduce_node > 0;
     return true;
 }
 
@@ -57,6 +82,8 @@ void rt_coll_free(void) {
     free(g_coll.state);
     free(g_coll.t_start);
     free(g_coll.done);
+    free(g_coll.link);
+    free(g_coll.order);
     memset(&g_coll, 0, sizeof g_coll);
 }
 
@@ -92,13 +119,93 @@ static const RtBucket *idle_bucket(const char *fn, int32_t bucket, const char *b
     return &g_coll.buckets[bucket];
 }
 
+/* ---- hierarchical sums ---------------------------------------------------- */
+
+static int comm_size(MPI_Comm c) {
+    int n = 0;
+    if (c != MPI_COMM_NULL) MPI_Comm_size(c, &n);
+    return n;
+}
+
+/* Starts link k of bucket b's chain; a link with nothing to do (a node of
+ * one rank, a rank that leads no node, a single leader) is done at once. */
+static void start_link(int b, int k) {
+    const RtBucket *bk = &g_coll.buckets[b];
+    void *buf = g_coll.arena + bk->offset;
+    MPI_Comm node = k == LINK_BCAST ? rt_comm_node_bcast() : rt_comm_node_reduce();
+    g_coll.link[b] = k;
+    g_coll.req[b] = MPI_REQUEST_NULL;
+    if (k == LINK_REDUCE && comm_size(node) > 1) {
+        int me = 0;
+        MPI_Comm_rank(node, &me);
+        MPI_Ireduce(me == 0 ? MPI_IN_PLACE : buf, me == 0 ? buf : NULL, bk->count, MPI_FLOAT, MPI_SUM, 0, node,
+                    &g_coll.req[b]);
+    } else if (k == LINK_LEADERS && comm_size(rt_comm_leaders()) > 1) {
+        MPI_Iallreduce(MPI_IN_PLACE, buf, bk->count, MPI_FLOAT, MPI_SUM, rt_comm_leaders(), &g_coll.req[b]);
+    } else if (k == LINK_BCAST && comm_size(node) > 1) {
+        MPI_Ibcast(buf, bk->count, MPI_FLOAT, 0, node, &g_coll.req[b]);
+    }
+}
+
+/* Whether bucket b finished link k of its chain. */
+static bool link_done(int b, int k) {
+    return g_coll.link[b] > k || (g_coll.link[b] == k && g_coll.req[b] == MPI_REQUEST_NULL);
+}
+
+/* Moves every bucket whose link completed to its next link, in the order
+ * the buckets were started, and notes the chains that ended. */
+static void advance(void) {
+    for (int k = LINK_LEADERS; k < N_LINKS; k++)
+        while (g_coll.next[k] < g_coll.n_order) {
+            int b = g_coll.order[g_coll.next[k]];
+            if (!link_done(b, k - 1)) break;
+            start_link(b, k);
+            g_coll.next[k]++;
+        }
+    double now = -1;
+    for (int i = 0; i < g_coll.next[LINK_BCAST]; i++) {
+        int b = g_coll.order[i];
+        if (g_coll.state[b] != RUNNING || !link_done(b, LINK_BCAST)) continue;
+        if (now < 0) now = rt_now();
+        completed(b, now);
+    }
+}
+
+static void start_chain(int b) {
+    if (g_coll.pending == 0) { /* nothing outstanding: a new round of buckets */
+        g_coll.n_order = 0;
+        memset(g_coll.next, 0, sizeof g_coll.next);
+    }
+    if (g_coll.n_order >= g_coll.n)
+        bucket_misuse("cleave_rt_allreduce_start", b, "more buckets started than the program has before a wait");
+    g_coll.order[g_coll.n_order++] = b;
+    start_link(b, LINK_REDUCE);
+    g_coll.next[LINK_REDUCE] = g_coll.n_order;
+}
+
+/* Blocks until bucket b's chain ended, moving every chain along. */
+static void wait_chain(int b) {
+    for (;;) {
+        advance();
+        if (g_coll.state[b] == DONE) return;
+        int any = MPI_UNDEFINED;
+        MPI_Waitany(g_coll.n, g_coll.req, &any, MPI_STATUS_IGNORE);
+        if (any == MPI_UNDEFINED) bucket_misuse("cleave_rt_allreduce_wait", b, "its sum stopped half way");
+    }
+}
+
 void cleave_rt_allreduce_start(int32_t bucket) {
     const RtBucket *b = idle_bucket("cleave_rt_allreduce_start", bucket, "started twice without a wait");
     g_coll.t_start[bucket] = rt_now();
-    MPI_Iallreduce(MPI_IN_PLACE, g_coll.arena + b->offset, b->count, MPI_FLOAT, MPI_SUM, rt_comm_replicas(),
-                   &g_coll.req[bucket]);
     g_coll.state[bucket] = RUNNING;
     g_coll.running++;
+    if (g_coll.hier) {
+        start_chain(bucket);
+        advance();
+    } else {
+        MPI_Iallreduce(MPI_IN_PLACE, g_coll.arena + b->offset, b->count, MPI_FLOAT, MPI_SUM, rt_comm_replicas(),
+                       &g_coll.req[bucket]);
+    }
     g_coll.pending++;
 }
 
@@ -109,10 +216,14 @@ void cleave_rt_allreduce_wait(int32_t bucket) {
     if (g_coll.state[bucket] == RUNNING) {
         double t0 = rt_trace_wait_begin();
         rt_watch_begin("the allreduce of gradient bucket", bucket, RT_WATCH_REPLICAS);
-        MPI_Wait(&g_coll.req[bucket], MPI_STATUS_IGNORE);
+        if (g_coll.hier) {
+            wait_chain(bucket);
+        } else {
+            MPI_Wait(&g_coll.req[bucket], MPI_STATUS_IGNORE);
+        }
         rt_watch_end();
         g_coll.wait_s += rt_trace_wait_end(RT_EV_ALLREDUCE, t0);
-        completed(bucket, rt_now());
+        if (!g_coll.hier) completed(bucket, rt_now());
     }
     g_coll.state[bucket] = IDLE;
     g_coll.pending--;
@@ -153,6 +264,10 @@ void rt_coll_progress(void) {
     if (g_coll.running <= 0) return;
     int count = 0;
     MPI_Testsome(g_coll.n, g_coll.req, &count, g_coll.done, MPI_STATUSES_IGNORE);
+    if (g_coll.hier) { /* a completed request is one link of a chain */
+        advance();
+        return;
+    }
     if (count == MPI_UNDEFINED || count == 0) return;
     double now = rt_now();
     for (int i = 0; i < count; i++) completed(g_coll.done[i], now);

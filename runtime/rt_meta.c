@@ -273,6 +273,13 @@ static json_t *parse_layout(json_t *root, int rank, RtMeta *m, RtErr *e) {
     if (!pl || (strcmp(pl, "by_replica") && strcmp(pl, "by_stage")))
         return rt_error(e, BAD "\"placement\" must be \"by_replica\" or \"by_stage\""), NULL;
     l->by_stage = strcmp(pl, "by_stage") == 0;
+    int64_t node = 0;
+    if (json_object_get(root, "allreduce_ranks_per_node") &&
+        !get_int(root, "allreduce_ranks_per_node", "", 1, &node, e))
+        return NULL;
+    if (node > 1000000)
+        return rt_error(e, BAD "\"allreduce_ranks_per_node\" is %" PRId64 ", expected at most 1000000", node), NULL;
+    l->allreduce_node = (int)node;
     rank %= m->ranks;
     l->stage = l->by_stage ? rank / l->dp : rank % l->stages;
     l->replica = l->by_stage ? rank % l->dp : rank / l->stages;

@@ -6,8 +6,12 @@
  * run in this process (as the unit tests do), because the cost model
  * prices those kernels, not a BLAS.  Messages are measured by a generated
  * program under mpirun (the runtime's --calibrate-comm), because the
- * compiler is not an MPI program.  Whatever cannot be measured keeps its
- * stated default (cluster_defaults), and the summary says which. */
+ * compiler is not an MPI program: two ranks of this node for intra_node,
+ * and with --hostfile one rank on each of its hosts, every pair of them
+ * timed in turn, for the link between each pair of nodes (`links`, and
+ * their median as inter_node).  What cannot be measured keeps its stated
+ * default (cluster_defaults), and both the summary and the file's name
+ * say which; a --hostfile whose links cannot be measured is an error. */
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -44,22 +48,25 @@ static const char calibrate_help[] =
     "  compute    GEMM rate of generated MatMul kernels of several sizes, the\n"
     "             bandwidth of an element-wise Add, the cost of a tiny kernel call\n"
     "  intra_node latency and bandwidth between 2 ranks (mpirun -np 2)\n"
-    "  inter_node the same across nodes, only with --hostfile; otherwise defaults\n"
+    "  inter_node the same between every pair of the hostfile's hosts (links),\n"
+    "             only with --hostfile; otherwise defaults, said so in the file\n"
     "\n"
     "  -o FILE                the cluster file to write\n"
     "  --cache                store it as this machine's calibration, which cleave plan\n"
     "                         and --strategy auto use when no --cluster is given\n"
     "                         ($CLEAVE_CLUSTER_CACHE, else ~/.cache/cleave/cluster.json)\n"
     "  --ranks-per-node R     ranks on each node (default: this machine's CPUs)\n"
-    "  --nodes N              nodes (default 1)\n"
+    "  --nodes N              nodes (default 1; with --hostfile, its hosts)\n"
     "  --memory-per-rank B    bytes per rank (default: physical memory / R)\n"
-    "  --hostfile FILE        mpirun host file of 2 or more nodes: measure inter_node\n"
+    "  --hostfile FILE        mpirun host file of 2 or more hosts: measure the link\n"
+    "                         between every pair (one rank per host, --map-by node)\n"
     "  --quick                fewer sizes and shorter timing (a few seconds)\n";
 
 typedef struct Opts {
     const char *out, *hostfile;
     int64_t nodes, ranks_per_node, memory;
-    bool quick, cache;
+    bool quick, cache, nodes_given;
+    int hosts; /* distinct hosts of --hostfile */
     char cache_path[1024];
 } Opts;
 
@@ -204,21 +211,23 @@ static bool measure_compute(Cluster *c, bool quick, Diag *d) {
 
 /* ---- communication: a generated program under mpirun --------------------- */
 
-/* One probe run: true with *link and *same_node filled, or false with why
- * in note (the caller keeps the defaults). */
-static bool probe_link(const char *prog, const char *dir, const char *hostfile, ClusterLink *link, bool *same_node,
-                       char *note, size_t note_size) {
-    char out[4200], log[4200];
+/* One probe run over `ranks` ranks (with a hostfile, one per host): true
+ * with the parsed --calibrate-comm file in *res (json_decref it), or false
+ * with why in note. */
+static bool probe_comm(const char *prog, const char *dir, const char *hostfile, int ranks, json_t **res, char *note,
+                       size_t note_size) {
+    char out[4200], log[4200], np[16];
     snprintf(out, sizeof out, "%s/comm%s.json", dir, hostfile ? "-inter" : "");
     snprintf(log, sizeof log, "%s/mpirun%s.log", dir, hostfile ? "-inter" : "");
+    snprintf(np, sizeof np, "%d", ranks);
     char *argv[16];
     int n = 0;
     argv[n++] = "mpirun";
     argv[n++] = "--oversubscribe";
     argv[n++] = "-np";
-    argv[n++] = "2";
+    argv[n++] = np;
     if (hostfile) {
-        /* one rank per node: ranks 0 and 1 on different nodes */
+        /* one rank per host: rank i on the hostfile's i-th host */
         argv[n++] = "--hostfile";
         argv[n++] = (char *)hostfile;
         argv[n++] = "--map-by";
@@ -228,7 +237,10 @@ static bool probe_link(const char *prog, const char *dir, const char *hostfile, 
     argv[n++] = "--calibrate-comm";
     argv[n++] = out;
     argv[n] = NULL;
-    int status = calibrate_run(argv, log, 120);
+    /* the probe sizes itself by each link (a few seconds a pair); room
+     * for slow links and for mpirun's start */
+    int pairs = ranks * (ranks - 1) / 2;
+    int status = calibrate_run(argv, log, 60.0 + 20.0 * pairs);
     if (status != 0) {
         char why[400];
         calibrate_last_line(log, why, sizeof why);
@@ -236,19 +248,76 @@ static bool probe_link(const char *prog, const char *dir, const char *hostfile, 
         return false;
     }
     json_error_t err;
-    json_t *j = json_load_file(out, 0, &err);
-    json_t *lat = json_object_get(j, "latency_s"), *bw = json_object_get(j, "bandwidth_gbps");
-    json_t *same = json_object_get(j, "same_node");
-    bool ok = json_is_number(lat) && json_is_number(bw) && json_is_boolean(same) && json_number_value(lat) >= 0 &&
-              json_number_value(bw) > 0;
-    if (ok) {
-        link->latency_s = json_number_value(lat);
-        link->bandwidth_gbps = json_number_value(bw);
-        *same_node = json_is_true(same);
-    } else {
+    *res = json_load_file(out, 0, &err);
+    json_t *pl = json_object_get(*res, "pairs");
+    if (!json_is_array(pl) || json_array_size(pl) != (size_t)pairs) {
         snprintf(note, note_size, "the probe wrote no usable %.400s", out);
+        json_decref(*res);
+        *res = NULL;
+        return false;
     }
-    json_decref(j);
+    return true;
+}
+
+/* Pair i of a probe's result: its ranks, link and whether its two ranks
+ * shared a host; false when malformed. */
+static bool probe_pair(json_t *res, size_t i, int *a, int *b, ClusterLink *link, bool *same_node) {
+    json_t *p = json_array_get(json_object_get(res, "pairs"), i);
+    json_t *r = json_object_get(p, "ranks"), *lat = json_object_get(p, "latency_s");
+    json_t *bw = json_object_get(p, "bandwidth_gbps"), *same = json_object_get(p, "same_node");
+    if (!json_is_array(r) || json_array_size(r) != 2 || !json_is_number(lat) || !json_is_number(bw) ||
+        !json_is_boolean(same) || json_number_value(lat) < 0 || !(json_number_value(bw) > 0))
+        return false;
+    *a = (int)json_integer_value(json_array_get(r, 0));
+    *b = (int)json_integer_value(json_array_get(r, 1));
+    link->latency_s = json_number_value(lat);
+    link->bandwidth_gbps = json_number_value(bw);
+    *same_node = json_is_true(same);
+    return true;
+}
+
+static int by_value(const void *x, const void *y) {
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+/* The links between every pair of the hostfile's hosts into c (links, and
+ * their median latency and bandwidth as inter_node); false with why in
+ * note. */
+static bool inter_links(Cluster *c, json_t *res, int hosts, const char *hostfile, char *note, size_t note_size) {
+    size_t n = (size_t)hosts * (size_t)(hosts - 1) / 2;
+    c->links = calloc(n, sizeof *c->links);
+    double *lat = malloc(n * sizeof *lat), *bw = malloc(n * sizeof *bw);
+    bool ok = c->links && lat && bw;
+    if (!ok) snprintf(note, note_size, "out of memory");
+    for (size_t i = 0; ok && i < n; i++) {
+        int a, b;
+        bool same;
+        ClusterLink l;
+        if (!probe_pair(res, i, &a, &b, &l, &same) || a < 0 || b <= a || b >= hosts) {
+            snprintf(note, note_size, "the probe's pair %zu is malformed", i);
+            ok = false;
+        } else if (same) {
+            snprintf(note, note_size, "ranks %d and %d of %s ran on one host: each host of the file must be a "
+                     "node of its own (with a host name of its own)", a, b, hostfile);
+            ok = false;
+        } else {
+            c->links[i] = (ClusterPairLink){a, b, l};
+            lat[i] = l.latency_s;
+            bw[i] = l.bandwidth_gbps;
+        }
+    }
+    if (ok) {
+        c->n_links = (int)n;
+        qsort(lat, n, sizeof *lat, by_value);
+        qsort(bw, n, sizeof *bw, by_value);
+        c->inter_node = (ClusterLink){lat[n / 2], bw[n / 2]};
+    } else {
+        free(c->links);
+        c->links = NULL;
+    }
+    free(lat);
+    free(bw);
     return ok;
 }
 
@@ -292,16 +361,21 @@ static void measure_with_mpirun(Cluster *c, const Opts *o, RunResult *r) {
         snprintf(r->intra_note, sizeof r->intra_note, "compiling the probe program failed: %.500s", d.msg);
         snprintf(r->step_note, sizeof r->step_note, "%s", r->intra_note);
     } else {
+        json_t *res = NULL;
+        int a, b;
         bool same = true;
-        r->intra = probe_link(prog, dir, NULL, &c->intra_node, &same, r->intra_note, sizeof r->intra_note);
+        r->intra = probe_comm(prog, dir, NULL, 2, &res, r->intra_note, sizeof r->intra_note);
+        if (r->intra && !probe_pair(res, 0, &a, &b, &c->intra_node, &same)) {
+            snprintf(r->intra_note, sizeof r->intra_note, "the probe's result is malformed");
+            r->intra = false;
+        }
+        json_decref(res);
+        res = NULL;
         if (o->hostfile) {
-            ClusterLink l;
-            if (!probe_link(prog, dir, o->hostfile, &l, &same, r->inter_note, sizeof r->inter_note))
-                ;
-            else if (same)
-                snprintf(r->inter_note, sizeof r->inter_note, "both ranks of %s ran on one node", o->hostfile);
-            else
-                c->inter_node = l, r->inter = true;
+            fprintf(stderr, "cleave: calibrate: timing the links between the %d hosts of %s\n", o->hosts, o->hostfile);
+            r->inter = probe_comm(prog, dir, o->hostfile, o->hosts, &res, r->inter_note, sizeof r->inter_note) &&
+                       inter_links(c, res, o->hosts, o->hostfile, r->inter_note, sizeof r->inter_note);
+            json_decref(res);
         }
         r->step = calibrate_step_overheads(c, dir, r->step_note, sizeof r->step_note);
     }
@@ -309,6 +383,38 @@ static void measure_with_mpirun(Cluster *c, const Opts *o, RunResult *r) {
 }
 
 /* ---- the command ---------------------------------------------------------- */
+
+/* The distinct hosts of an mpirun host file (a host per line, the first
+ * word; '#' starts a comment), in o->hosts. */
+static bool count_hosts(Opts *o, Diag *d) {
+    FILE *f = fopen(o->hostfile, "r");
+    if (!f) return diag_error(d, DIAG_IO, "--hostfile %s: %s", o->hostfile, strerror(errno));
+    enum { MAX_HOSTS = 256 };
+    static char seen[MAX_HOSTS][256];
+    char line[1024];
+    int n = 0;
+    bool ok = true;
+    while (ok && fgets(line, sizeof line, f)) {
+        char *hash = strchr(line, '#'), host[256];
+        if (hash) *hash = 0;
+        if (sscanf(line, "%255s", host) != 1) continue;
+        bool known = false;
+        for (int i = 0; i < n && !known; i++) known = strcmp(seen[i], host) == 0;
+        if (known) continue;
+        if (n == MAX_HOSTS) ok = diag_error(d, DIAG_LIMIT, "--hostfile %s: more than %d hosts", o->hostfile, MAX_HOSTS);
+        else snprintf(seen[n++], sizeof seen[0], "%s", host);
+    }
+    fclose(f);
+    if (ok && n < 2)
+        ok = diag_error(d, DIAG_USAGE, "--hostfile %s: names %d host%s; measuring the links between nodes needs 2 or "
+                        "more", o->hostfile, n, n == 1 ? "" : "s");
+    if (ok && o->nodes_given && o->nodes != n)
+        ok = diag_error(d, DIAG_USAGE, "--nodes %lld: --hostfile %s names %d hosts, one node each", (long long)o->nodes,
+                        o->hostfile, n);
+    o->hosts = n;
+    if (ok) o->nodes = n;
+    return ok;
+}
 
 /* Fails now, before a minute of measuring, when -o could not be written. */
 /* A FIFO -o writes to, held open for writing from the check until the
@@ -360,7 +466,7 @@ static int parse_opts(int argc, char **argv, Opts *o) {
         const char *v = argv[++i];
         if (strcmp(a, "-o") == 0) o->out = v;
         else if (strcmp(a, "--hostfile") == 0) o->hostfile = v;
-        else if (strcmp(a, "--nodes") == 0 && !cli_parse_i64(v, 1, CLUSTER_MAX_RANKS, &o->nodes))
+        else if (strcmp(a, "--nodes") == 0 && !(o->nodes_given = cli_parse_i64(v, 1, CLUSTER_MAX_RANKS, &o->nodes)))
             return cli_usage("calibrate", "--nodes needs an integer from 1 to %d, got '%s'", CLUSTER_MAX_RANKS, v);
         else if (strcmp(a, "--ranks-per-node") == 0 && !cli_parse_i64(v, 1, CLUSTER_MAX_RANKS, &o->ranks_per_node))
             return cli_usage("calibrate", "--ranks-per-node needs an integer from 1 to %d, got '%s'",
@@ -393,6 +499,10 @@ int cmd_calibrate(int argc, char **argv) {
         memory_from = o.memory > 0 ? "physical memory / ranks per node" : "default";
     }
     Diag d = {0};
+    if (o.hostfile && !count_hosts(&o, &d)) return cli_fail(&d);
+    if (o.nodes * o.ranks_per_node > CLUSTER_MAX_RANKS)
+        return cli_usage("calibrate", "%lld nodes x --ranks-per-node is more than %d ranks", (long long)o.nodes,
+                         CLUSTER_MAX_RANKS);
     if (o.cache && !cluster_cache_dir(o.out, &d)) return cli_fail(&d);
     if (!check_writable(o.out, &d)) return cli_fail(&d);
 
@@ -406,12 +516,23 @@ int cmd_calibrate(int argc, char **argv) {
     if (!measure_compute(&c, o.quick, &d)) return cli_fail(&d);
     RunResult comm = {0};
     measure_with_mpirun(&c, &o, &comm);
+    if (o.hostfile && !comm.inter) {
+        cluster_free(&c);
+        if (g_fifo >= 0) close(g_fifo);
+        diag_error(&d, DIAG_IO, "--hostfile %s: the links between its hosts could not be measured: %s", o.hostfile,
+                   comm.inter_note);
+        return cli_fail(&d);
+    }
 
     char host[256] = "this machine";
     gethostname(host, sizeof host);
     host[sizeof host - 1] = 0;
-    char name[512];
-    snprintf(name, sizeof name, "calibrated on %s%s", host, o.quick ? " (--quick)" : "");
+    char name[640];
+    /* what was not measured is said in the file too, not only on stderr */
+    snprintf(name, sizeof name, "calibrated on %s%s%s%s%s", host, o.quick ? " (--quick)" : "",
+             comm.intra ? "" : "; intra_node: stated default, not measured",
+             comm.inter ? "" : "; inter_node: stated default, not measured",
+             comm.step ? "" : "; step_overhead_s: stated default, not measured");
     c.name = strdup(name);
     char *text = cluster_to_json(&c);
     if (!c.name || !text) {
@@ -448,9 +569,12 @@ int cmd_calibrate(int argc, char **argv) {
     fprintf(stderr, "  intra_node        %s: %.3g s + %.3g GB/s%s%s%s\n", comm.intra ? "measured" : "default",
             c.intra_node.latency_s, c.intra_node.bandwidth_gbps, comm.intra ? "" : " (", comm.intra ? "" : comm.intra_note,
             comm.intra ? "" : ")");
-    fprintf(stderr, "  inter_node        %s: %.3g s + %.3g GB/s%s%s%s\n", comm.inter ? "measured" : "default",
-            c.inter_node.latency_s, c.inter_node.bandwidth_gbps, comm.inter ? "" : " (", comm.inter ? "" : comm.inter_note,
-            comm.inter ? "" : ")");
+    fprintf(stderr, "  inter_node        %s: %.3g s + %.3g GB/s%s%s%s\n",
+            comm.inter ? "measured, the median of the links" : "default", c.inter_node.latency_s,
+            c.inter_node.bandwidth_gbps, comm.inter ? "" : " (", comm.inter ? "" : comm.inter_note, comm.inter ? "" : ")");
+    for (int i = 0; i < c.n_links; i++)
+        fprintf(stderr, "  link %d - %d        measured: %.3g s + %.3g GB/s\n", c.links[i].a, c.links[i].b,
+                c.links[i].link.latency_s, c.links[i].link.bandwidth_gbps);
     cluster_free(&c);
     return 0;
 }

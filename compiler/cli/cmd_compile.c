@@ -73,6 +73,9 @@ static const char compile_help[] =
     "                         --schedule) so that the stages work at once\n"
     "                       hybrid: --dp D replicas of a --pp P stage pipeline\n"
     "  --bucket-mb MB       gradient bucket size for dp (default 25, as PyTorch DDP)\n"
+    "  --allreduce flat|hierarchical:K  dp, hybrid: sum gradient buckets over all\n"
+    "                       replicas at once (default), or within nodes of K ranks,\n"
+    "                       then among one rank per node, then back within nodes\n"
     "  --bn-stats global|local  batch normalisation under dp and hybrid: global (the\n"
     "                       default) normalises with the statistics of the global\n"
     "                       batch, summed over the replicas, and trains as one\n"
@@ -131,7 +134,7 @@ static bool plan_decides(const char *flag) {
     static const char *const names[] = {"--batch", "--loss", "--optimizer", "--lr", "--momentum", "--weight-decay",
                                         "--beta1", "--beta2", "--eps", "--nesterov", "--ignore-index", "--accumulate",
                                         "--no-decay", "--clip-grad-norm", "--lr-schedule", "--warmup-steps", "--ranks", "--strategy",
-                                        "--microbatches", "--dp", "--pp", "--schedule", "--stages", "--bucket-mb", "--bn-stats", "--placement",
+                                        "--microbatches", "--dp", "--pp", "--schedule", "--stages", "--bucket-mb", "--bn-stats", "--placement", "--allreduce",
                                         "--balance", "--cluster"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strcmp(flag, names[i]) == 0) return true;
@@ -338,6 +341,12 @@ static int parse_flags(const char *cmd, int argc, char **argv, CompileFlags *f) 
             o.n_cuts = take_names(v, &stages_copy, &o.cuts);
             if (o.n_cuts < 0) status = cli_usage(cmd, "out of memory");
             else if (o.n_cuts == 0) status = cli_usage(cmd, "--stages needs node names, got '%s'", v);
+        } else if (strcmp(a, "--allreduce") == 0) {
+            NEED_VALUE();
+            int64_t k = 0;
+            if (strcmp(v, "flat") == 0) o.allreduce_node = 0;
+            else if (strncmp(v, "hierarchical:", 13) == 0 && cli_parse_i64(v + 13, 1, 1 << 20, &k)) o.allreduce_node = k;
+            else status = cli_usage(cmd, "--allreduce must be flat or hierarchical:K (K ranks per node), got '%s'", v);
         } else if (strcmp(a, "--bucket-mb") == 0) {
             NEED_VALUE();
             float mb = 0;

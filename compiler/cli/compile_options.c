@@ -107,5 +107,9 @@ bool compile_options_layout(const CompileOptions *o, Layout *l, Diag *d) {
         return diag_error(d, DIAG_USAGE, "--placement %s needs --strategy hybrid (with one replica or one stage the "
                           "placements are the same)", o->placement);
     if (!(strategy_staged(o->strategy) ? staged_layout(o, ranks, l, d) : flat_layout(o, ranks, l, d))) return false;
+    if (o->allreduce_node > 0 && l->replicas < 2)
+        return diag_error(d, DIAG_USAGE, "--allreduce hierarchical:%lld sums gradients over replicas; %s has none "
+                          "(use --strategy dp or hybrid)", (long long)o->allreduce_node, strategy_name(o->strategy));
+    l->allreduce_node = (int)o->allreduce_node;
     return accumulate_layout(o, l, d);
 }

@@ -16,6 +16,7 @@
 static void layout_text(const Candidate *c, char *buf, size_t len) {
     const Layout *l = &c->layout;
     const char *name = strategy_name(l->strategy);
+    size_t used;
     if (!strategy_staged(l->strategy))
         snprintf(buf, len, "%s%s", name, l->strategy == STRATEGY_DP ? " over every rank" : "");
     else if (l->strategy == STRATEGY_LAYER)
@@ -25,6 +26,10 @@ static void layout_text(const Candidate *c, char *buf, size_t len) {
                  l->replicas > 1 ? "s" : "", l->stages, l->microbatches, l->microbatches > 1 ? "es" : "",
                  candidate_schedule(c),
                  l->placement == PLACE_BY_STAGE ? ", placed by stage (a stage's replicas on consecutive ranks)" : "");
+    used = strlen(buf);
+    if (l->allreduce_node > 0 && used < len)
+        snprintf(buf + used, len - used, ", gradients summed within nodes of %d ranks first (hierarchical allreduce)",
+                 l->allreduce_node);
 }
 
 /* Why c lost to best, in a few words. */
@@ -76,7 +81,7 @@ static void print_text(const CompileOptions *o, const Search *s) {
     }
     if (s->n < 2 && best) return;
     printf("\n%s (fastest first):\n", best ? "all plans" : "plans");
-    printf("  %-9s %3s %3s %3s %-13s %10s %8s %9s %9s  %s\n", "strategy", "D", "P", "M", "schedule", "step ms", "bubble",
+    printf("  %-9s %3s %3s %3s %-18s %10s %8s %9s %9s  %s\n", "strategy", "D", "P", "M", "schedule", "step ms", "bubble",
            "comm MB", "peak MB", "");
     for (int i = 0; i < s->n; i++) {
         const Candidate *c = &s->c[i];
@@ -84,9 +89,9 @@ static void print_text(const CompileOptions *o, const Search *s) {
         const Layout *l = &c->layout;
         char sched[24];
         bool by_stage = l->placement == PLACE_BY_STAGE;
-        snprintf(sched, sizeof sched, "%s%s", candidate_schedule(c)[0] ? candidate_schedule(c) : "-",
-                 by_stage ? " bystage" : "");
-        printf("  %-9s %3d %3d %3d %-13s %10.3f %7.1f%% %9.2f %9.1f  %s\n", strategy_name(l->strategy), l->replicas,
+        snprintf(sched, sizeof sched, "%s%s%s", candidate_schedule(c)[0] ? candidate_schedule(c) : "-",
+                 by_stage ? " bystage" : "", l->allreduce_node > 0 ? " hier" : "");
+        printf("  %-9s %3d %3d %3d %-18s %10.3f %7.1f%% %9.2f %9.1f  %s\n", strategy_name(l->strategy), l->replicas,
                l->stages, l->microbatches, sched, c->step_s * 1e3, c->bubble * 100, (double)c->comm_bytes / 1e6,
                (double)c->peak_bytes / 1e6, why);
     }
@@ -107,6 +112,7 @@ static json_t *candidate_json(const Candidate *c, const Candidate *best) {
                           "why", why, "step_s", c->step_s, "bubble", c->bubble, "comm_bytes",
                           (json_int_t)c->comm_bytes, "peak_bytes", (json_int_t)c->peak_bytes, "ranks", ranks);
     if (o && c->cuts) json_object_set_new(o, "cuts", json_string(c->cuts));
+    if (o) json_object_set_new(o, "allreduce", json_string(l->allreduce_node > 0 ? "hierarchical" : "flat"));
     return o;
 }
 

@@ -29,14 +29,17 @@ static bool fail(Reader *R, DiagCode code, const char *fmt, ...) {
 }
 
 /* A field as messages write it: "key" at the top level, "parent"."key"
- * inside an object.  Keys come from the file, so they are cut short. */
+ * inside an object, and inside an array's entry "links"[2]."key" (a
+ * parent already quoted is written as it is).  Keys come from the file,
+ * so they are cut short. */
 typedef struct FieldName {
     char s[160];
 } FieldName;
 
 static FieldName field(const char *parent, const char *key) {
     FieldName f;
-    if (parent) snprintf(f.s, sizeof f.s, "\"%s\".\"%.100s\"", parent, key);
+    if (parent && parent[0] == '"') snprintf(f.s, sizeof f.s, "%s.\"%.100s\"", parent, key);
+    else if (parent) snprintf(f.s, sizeof f.s, "\"%s\".\"%.100s\"", parent, key);
     else snprintf(f.s, sizeof f.s, "\"%.100s\"", key);
     return f;
 }
@@ -119,6 +122,66 @@ static bool read_link(Reader *R, json_t *root, const char *key, ClusterLink *l) 
            read_number(R, o, key, "bandwidth_gbps", false, &l->bandwidth_gbps);
 }
 
+static int by_pair(const void *x, const void *y) {
+    const ClusterPairLink *p = x, *q = y;
+    if (p->a != q->a) return p->a < q->a ? -1 : 1;
+    return (p->b > q->b) - (p->b < q->b);
+}
+
+/* One entry of "links": {"nodes": [x, y], "latency_s", "bandwidth_gbps"}
+ * with x != y nodes of the cluster. */
+static bool read_pair_link(Reader *R, json_t *o, size_t i, int nodes, ClusterPairLink *out) {
+    static const char *const known[] = {"nodes", "latency_s", "bandwidth_gbps", NULL};
+    char where[48];
+    snprintf(where, sizeof where, "\"links\"[%zu]", i);
+    if (!json_is_object(o)) return fail(R, DIAG_FORMAT, "\"links\"[%zu] must be an object", i);
+    json_t *pair = json_object_get(o, "nodes");
+    if (!check_keys(R, o, where, known)) return false;
+    if (!pair) return fail(R, DIAG_FORMAT, "missing required field \"links\"[%zu].\"nodes\"", i);
+    int node[2];
+    for (int k = 0; k < 2; k++) {
+        json_t *v = json_is_array(pair) && json_array_size(pair) == 2 ? json_array_get(pair, (size_t)k) : NULL;
+        double x = json_number_value(v);
+        if (!v || !(json_is_integer(v) || (json_is_real(v) && x == floor(x))) || !(x >= 0))
+            return fail(R, DIAG_FORMAT, "\"links\"[%zu].\"nodes\" must be a pair [x, y] of node numbers", i);
+        if (!(x < nodes))
+            return fail(R, DIAG_FORMAT, "\"links\"[%zu].\"nodes\": node %g is not one of the %d nodes", i, x,
+                        nodes);
+        node[k] = (int)x;
+    }
+    if (node[0] == node[1])
+        return fail(R, DIAG_FORMAT, "\"links\"[%zu].\"nodes\": a link joins two different nodes, not node %d to "
+                    "itself", i, node[0]);
+    out->a = node[0] < node[1] ? node[0] : node[1];
+    out->b = node[0] < node[1] ? node[1] : node[0];
+    return read_number(R, o, where, "latency_s", true, &out->link.latency_s) &&
+           read_number(R, o, where, "bandwidth_gbps", false, &out->link.bandwidth_gbps);
+}
+
+/* "links": links between particular pairs of nodes, overriding
+ * inter_node for them; a pair given twice (in either order) is an error,
+ * since one of the two would silently lose. */
+static bool read_links(Reader *R, json_t *root, Cluster *c) {
+    json_t *a = json_object_get(root, "links");
+    if (!a) return true;
+    if (!json_is_array(a)) return fail(R, DIAG_FORMAT, "\"links\" must be an array of node-pair links");
+    size_t n = json_array_size(a);
+    if (n == 0) return true;
+    if ((double)n > 0.5 * (double)c->nodes * (c->nodes - 1))
+        return fail(R, DIAG_FORMAT, "\"links\" has %zu entries, more than the %d nodes have pairs", n, c->nodes);
+    c->links = malloc(n * sizeof *c->links);
+    if (!c->links) return fail(R, DIAG_NOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        if (!read_pair_link(R, json_array_get(a, i), i, c->nodes, &c->links[i])) return false;
+        c->n_links = (int)i + 1;
+    }
+    qsort(c->links, n, sizeof *c->links, by_pair);
+    for (size_t i = 1; i < n; i++)
+        if (by_pair(&c->links[i - 1], &c->links[i]) == 0)
+            return fail(R, DIAG_FORMAT, "\"links\": nodes %d and %d are given twice", c->links[i].a, c->links[i].b);
+    return true;
+}
+
 /* A rate curve compute[key]: [flops, gflops] pairs, sizes ascending. */
 static bool read_curve(Reader *R, json_t *compute, const char *key, int *n_out, double *flops, double *gflops) {
     char where[64];
@@ -179,7 +242,7 @@ static bool read_rank_speed(Reader *R, json_t *root, Cluster *c) {
 static bool read_root(Reader *R, json_t *root, Cluster *c) {
     static const char *const known[] = {
         "format", "version", "name", "source", "nodes", "ranks_per_node", "cores_per_node", "memory_per_rank_bytes",
-        "compute", "intra_node", "inter_node", "rank_speed", NULL,
+        "compute", "intra_node", "inter_node", "links", "rank_speed", NULL,
     };
     if (!json_is_object(root)) return fail(R, DIAG_FORMAT, "the top level must be an object");
     /* Format and version first: a plan or trace given by mistake should
@@ -224,7 +287,7 @@ static bool read_root(Reader *R, json_t *root, Cluster *c) {
     }
     return read_int(R, root, "memory_per_rank_bytes", INT64_MAX, &c->memory_per_rank_bytes) &&
            read_compute(R, root, c) && read_link(R, root, "intra_node", &c->intra_node) &&
-           read_link(R, root, "inter_node", &c->inter_node) && read_rank_speed(R, root, c);
+           read_link(R, root, "inter_node", &c->inter_node) && read_links(R, root, c) && read_rank_speed(R, root, c);
 }
 
 bool cluster_parse(const char *text, size_t len, const char *path, Cluster *c, Diag *d) {
@@ -295,8 +358,11 @@ void cluster_defaults(Cluster *c, int ranks) {
 
 void cluster_free(Cluster *c) {
     free(c->rank_speed);
+    free(c->links);
     free(c->name);
     c->rank_speed = NULL;
+    c->links = NULL;
+    c->n_links = 0;
     c->name = NULL;
 }
 
@@ -378,6 +444,18 @@ char *cluster_to_json(const Cluster *c) {
     out_link(&o, "intra_node", &c->intra_node);
     text_put(&o, ",\n");
     out_link(&o, "inter_node", &c->inter_node);
+    if (c->n_links > 0) { /* a pair to a line */
+        text_put(&o, ",\n  \"links\": [");
+        for (int i = 0; i < c->n_links; i++) {
+            const ClusterPairLink *l = &c->links[i];
+            text_put(&o, "%s\n    {\"nodes\": [%d, %d], \"latency_s\": ", i ? "," : "", l->a, l->b);
+            out_number(&o, l->link.latency_s);
+            text_put(&o, ", \"bandwidth_gbps\": ");
+            out_number(&o, l->link.bandwidth_gbps);
+            text_put(&o, "}");
+        }
+        text_put(&o, "\n  ]");
+    }
     if (c->rank_speed) {
         /* A node's ranks to a line (at most 16 a line). */
         int n = cluster_ranks(c), per_line = c->ranks_per_node < 16 ? c->ranks_per_node : 16;
@@ -465,8 +543,20 @@ bool cluster_same_node(const Cluster *c, int a, int b) {
     return a / c->ranks_per_node == b / c->ranks_per_node;
 }
 
+int cluster_node_of(const Cluster *c, int rank) { return rank / c->ranks_per_node; }
+
+const ClusterLink *cluster_node_link(const Cluster *c, int x, int y) {
+    if (c->n_links > 0) {
+        ClusterPairLink key = {x < y ? x : y, x < y ? y : x, {0, 0}};
+        const ClusterPairLink *l = bsearch(&key, c->links, (size_t)c->n_links, sizeof key, by_pair);
+        if (l) return &l->link;
+    }
+    return &c->inter_node;
+}
+
 const ClusterLink *cluster_link(const Cluster *c, int a, int b) {
-    return cluster_same_node(c, a, b) ? &c->intra_node : &c->inter_node;
+    if (cluster_same_node(c, a, b)) return &c->intra_node;
+    return cluster_node_link(c, cluster_node_of(c, a), cluster_node_of(c, b));
 }
 
 double cluster_p2p_seconds(const Cluster *c, int a, int b, double bytes) {

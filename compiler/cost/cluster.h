@@ -13,8 +13,9 @@
  *   - a memory-bound kernel moving B bytes: B / (elementwise_gbps * 1e9) /
  *     rank_speed[r];
  *   - a message of B bytes from a to b: latency + B / (bandwidth * 1e9)
- *     of the intra-node link when a and b share a node, else of the
- *     inter-node link (alpha + B / beta);
+ *     of the intra-node link when a and b share a node, else of the link
+ *     between their two nodes: its own entry of `links` when the file
+ *     gives one, the inter-node default otherwise (alpha + B / beta);
  *   - a ring allreduce of B bytes over n ranks: 2 (n - 1) steps, each a
  *     message of B / n bytes over the slowest link of the ring, and n - 1
  *     additions of B / n bytes.
@@ -46,6 +47,13 @@ typedef struct ClusterLink {
     double latency_s;      /* alpha: seconds per message, >= 0 */
     double bandwidth_gbps; /* 1 / beta, in 1e9 bytes per second, > 0 */
 } ClusterLink;
+
+/* The link between two particular nodes, replacing inter_node for the
+ * messages between them (both directions). */
+typedef struct ClusterPairLink {
+    int a, b; /* node numbers, a < b */
+    ClusterLink link;
+} ClusterPairLink;
 
 typedef struct Cluster {
     /* "user" (written by hand), "calibrated" (measured on this machine and
@@ -79,6 +87,11 @@ typedef struct Cluster {
     double step_overhead_s;   /* fixed cost of one training step on each rank (the runtime's batch and loss), >= 0 */
     ClusterLink intra_node;
     ClusterLink inter_node;
+    /* Links between particular pairs of nodes (the file's "links",
+     * malloc'd, sorted by (a, b), no pair twice); other pairs of nodes
+     * take inter_node.  n_links 0: none. */
+    int n_links;
+    ClusterPairLink *links;
     /* Compute multiplier of each rank (cluster_ranks entries, > 0; 0.5 is
      * half as fast), malloc'd; NULL means all 1. */
     double *rank_speed;
@@ -144,7 +157,7 @@ bool cluster_machine(Cluster *c, int ranks, char *which, size_t which_len, Diag 
  * cluster_machine's; `which` says which, for people. */
 bool cluster_open(const char *path, int ranks, Cluster *c, char *which, size_t which_len, Diag *d);
 
-/* Frees rank_speed and name; c may be zeroed or already freed. */
+/* Frees rank_speed, links and name; c may be zeroed or already freed. */
 void cluster_free(Cluster *c);
 
 /* JSON text of c in the cluster file format (malloc'd; NULL when out of
@@ -181,8 +194,13 @@ double cluster_core_share(const Cluster *c, int rank, int used);
  * node has a core for each rank. */
 int cluster_core_of(const Cluster *c, int rank, int used);
 bool cluster_same_node(const Cluster *c, int a, int b);
-/* The link a message from a to b takes. */
+/* The node rank `rank` runs on. */
+int cluster_node_of(const Cluster *c, int rank);
+/* The link a message from a to b takes: intra_node within a node, else
+ * the pair's entry of `links`, else inter_node. */
 const ClusterLink *cluster_link(const Cluster *c, int a, int b);
+/* The link between nodes x and y (x != y). */
+const ClusterLink *cluster_node_link(const Cluster *c, int x, int y);
 /* Seconds of one message of `bytes` bytes from a to b: latency + bytes /
  * bandwidth of their link; 0 when a == b (no message is sent). */
 double cluster_p2p_seconds(const Cluster *c, int a, int b, double bytes);

@@ -12,6 +12,7 @@
 
 #include "../ops/ops.h"
 #include "../plan/walk.h"
+#include "nic.h"
 #include "node_cost.h"
 #include "profile.h"
 
@@ -38,6 +39,14 @@ typedef struct Sim {
     SimEvent *ev;
     int n_ev, cap_ev;
     bool ev_failed;
+    /* The nodes' links, when the plan's ranks span more than one node:
+     * transfers between nodes are booked on them (nic.h), so that
+     * messages sharing a link share its bandwidth.  nic_tx, nic_rx:
+     * scratch per node, a collective's seconds on each link (0 between
+     * uses). */
+    bool nic_used;
+    Nics nic;
+    double *nic_tx, *nic_rx;
 } Sim;
 
 /* What step s of a rank waits for, and on whom. */
@@ -105,6 +114,100 @@ static double copy_share(const Sim *S, int a, int b) {
     return x < y ? x : y;
 }
 
+/* When a message of `bytes` posted by rank a now reaches rank b.  Within
+ * a node: the link's time, slowed where the ranks' cores are shared.
+ * Between nodes: its bandwidth time is booked on a's node's outgoing link
+ * and b's node's incoming one (nic.h), from the first moment both are
+ * free, and the latency follows. */
+static double arrival(Sim *S, int a, int b, double bytes) {
+    const Cluster *c = S->c;
+    if (!S->nic_used || cluster_same_node(c, a, b))
+        return S->t[a] + cluster_p2p_seconds(c, a, b, bytes) / copy_share(S, a, b);
+    const ClusterLink *l = cluster_link(c, a, b);
+    double dur = bytes > 0 ? bytes / (l->bandwidth_gbps * 1e9) : 0;
+    return nics_book(&S->nic, cluster_node_of(c, a), cluster_node_of(c, b), S->t[a], dur) + l->latency_s + dur;
+}
+
+/* A ring over m[0 .. n) summing `bytes` moves 2 (n - 1) chunks of bytes /
+ * n along each of its edges.  The edges that cross between nodes are
+ * booked, node by node, on the links they leave and enter, from `start`;
+ * returns when the last booking ends (start when none crosses).  A ring
+ * whose edges leave a node twice (ranks of two nodes taking turns) or
+ * rings of several groups at once thus queue on the shared links. */
+static double ring_on_links(Sim *S, const int *m, int n, double bytes, double start) {
+    const Cluster *c = S->c;
+    if (!S->nic_used || n < 2) return start;
+    double each = 2.0 * (n - 1) * bytes / n, end = start;
+    for (int i = 0; i < n; i++) {
+        int a = m[i], b = m[(i + 1) % n];
+        if (cluster_same_node(c, a, b)) continue;
+        double dur = each / (cluster_link(c, a, b)->bandwidth_gbps * 1e9);
+        S->nic_tx[cluster_node_of(c, a)] += dur;
+        S->nic_rx[cluster_node_of(c, b)] += dur;
+    }
+    for (int i = 0; i < n; i++) {
+        int x = cluster_node_of(c, m[i]);
+        for (int rx = 0; rx < 2; rx++) {
+            double *dur = rx ? &S->nic_rx[x] : &S->nic_tx[x];
+            if (*dur <= 0) continue;
+            double t = nics_book_one(&S->nic, x, rx, start, *dur);
+            if (t > end) end = t;
+            *dur = 0;
+        }
+    }
+    return end;
+}
+
+static int ascending(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* A hierarchical sum of `bytes` over m[0 .. n) (Plan.allreduce_node K,
+ * rank r on node r / K), as the runtime chains it: within each node a
+ * binomial reduction to its first rank (ceil(log2 k) rounds of a message
+ * and an addition of the whole buffer for k ranks), a ring allreduce
+ * among the leaders, and a binomial broadcast back; each part waits for
+ * the slowest node.  Starting at `start`, returns when it is complete on
+ * every member; the leaders' ring books its traffic between nodes on the
+ * links.  -1 when out of memory. */
+static double hierarchical_done(Sim *S, const int *m, int n, double bytes, double start, double share) {
+    const Cluster *c = S->c;
+    int K = S->p->allreduce_node, *sorted = malloc(sizeof *sorted * (size_t)n), *leaders = malloc(sizeof *leaders * (size_t)n);
+    if (!sorted || !leaders) {
+        free(sorted);
+        free(leaders);
+        return -1;
+    }
+    memcpy(sorted, m, sizeof *sorted * (size_t)n);
+    qsort(sorted, (size_t)n, sizeof *sorted, ascending);
+    int L = 0;
+    double down = 0, up = 0; /* the slowest node's reduction and broadcast */
+    for (int i = 0; i < n;) {
+        int j = i;
+        while (j < n && sorted[j] / K == sorted[i] / K) j++;
+        leaders[L++] = sorted[i];
+        double far = 0; /* the leader's slowest message to one of its node */
+        for (int k = i + 1; k < j; k++) {
+            double t = cluster_p2p_seconds(c, sorted[i], sorted[k], bytes);
+            if (t > far) far = t;
+        }
+        int rounds = 0;
+        while ((1 << rounds) < j - i) rounds++;
+        double add = bytes > 0 ? 3.0 * bytes / (c->elementwise_gbps * 1e9) : 0;
+        if (rounds * (far + add) > down) down = rounds * (far + add);
+        if (rounds * far > up) up = rounds * far;
+        i = j;
+    }
+    double ring = cluster_allreduce_seconds(c, leaders, L, bytes);
+    double done = start + (down + ring + up) / share;
+    double links = ring_on_links(S, leaders, L, bytes, start + down / share);
+    if (links + up / share > done) done = links + up / share;
+    free(sorted);
+    free(leaders);
+    return done;
+}
+
 /* Records rank r's part in a collective (dropped when out of memory,
  * which ev_failed then reports). */
 static void span(Sim *S, int r, double t0, double t1) {
@@ -140,7 +243,21 @@ static bool on_collective(void *ctx, const PlanStep *s, const int *m, int n) {
         if (S->coll_share[a] < share) share = S->coll_share[a];
         if (S->coll_share[b] < share) share = S->coll_share[b];
     }
-    double done = start + cluster_allreduce_seconds(S->c, m, n, (double)bytes) / share;
+    double done;
+    if (s->kind == STEP_ALLREDUCE_START && S->p->allreduce_node > 0) {
+        /* a gradient bucket the runtime sums node by node */
+        done = hierarchical_done(S, m, n, (double)bytes, start, share);
+        if (done < 0) {
+            S->ev_failed = true;
+            done = start;
+        }
+    } else {
+        done = start + cluster_allreduce_seconds(S->c, m, n, (double)bytes) / share;
+        /* alone it takes `done`; its traffic between nodes may have to
+         * wait for the links other transfers hold */
+        double links = ring_on_links(S, m, n, (double)bytes, start);
+        if (links > done) done = links;
+    }
     for (int i = 0; i < n; i++) {
         int r = m[i];
         span(S, r, start, done);
@@ -182,7 +299,7 @@ static bool on_step(void *ctx, int r, const PlanStep *s, WalkMsg *m) {
         return true;
     }
     case STEP_SEND:
-        m->user[0] = S->t[r] + cluster_p2p_seconds(S->c, r, s->peer, (double)s->bytes) / copy_share(S, r, s->peer);
+        m->user[0] = arrival(S, r, s->peer, (double)s->bytes);
         S->out[r].sent_bytes += s->bytes;
         break;
     case STEP_RECV:
@@ -213,6 +330,7 @@ static bool walk(Sim *S) {
     S->n_ev = 0;
     S->n_span = 0;
     S->ev_failed = false;
+    if (S->nic_used) nics_clear(&S->nic);
     /* The runtime's own work opens every rank's step (filling the batch):
      * busy, as once-per-step work ('U'). */
     for (int r = 0; r < n; r++) {
@@ -222,7 +340,8 @@ static bool walk(Sim *S) {
     }
     static const WalkHooks hooks = {on_step, on_collective};
     WalkFault f;
-    if (walk_run(&S->walk, &hooks, S, &f)) return true;
+    if (walk_run(&S->walk, &hooks, S, &f))
+        return !S->nic.failed || diag_error(S->d, DIAG_NOMEM, "out of memory simulating the plan");
     if (f.kind == WALK_NOMEM) return diag_error(S->d, DIAG_NOMEM, "out of memory simulating the plan");
     if (f.kind == WALK_STUCK)
         return diag_error(S->d, DIAG_INTERNAL, "simulating the plan: rank %d is stuck at step %d", f.rank, f.step);
@@ -342,6 +461,9 @@ static void free_sim(Sim *S) {
         for (int r = 0; r < S->n; r++) free(S->bucket_done[r]);
     free(S->bucket_done);
     free(S->t);
+    free(S->nic_tx);
+    free(S->nic_rx);
+    nics_free(&S->nic);
     walk_free(&S->walk);
 }
 
@@ -360,6 +482,13 @@ bool simulate_plan(const Plan *p, const Cluster *c, SimResult *out, Diag *d) {
     S.share = malloc(sizeof *S.share * (size_t)n);
     S.coll_share = malloc(sizeof *S.coll_share * (size_t)n);
     bool ok = walks && S.t && S.bucket_done && S.out && S.share && S.coll_share;
+    int nodes = cluster_node_of(c, n - 1) + 1;
+    if (ok && nodes > 1) {
+        S.nic_used = true;
+        S.nic_tx = calloc((size_t)nodes, sizeof *S.nic_tx);
+        S.nic_rx = calloc((size_t)nodes, sizeof *S.nic_rx);
+        ok = nics_init(&S.nic, nodes) && S.nic_tx && S.nic_rx;
+    }
     for (int r = 0; ok && r < n; r++) {
         S.bucket_done[r] = calloc((size_t)p->ranks[r].n_buckets + 1, sizeof **S.bucket_done);
         ok = S.bucket_done[r] != NULL;

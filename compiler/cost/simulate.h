@@ -10,14 +10,19 @@
  * whichever is longer, plus a per-kernel overhead, all slowed when ranks
  * pinned to the same core compute at once (cluster_core_of); a send
  * arrives alpha + bytes/beta after it is posted over the link between
- * the two ranks' nodes; a receive
+ * the two ranks' nodes, where between nodes the bytes/beta part is booked
+ * on the sender's node's outgoing link and the receiver's node's incoming
+ * one (cost/nic.h), so that transfers sharing a node's link take turns on
+ * it; a receive
  * waits for its message; a completion of a send waits until the peer has
  * received it; a collective starts when the last member reaches it and
- * takes a ring allreduce's time (non-blocking ones complete in the
- * background and are waited for); the step ends with the reduction of the
- * loss over all ranks.  What it leaves out: contention between messages
- * on a link, caches, and the progress of non-blocking MPI requests only
- * inside MPI calls. */
+ * takes a ring allreduce's time, or longer when the traffic its ring
+ * sends between nodes finds their links busy (non-blocking ones complete
+ * in the background and are waited for); the step ends with the reduction
+ * of the loss over all ranks.  What it leaves out: caches, the progress
+ * of non-blocking MPI requests only inside MPI calls, and contention
+ * inside a network beyond the nodes' own links (a switch is taken to
+ * carry whatever the nodes send). */
 #ifndef CLEAVE_SIMULATE_H
 #define CLEAVE_SIMULATE_H
 

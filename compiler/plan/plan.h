@@ -149,6 +149,14 @@ typedef struct Plan {
     int n_ranks;
     int replicas;        /* data-parallel replicas (1: none) */
     double bucket_mb;
+    /* How the gradient buckets are summed over a stage's replicas: 0, one
+     * allreduce over them all (flat); K > 0, hierarchically over nodes of
+     * K ranks (MPI rank r on node r / K, as cluster files number them):
+     * reduced to one leader per node, allreduced among the leaders,
+     * broadcast within each node.  A decision of the search or the user,
+     * not of the planner: the steps are the same, the runtime and the cost
+     * model read it. */
+    int allreduce_node;
     /* Threads each rank runs its large matrix products on (--threads; 0
      * or 1: one).  A program option rather than a decision of the
      * planner: the driver sets it, codegen splits the products by it

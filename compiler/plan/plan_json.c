@@ -211,6 +211,8 @@ static json_t *plan_head_json(const Plan *p, const TrainOptions *o) {
                              "replicas", p->replicas);
     if (!root) return NULL;
     json_object_set_new(root, "bucket_mb", json_real(p->bucket_mb));
+    json_object_set_new(root, "allreduce", json_string(p->allreduce_node > 0 ? "hierarchical" : "flat"));
+    if (p->allreduce_node > 0) json_object_set_new(root, "allreduce_ranks_per_node", json_integer(p->allreduce_node));
     bool bn_local = o && o->bn_local;
     json_object_set_new(root, "bn_stats", json_string(bn_local ? "local" : "global"));
     json_object_set_new(root, "batch_norm", batch_norm_json(p, bn_local));

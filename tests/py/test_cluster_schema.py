@@ -54,7 +54,8 @@ def main():
                       doc["nodes"] * doc["ranks_per_node"])
 
     dumps = os.environ.get("CLEAVE_CLUSTER_DUMP") or os.path.join(os.path.dirname(args.workdir), "cluster_dumps")
-    want = ["defaults-1.json", "defaults-4.json"] + ["rewritten-" + os.path.basename(s) for s in samples]
+    want = ["defaults-1.json", "defaults-4.json", "links.json"] + \
+        ["rewritten-" + os.path.basename(s) for s in samples]
     for name in want:
         path = os.path.join(dumps, name)
         if not rep.check("test_cluster wrote %s" % name, os.path.isfile(path),
@@ -67,6 +68,8 @@ def main():
             rep.equal("%s: source" % name, doc["source"], "defaults")
             rep.equal("%s: one node" % name, doc["nodes"], 1)
             rep.equal("%s: ranks" % name, doc["ranks_per_node"], int(name[len("defaults-"):-len(".json")]))
+        elif name == "links.json":
+            rep.equal("%s: the node pairs" % name, [link["nodes"] for link in doc.get("links", [])], [[0, 1], [1, 2]])
         else:
             rep.equal("%s: the sample's contents" % name, doc, docs[name[len("rewritten-"):]])
 
@@ -97,6 +100,12 @@ def main():
     broken("an unknown source", lambda d: d.update(source="measured"))
     broken("a rank speed of 0", lambda d: d["rank_speed"].__setitem__(3, 0))
     broken("no rank_speed", lambda d: d.pop("rank_speed"), ok=True)
+    link = {"nodes": [0, 1], "latency_s": 1e-4, "bandwidth_gbps": 0.0125}
+    broken("a link between two nodes", lambda d: d.update(links=[link]), ok=True)
+    broken("a link of one node", lambda d: d.update(links=[dict(link, nodes=[0])]))
+    broken("a link to a negative node", lambda d: d.update(links=[dict(link, nodes=[-1, 0])]))
+    broken("a link without a bandwidth", lambda d: d.update(links=[{"nodes": [0, 1], "latency_s": 0}]))
+    broken("a link with an unknown field", lambda d: d.update(links=[dict(link, rate=1)]))
     return rep.summary()
 
 

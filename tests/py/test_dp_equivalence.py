@@ -2,7 +2,10 @@
 """Data parallelism never changes the mathematics.
 
 For the PyTorch-exported test models, a program compiled with
---strategy dp on 2 and 4 ranks (run under mpirun) must give the same
+--strategy dp on 2 and 4 ranks (run under mpirun), and on 4 ranks with
+the hierarchical gradient allreduce over nodes of 2, 3 and 1 ranks
+(--allreduce hierarchical:K; on one host the nodes are the plan's, not
+real ones), must give the same
 per-step losses (rtol 1e-5) and final weights (rtol 1e-4) as the
 single-process program, and the single-process program matches PyTorch
 (test_train_vs_torch.py).  Also checks the guard rails of dp: a batch that
@@ -83,28 +86,31 @@ def main():
             continue
         ref_losses = read_losses(os.path.join(d, "single.jsonl"))
         ref_w = read_weights(os.path.join(d, "single.onnx"))
-        for ranks in (2, 4):
-            prog = os.path.join(d, "dp%d" % ranks)
-            rc, _, err = run(base + ["-o", prog, "--ranks", str(ranks), "--strategy", "dp", "--bucket-mb", "0.001"])
-            if not rep.check("%s: compile dp x%d" % (name, ranks), rc == 0, err.strip()):
+        # hierarchical allreduce over 4 ranks: nodes of 2 (2 x 2), of 3 (an
+        # uneven last node) and of 1 (every rank leads its node)
+        for ranks, node in ((2, 0), (4, 0), (4, 2), (4, 3), (4, 1)):
+            prog = os.path.join(d, "dp%d" % ranks + ("h%d" % node if node else ""))
+            hier = ["--allreduce", "hierarchical:%d" % node] if node else []
+            label = "%s: dp x%d%s" % (name, ranks, ", hierarchical over nodes of %d" % node if node else "")
+            rc, _, err = run(base + ["-o", prog, "--ranks", str(ranks), "--strategy", "dp", "--bucket-mb", "0.001"] +
+                             hier)
+            if not rep.check("%s: compile" % label, rc == 0, err.strip()):
                 continue
             m = prog + ".jsonl"
             t0 = time.time()
             rc, _, err = mpirun(ranks, [prog] + files + ["--steps", str(STEPS), "--metrics", m, "--save",
                                 prog + ".onnx", "--check-replicas"])
-            if not rep.check("%s: dp x%d runs under mpirun (%.1fs)" % (name, ranks, time.time() - t0), rc == 0,
+            if not rep.check("%s runs under mpirun (%.1fs)" % (label, time.time() - t0), rc == 0,
                              err.strip()[-500:]):
                 continue
             losses = read_losses(m)
-            rep.check("%s: dp x%d wrote %d loss lines" % (name, ranks, STEPS), len(losses) == STEPS,
-                      str(len(losses)))
+            rep.check("%s wrote %d loss lines" % (label, STEPS), len(losses) == STEPS, str(len(losses)))
             ok = len(losses) == len(ref_losses) and np.allclose(losses, ref_losses, rtol=1e-5, atol=1e-7)
-            rep.check("%s: dp x%d per-step losses equal single-process (rtol 1e-5)" % (name, ranks), ok,
+            rep.check("%s per-step losses equal single-process (rtol 1e-5)" % label, ok,
                       "%s vs %s" % (losses[:4], ref_losses[:4]))
             w = read_weights(prog + ".onnx")
             bad = [k for k in ref_w if k not in w or not np.allclose(w[k], ref_w[k], rtol=1e-4, atol=1e-6)]
-            rep.check("%s: dp x%d final weights equal single-process (rtol 1e-4)" % (name, ranks), not bad,
-                      "differ: %s" % bad)
+            rep.check("%s final weights equal single-process (rtol 1e-4)" % label, not bad, "differ: %s" % bad)
 
     # guard rails
     spec = tm.MODELS["mlp_gemm"]

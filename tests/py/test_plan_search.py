@@ -9,7 +9,9 @@ allocates; that a cluster whose ranks are too small marks candidates
 over memory and makes --strategy auto refuse with one line; that a
 slower network makes data parallelism's predicted step longer; that a
 program compiled with --strategy auto trains to the same losses as one
-process; that --format dot and svg draw the stages and the simulated
+process; that the hierarchical gradient allreduce is tried on clusters
+of several nodes, chosen when the links between nodes are slow, and
+trains to the same losses; that --format dot and svg draw the stages and the simulated
 timeline; and the errors of the new flags.
 
 usage: test_plan_search.py --cleave BIN [--workdir DIR]
@@ -273,6 +275,82 @@ def check_auto_trains(rep, args, work):
     rep.check("--strategy auto trains to the single-process losses", ok, detail)
 
 
+def slow_cores_2x2(work, name, inter):
+    """2 nodes of 2 ranks whose cores are slow, so that data parallelism
+    wins, joined by `inter`."""
+    path = cluster_file(work, name, 1 << 32, inter=inter, nodes=2, per_node=2)
+    with open(path) as f:
+        doc = json.load(f)
+    doc["compute"]["gemm_gflops"] = [[1e3, 0.1], [1e9, 0.5]]
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    return path
+
+
+def check_hierarchical(rep, args, work):
+    """The hierarchical gradient allreduce: tried for plans with replicas
+    on a cluster of several nodes, predicted faster than the flat one when
+    the link between nodes is slower than within them, chosen then; and
+    the chosen program, run on 4 ranks of this host, trains to the
+    single-process losses."""
+    slow = slow_cores_2x2(work, "slowcores2x2", {"latency_s": 5e-5, "bandwidth_gbps": 0.125})
+    even = slow_cores_2x2(work, "evenlinks2x2", {"latency_s": 5e-7, "bandwidth_gbps": 8.0})
+    steps = {}
+    for name, path in (("slow", slow), ("even", even)):
+        p = cleave(args, "plan", MODEL, "--batch", str(BATCH), "--ranks", "4", "--cluster", path, "--format", "json")
+        if not rep.check("plan on 2 x 2 (%s link between nodes) exits 0" % name, p.returncode == 0, p.stderr[-300:]):
+            return
+        doc = json.loads(p.stdout)
+        steps[name] = {a["allreduce"]: a["step_s"] for a in doc["alternatives"] if a["strategy"] == "dp"}
+        rep.check("%s: dp is tried with both allreduces" % name, set(steps[name]) == {"flat", "hierarchical"},
+                  steps[name])
+        if name == "slow":
+            rep.check("slow link: dp chosen, hierarchical", doc.get("strategy") == "dp" and
+                      doc.get("allreduce") == "hierarchical" and doc.get("allreduce_ranks_per_node") == 2,
+                      (doc.get("strategy"), doc.get("allreduce")))
+    if len(steps.get("slow", {})) == 2 and len(steps.get("even", {})) == 2:
+        s, e = steps["slow"], steps["even"]
+        rep.check("slow link: hierarchical predicted faster than flat (%.4g s vs %.4g s)" % (s["hierarchical"],
+                  s["flat"]), s["hierarchical"] < s["flat"])
+        rep.check("links as fast as within a node: flat predicted faster (%.4g s vs %.4g s)" % (e["flat"],
+                  e["hierarchical"]), e["flat"] < e["hierarchical"])
+    roomy = cluster_file(work, "roomy4h", 1 << 32, per_node=4)
+    p = cleave(args, "plan", MODEL, "--batch", str(BATCH), "--ranks", "4", "--cluster", roomy, "--format", "json")
+    if rep.check("plan on one node of 4 exits 0", p.returncode == 0, p.stderr[-300:]):
+        doc = json.loads(p.stdout)
+        rep.check("one node: no hierarchical allreduce is tried", all(a["allreduce"] == "flat"
+                  for a in doc["alternatives"]), [a["allreduce"] for a in doc["alternatives"]])
+    # the choice compiled and run on 4 ranks of this host (the nodes are
+    # the cluster file's)
+    import numpy as np
+    rng = np.random.default_rng(11)
+    np.save(os.path.join(work, "hx.npy"), rng.random((128, 1, 28, 28), dtype=np.float32))
+    np.save(os.path.join(work, "hy.npy"), rng.integers(0, 10, 128).astype(np.int64))
+    losses = {}
+    for name, flags, np_ in (("hsingle", [], 1), ("hauto", ["--ranks", "4", "--strategy", "auto", "--cluster", slow,
+                                                            "--emit-plan", os.path.join(work, "hauto.plan.json")], 4)):
+        prog = os.path.join(work, name)
+        p = cleave(args, "compile", MODEL, "-o", prog, "--batch", str(BATCH), "--optimizer", "adam", "--lr", "0.001",
+                   *flags)
+        if not rep.check("%s: compiles" % name, p.returncode == 0, p.stderr[-400:]):
+            return
+        metrics = prog + ".jsonl"
+        argv = [prog, "--data", "input=" + os.path.join(work, "hx.npy"), "--data",
+                "labels=" + os.path.join(work, "hy.npy"), "--steps", "6", "--metrics", metrics, "--log-every", "0",
+                "--check-replicas"]
+        p, _ = harness.run(harness.mpirun(np_, argv), env=harness.mpi_env(OMPI_MCA_rmaps_base_oversubscribe="1"),
+                           timeout=300)
+        if not rep.check("%s: trains" % name, p.returncode == 0, harness.failure(argv, p)):
+            return
+        losses[name] = harness.read_losses(metrics)
+    with open(os.path.join(work, "hauto.plan.json")) as f:
+        plan = json.load(f)
+    rep.check("--strategy auto on the slow 2 x 2 compiled the hierarchical allreduce",
+              plan.get("allreduce") == "hierarchical", plan.get("allreduce"))
+    ok, detail = harness.compare(losses["hauto"], losses["hsingle"], 1e-5, 1e-7)
+    rep.check("the hierarchical dp program trains to the single-process losses", ok, detail)
+
+
 def check_drawings(rep, args):
     """dot: the forward graph cut into stages; svg: the simulated timeline."""
     import xml.dom.minidom
@@ -333,6 +411,7 @@ def main():
         rep.guarded("shared cores", lambda: check_shared_cores(rep, args, work))
         rep.guarded("profile", lambda: check_profile(rep, args))
         rep.guarded("auto trains", lambda: check_auto_trains(rep, args, work))
+        rep.guarded("hierarchical allreduce", lambda: check_hierarchical(rep, args, work))
         rep.guarded("drawings", lambda: check_drawings(rep, args))
         rep.guarded("errors", lambda: check_errors(rep, args, work))
     return rep.summary()

@@ -86,6 +86,39 @@ static void near(double got, double want, const char *what) {
     ck_assert_msg(fabs(got - want) <= 1e-12 * fabs(want), "%s: got %.17g, expected %.17g", what, got, want);
 }
 
+/* The first entry of LINKS, which malformed_files edits. */
+#define LINK0 "{\"nodes\": [1, 0], \"latency_s\": 1e-4, \"bandwidth_gbps\": 0.0125}"
+/* BASE with links between two pairs of its nodes: 0 and 1 at 100 Mbit/s
+ * (0.0125 GB/s), 1 and 2 at 25 Gb/s; 0 and 2 keep inter_node. */
+#define LINKS \
+    ",\n \"links\": [" LINK0 ",\n  {\"nodes\": [1, 2], \"latency_s\": 0, \"bandwidth_gbps\": 3.125}],\n \"rank_speed\""
+
+/* BASE with `from` (the first place it occurs) replaced by `to`; without
+ * `from`, just `to`. */
+static char *edit_text(const char *base, const char *from, const char *to) {
+    if (!from) return strdup(to);
+    const char *at = strstr(base, from);
+    ck_assert_msg(at != NULL, "\"%s\" is not in the test file", from);
+    size_t head = (size_t)(at - base), n = strlen(base) - strlen(from) + strlen(to);
+    char *s = malloc(n + 1);
+    ck_assert_ptr_nonnull(s);
+    memcpy(s, base, head);
+    strcpy(s + head, to);
+    strcat(s, at + strlen(from));
+    return s;
+}
+
+/* BASE with links between its nodes (LINKS), malloc'd. */
+static char *with_links(void) { return edit_text(BASE, ",\n \"rank_speed\"", LINKS); }
+
+/* An edit of BASE, or of BASE with LINKS when `from` is only in that. */
+static char *edit(const char *from, const char *to) {
+    if (!from || strstr(BASE, from)) return edit_text(BASE, from, to);
+    char *linked = with_links(), *s = edit_text(linked, from, to);
+    free(linked);
+    return s;
+}
+
 /* Parsing the text cluster_to_json gives for c yields the same numbers. */
 static void same_cluster(const Cluster *a, const Cluster *b) {
     ck_assert_str_eq(a->source, b->source);
@@ -106,6 +139,12 @@ static void same_cluster(const Cluster *a, const Cluster *b) {
     ck_assert(a->inter_node.latency_s == b->inter_node.latency_s);
     ck_assert(a->inter_node.bandwidth_gbps == b->inter_node.bandwidth_gbps);
     ck_assert_int_eq(a->cores_per_node, b->cores_per_node);
+    ck_assert_int_eq(a->n_links, b->n_links);
+    for (int i = 0; i < a->n_links; i++) {
+        ck_assert(a->links[i].a == b->links[i].a && a->links[i].b == b->links[i].b);
+        ck_assert(a->links[i].link.latency_s == b->links[i].link.latency_s);
+        ck_assert(a->links[i].link.bandwidth_gbps == b->links[i].link.bandwidth_gbps);
+    }
     ck_assert(!a->rank_speed == !b->rank_speed);
     for (int r = 0; a->rank_speed && r < cluster_ranks(a); r++) ck_assert(a->rank_speed[r] == b->rank_speed[r]);
 }
@@ -259,6 +298,34 @@ START_TEST(link_choice) {
 }
 END_TEST
 
+/* Links between particular nodes replace inter_node for those pairs only,
+ * in both directions, and survive a round trip. */
+START_TEST(node_pair_links) {
+    char *text = with_links();
+    write_file("cluster.json", text);
+    free(text);
+    Cluster c;
+    load_ok("cluster.json", &c);
+    ck_assert_int_eq(c.n_links, 2);
+    ck_assert(c.links[0].a == 0 && c.links[0].b == 1); /* given as [1, 0] */
+    ck_assert_int_eq(cluster_node_of(&c, 7), 1);
+    ck_assert_ptr_eq(cluster_link(&c, 0, 3), &c.intra_node);
+    ck_assert_ptr_eq(cluster_link(&c, 3, 4), &c.links[0].link);
+    ck_assert_ptr_eq(cluster_link(&c, 4, 3), &c.links[0].link);
+    ck_assert_ptr_eq(cluster_link(&c, 9, 5), &c.links[1].link);
+    ck_assert_ptr_eq(cluster_link(&c, 0, 11), &c.inter_node);
+    /* 1 MB from node 0 to node 1: 1e-4 + 1e6 / 12.5e6 = 0.0801 s. */
+    near(cluster_p2p_seconds(&c, 0, 4, 1e6), 0.0801, "p2p over the slow pair");
+    near(cluster_p2p_seconds(&c, 8, 4, 1e6), 3.2e-4, "p2p over the fast pair");
+    near(cluster_p2p_seconds(&c, 8, 0, 1e6), 1.01e-3, "p2p over inter_node");
+    /* A ring over one rank of each node: its slowest hop is the slow pair. */
+    int ring[] = {0, 4, 8};
+    near(cluster_allreduce_seconds(&c, ring, 3, 3e6), 4 * (1e-4 + 1e6 / 12.5e6) + 2 * 3e6 / 4e9, "ring");
+    round_trip(&c, "links.json");
+    cluster_free(&c);
+}
+END_TEST
+
 /* Ranks beyond a node's cores time-share them: compute slows by ranks /
  * cores on that node only, counting the ranks the plan uses. */
 START_TEST(core_sharing) {
@@ -388,19 +455,6 @@ END_TEST
 
 /* BASE with the first `from` replaced by `to` (malloc'd); the whole text
  * `to` when from is NULL. */
-static char *edit(const char *from, const char *to) {
-    if (!from) return strdup(to);
-    const char *at = strstr(BASE, from);
-    ck_assert_msg(at != NULL, "\"%s\" is not in the test file", from);
-    size_t head = (size_t)(at - BASE), n = strlen(BASE) - strlen(from) + strlen(to);
-    char *s = malloc(n + 1);
-    ck_assert_ptr_nonnull(s);
-    memcpy(s, BASE, head);
-    strcpy(s + head, to);
-    strcat(s, at + strlen(from));
-    return s;
-}
-
 /* Loading `text` as cluster.json fails with exactly "cluster.json: msg". */
 static void expect_error(const char *text, DiagCode code, const char *msg) {
     write_file("cluster.json", text);
@@ -439,7 +493,31 @@ START_TEST(malformed_files) {
          "\"rank_speed\" must be an array of positive numbers"},
         {"\"nodes\"", "\"nodse\"", DIAG_FORMAT,
          "unknown field \"nodse\" (known: format, version, name, source, nodes, ranks_per_node, cores_per_node, "
-         "memory_per_rank_bytes, compute, intra_node, inter_node, rank_speed)"},
+         "memory_per_rank_bytes, compute, intra_node, inter_node, links, rank_speed)"},
+        {LINK0, "{\"nodes\": [0, 3], \"latency_s\": 1e-4, \"bandwidth_gbps\": 0.0125}", DIAG_FORMAT,
+         "\"links\"[0].\"nodes\": node 3 is not one of the 3 nodes"},
+        {LINK0, "{\"nodes\": [1, 1], \"latency_s\": 1e-4, \"bandwidth_gbps\": 0.0125}", DIAG_FORMAT,
+         "\"links\"[0].\"nodes\": a link joins two different nodes, not node 1 to itself"},
+        {LINK0, "{\"nodes\": [0, 1.5], \"latency_s\": 1e-4, \"bandwidth_gbps\": 0.0125}", DIAG_FORMAT,
+         "\"links\"[0].\"nodes\" must be a pair [x, y] of node numbers"},
+        {LINK0, "{\"nodes\": [0], \"latency_s\": 1e-4, \"bandwidth_gbps\": 0.0125}", DIAG_FORMAT,
+         "\"links\"[0].\"nodes\" must be a pair [x, y] of node numbers"},
+        {LINK0, "{\"latency_s\": 1e-4, \"bandwidth_gbps\": 0.0125}", DIAG_FORMAT,
+         "missing required field \"links\"[0].\"nodes\""},
+        {LINK0, "{\"nodes\": [0, 1], \"latency_s\": 1e-4}", DIAG_FORMAT,
+         "missing required field \"links\"[0].\"bandwidth_gbps\""},
+        {LINK0, "{\"nodes\": [0, 1], \"latency_s\": 1e-4, \"bandwidth_gbps\": -1}", DIAG_FORMAT,
+         "\"links\"[0].\"bandwidth_gbps\" must be a positive number"},
+        {LINK0, "{\"nodes\": [0, 1], \"latency_s\": 1e-4, \"bandwith_gbps\": 1}", DIAG_FORMAT,
+         "unknown field \"links\"[0].\"bandwith_gbps\" (known: nodes, latency_s, bandwidth_gbps)"},
+        {LINK0, "{\"nodes\": [2, 1], \"latency_s\": 1e-4, \"bandwidth_gbps\": 1}", DIAG_FORMAT,
+         "\"links\": nodes 1 and 2 are given twice"},
+        {LINK0, "[0, 1]", DIAG_FORMAT, "\"links\"[0] must be an object"},
+        {"[" LINK0 ",\n  {\"nodes\": [1, 2], \"latency_s\": 0, \"bandwidth_gbps\": 3.125}]", "{}", DIAG_FORMAT,
+         "\"links\" must be an array of node-pair links"},
+        {"\"links\": [" LINK0, "\"links\": 5, \"old_links\": [" LINK0, DIAG_FORMAT,
+         "unknown field \"old_links\" (known: format, version, name, source, nodes, ranks_per_node, "
+         "cores_per_node, memory_per_rank_bytes, compute, intra_node, inter_node, links, rank_speed)"},
         {"\"ranks_per_node\": 4,", "\"ranks_per_node\": 4, \"cores_per_node\": 0,", DIAG_FORMAT,
          "\"cores_per_node\" must be a positive integer"},
         {"\"ranks_per_node\": 4,", "\"ranks_per_node\": 4, \"cores_per_node\": 2.5,", DIAG_FORMAT,
@@ -696,6 +774,89 @@ START_TEST(simulated_times_follow_the_walk) {
 }
 END_TEST
 
+/* Messages between nodes share the nodes' links (cost/nic.h).  On BASE
+ * (10 us + bytes / 1 GB/s between nodes), ranks 0 and 1 of node 0 each
+ * send B bytes to a rank of node 1 at the same time: node 0's outgoing
+ * link carries 2 B, so the second message arrives B / bandwidth after the
+ * first, at t0 + latency + 2 B / bandwidth.  A message the other way (rank
+ * 5 to rank 2) uses the other direction of the links, and a message
+ * within node 0 none: neither waits.  Pairs of nodes with a link of their
+ * own (BASE with LINKS) share the node's link all the same. */
+START_TEST(messages_share_a_link) {
+    const int64_t B = 1000000;
+    PlanStep s1[] = {{.kind = STEP_SEND, .peer = 5, .tag = 2, .bytes = B, .micro = 0},
+                     {.kind = STEP_SEND_WAIT, .peer = 5, .tag = 2, .micro = 0}};
+    PlanStep s2[] = {{.kind = STEP_RECV, .peer = 5, .tag = 3, .bytes = B, .micro = 0}};
+    PlanStep s3[] = {{.kind = STEP_SEND, .peer = 0, .tag = 5, .bytes = B, .micro = 0},
+                     {.kind = STEP_SEND_WAIT, .peer = 0, .tag = 5, .micro = 0}};
+    PlanStep s4[] = {{.kind = STEP_RECV, .peer = 0, .tag = 1, .bytes = B, .micro = 0}};
+    PlanStep s5[] = {{.kind = STEP_SEND, .peer = 2, .tag = 3, .bytes = B, .micro = 0},
+                     {.kind = STEP_RECV, .peer = 1, .tag = 2, .bytes = B, .micro = 0},
+                     {.kind = STEP_SEND_WAIT, .peer = 2, .tag = 3, .micro = 0}};
+    PlanStep s0[] = {{.kind = STEP_SEND, .peer = 4, .tag = 1, .bytes = B, .micro = 0},
+                      {.kind = STEP_RECV, .peer = 3, .tag = 5, .bytes = B, .micro = 0},
+                      {.kind = STEP_SEND_WAIT, .peer = 4, .tag = 1, .micro = 0}};
+    RankPlan ranks[6] = {{.rank = 0, .n_train = 3, .train = s0}, {.rank = 1, .n_train = 2, .train = s1},
+                         {.rank = 2, .n_train = 1, .train = s2},  {.rank = 3, .n_train = 2, .train = s3},
+                         {.rank = 4, .n_train = 1, .train = s4},  {.rank = 5, .n_train = 3, .train = s5}};
+    Plan p = {.n_ranks = 6, .ranks = ranks};
+    for (int linked = 0; linked < 2; linked++) {
+        Cluster c;
+        if (linked) {
+            char *text = with_links();
+            write_file("cluster.json", text);
+            free(text);
+            load_ok("cluster.json", &c);
+        } else {
+            c = load_base();
+        }
+        c.step_overhead_s = 1e-5;
+        const ClusterLink *l = cluster_link(&c, 0, 4);
+        double t0 = c.step_overhead_s, one = (double)B / (l->bandwidth_gbps * 1e9);
+        SimResult r;
+        Diag d = {0};
+        ck_assert_msg(simulate_plan(&p, &c, &r, &d), "%s", d.msg);
+        near(r.ranks[4].end_s, t0 + l->latency_s + one, "the first message over node 0's link");
+        near(r.ranks[5].end_s, t0 + l->latency_s + 2 * one, "the second, after the first");
+        near(r.ranks[2].end_s, t0 + l->latency_s + one, "the other direction: alone");
+        near(r.ranks[0].end_s, t0 + l->latency_s + one, "rank 0's send");
+        near(r.ranks[3].end_s, t0 + cluster_p2p_seconds(&c, 3, 0, (double)B), "within node 0: alone");
+        sim_result_free(&r);
+        cluster_free(&c);
+    }
+}
+END_TEST
+
+/* Two allreduces at once over groups {0, 4} and {1, 5}, each a ring of
+ * two ranks on nodes 0 and 1: each sends X bytes along both of its edges
+ * (2 (n - 1) chunks of X / n), so node 0's outgoing link carries 2 X and
+ * the pair completes at start + 2 X / bandwidth, later than either ring
+ * alone (2 (latency + X / 2 / bandwidth) plus one addition). */
+START_TEST(collectives_share_a_link) {
+    Cluster c = load_base();
+    c.step_overhead_s = 1e-5;
+    const int64_t X = 4000000;
+    int g0[] = {0, 4}, g1[] = {1, 5};
+    PlanGroup groups[] = {{2, g0}, {2, g1}};
+    PlanStep a[] = {{.kind = STEP_ALLREDUCE, .group = 0, .bytes = X, .micro = -1}};
+    PlanStep b[] = {{.kind = STEP_ALLREDUCE, .group = 1, .bytes = X, .micro = -1}};
+    RankPlan ranks[6] = {{.rank = 0, .n_train = 1, .train = a}, {.rank = 1, .n_train = 1, .train = b},
+                         {.rank = 2},                          {.rank = 3},
+                         {.rank = 4, .n_train = 1, .train = a}, {.rank = 5, .n_train = 1, .train = b}};
+    Plan p = {.n_ranks = 6, .ranks = ranks, .n_groups = 2, .groups = groups};
+    SimResult r;
+    Diag d = {0};
+    ck_assert_msg(simulate_plan(&p, &c, &r, &d), "%s", d.msg);
+    double t0 = c.step_overhead_s, alone = cluster_allreduce_seconds(&c, g0, 2, (double)X);
+    double shared = 2.0 * (double)X / (c.inter_node.bandwidth_gbps * 1e9);
+    ck_assert(shared > alone);
+    near(r.ranks[0].end_s, t0 + alone, "the first ring: alone");
+    near(r.ranks[1].end_s, t0 + shared, "the second ring: after the first's traffic");
+    sim_result_free(&r);
+    cluster_free(&c);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("cluster");
     TCase *tc = tcase_create("cluster");
@@ -704,6 +865,7 @@ int main(void) {
     tcase_add_test(tc, sample_files);
     tcase_add_test(tc, stated_defaults);
     tcase_add_test(tc, link_choice);
+    tcase_add_test(tc, node_pair_links);
     tcase_add_test(tc, ring_allreduce);
     tcase_add_test(tc, core_sharing);
     tcase_add_test(tc, gemm_curve_and_memory_kernels);
@@ -712,6 +874,8 @@ int main(void) {
     tcase_add_test(tc, truncated_and_corrupted_text);
     tcase_add_test(tc, large_clusters);
     tcase_add_test(tc, simulated_times_follow_the_walk);
+    tcase_add_test(tc, messages_share_a_link);
+    tcase_add_test(tc, collectives_share_a_link);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }
