@@ -350,6 +350,36 @@ static void copy_scalar(Cg *c, LLVMValueRef dst, int64_t ld, LLVMValueRef src, i
     cg_for_end(c, &lk);
 }
 
+/* dst[k*ld + j] = src[k*si + j*sj] for k < kc and j < n*lanes, n
+ * vectors of `lanes` floats gathered per k, through 32-bit offsets, the
+ * lanes j >= cols zero: an operand with neither stride 1 (the filters of
+ * a convolution's tap products, W[m][c][t] read at one t).  One gather of
+ * 16 floats against 16 scalar copies. */
+static void copy_gathered(Cg *c, LLVMValueRef dst, int64_t ld, LLVMValueRef src, int64_t si, int64_t sj,
+                          LLVMValueRef kc, int64_t cols, int n, int lanes) {
+    LLVMTypeRef vt = vec(c, lanes), over[2] = {vt, LLVMVectorType(c->t_ptr, (unsigned)lanes)};
+    CgLoop l;
+    LLVMValueRef k = cg_for(c, &l, kc), row = at(c, src, cg_mul(c, k, si));
+    for (int v = 0; v < n; v++) {
+        LLVMValueRef offs[64], bits[64];
+        for (int t = 0; t < lanes; t++) {
+            int64_t j = (int64_t)v * lanes + t;
+            offs[t] = LLVMConstInt(c->t_i32, (unsigned long long)(j < cols ? j * sj : 0), 0);
+            bits[t] = LLVMConstInt(c->t_i1, j < cols, 0);
+        }
+        LLVMValueRef idx = LLVMConstVector(offs, (unsigned)lanes);
+        LLVMValueRef ptrs = LLVMBuildGEP2(c->b, c->t_f32, row, &idx, 1, "");
+        LLVMValueRef args[4] = {ptrs, LLVMConstInt(c->t_i32, 4, 0), LLVMConstVector(bits, (unsigned)lanes),
+                                LLVMConstNull(vt)};
+        LLVMValueRef x = cg_intrinsic(c, "llvm.masked.gather", over, 2, args, 4);
+        store(c, x, at(c, dst, cg_add(c, cg_mul(c, k, ld), cg_i64(c, (int64_t)v * lanes))), 4);
+    }
+    cg_for_end(c, &l);
+}
+
+/* Whether copy_gathered's 32-bit offsets reach n*lanes elements sj apart. */
+static bool gather_reaches(int64_t sj, int64_t n) { return sj > 0 && n * sj < INT32_MAX; }
+
 /* dst[k*ld + j] = 0 for k in [k0, k1), j in [j0, j1). */
 static void zero_cols(Cg *c, LLVMValueRef dst, int64_t ld, LLVMValueRef k0, LLVMValueRef k1, int64_t j0, int64_t j1) {
     if (j1 <= j0) return;
@@ -430,6 +460,8 @@ static void pack_b_panel(Cg *c, const CgGemm *g, const Blocking *k, LLVMValueRef
         LLVMValueRef k0 = cg_mul(c, kq, W);
         copy_scalar(c, dst, k->nr, src, 1, g->b_sj, k0, kc, cols);
         zero_cols(c, dst, k->nr, k0, kc, cols, (int64_t)nvec * W);
+    } else if (gather_reaches(g->b_sj, (int64_t)nvec * W)) {
+        copy_gathered(c, dst, k->nr, src, g->b_si, g->b_sj, kc, cols, nvec, W);
     } else {
         copy_scalar(c, dst, k->nr, src, g->b_si, g->b_sj, cg_i64(c, 0), kc, cols);
         zero_cols(c, dst, k->nr, cg_i64(c, 0), kc, cols, (int64_t)nvec * W);
@@ -455,6 +487,8 @@ static void pack_a_panel(Cg *c, const CgGemm *g, const Blocking *k, LLVMValueRef
             copy_transposed(c, k, dst, k->mr, g0, at(c, src, cg_i64(c, g0 * g->a_si)), g->a_si, R, valid, kq);
         }
         copy_scalar(c, dst, k->mr, src, 1, g->a_si, cg_mul(c, kq, W), kc, rows);
+    } else if (gather_reaches(g->a_si, k->mr) && (k->mr & (k->mr - 1)) == 0) {
+        copy_gathered(c, dst, k->mr, src, g->a_sj, g->a_si, kc, rows, 1, k->mr);
     } else {
         copy_scalar(c, dst, k->mr, src, g->a_sj, g->a_si, cg_i64(c, 0), kc, rows);
     }
