@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -120,6 +121,38 @@ def run(cmd, cwd=None, env=None, timeout=TIMEOUT):
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
                        timeout=timeout, cwd=cwd, env=env)
     return p, time.time() - t0
+
+
+def run_group(cmd, env=None, timeout=TIMEOUT):
+    """(exit status, stdout, stderr) of cmd run in a process group of its
+    own; the status is None when it could not start or ran past
+    `timeout`.  Past it, or when the wait is interrupted (Ctrl-C, a
+    signal), the whole group, mpirun and the ranks it started included,
+    is stopped with SIGTERM and 5 s later SIGKILL, so that nothing
+    outlives the test; an interruption is then raised again."""
+    try:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
+                             env=env, start_new_session=True)
+    except OSError as e:
+        return None, "", "cannot start %s: %s" % (cmd[0], e)
+    try:
+        out, err = p.communicate(timeout=timeout)
+        return p.returncode, out, err
+    except BaseException as e:
+        out, err = "", ""
+        for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 30)):
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                out, err = p.communicate(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+        if not isinstance(e, subprocess.TimeoutExpired):
+            raise
+        return None, out or "", "timed out after %d s; %s" % (timeout, (err or "").strip()[-300:])
 
 
 def failure(cmd, p):

@@ -40,7 +40,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import time
 
@@ -99,31 +98,8 @@ def on_signal(signum, _frame):
 
 
 def run(cmd, env=None, timeout=120):
-    """(status, stdout, stderr); status None when the command did not start
-    or ran past `timeout`, after which its process group (mpirun and what
-    it started) is ended."""
-    try:
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
-                             env=env, start_new_session=True)
-    except OSError as e:
-        return None, "", "cannot start %s: %s" % (cmd[0], e)
-    try:
-        out, err = p.communicate(timeout=timeout)
-        return p.returncode, out, err
-    except BaseException as e:  # a timeout, or Ctrl-C / Stop while waiting
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                p.communicate(timeout=5)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-        if not isinstance(e, subprocess.TimeoutExpired):
-            raise
-        return None, "", "timed out after %d s" % timeout
+    """harness.run_group: mpirun and what it started end with the test."""
+    return harness.run_group(cmd, env=env, timeout=timeout)
 
 
 def tail(text, n=400):

@@ -30,8 +30,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -115,30 +113,8 @@ PARALLEL = (
 
 
 def run(cmd, timeout=COMPILE_TIMEOUT, env=None):
-    """(exit status, stdout, stderr); the status is None when the command
-    could not start or ran past `timeout` (then its process group, which
-    holds mpirun's ranks, is stopped with SIGTERM and, 5 s later, SIGKILL)."""
-    try:
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
-                             env=env, start_new_session=True)
-    except OSError as e:
-        return None, "", "cannot start %s: %s" % (cmd[0], e)
-    try:
-        out, err = p.communicate(timeout=timeout)
-        return p.returncode, out, err
-    except subprocess.TimeoutExpired:
-        out, err = "", ""
-        for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 30)):
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                out, err = p.communicate(timeout=wait)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-        return None, out or "", "timed out after %d s; %s" % (timeout, (err or "").strip()[-300:])
+    """harness.run_group with this script's default time limit."""
+    return harness.run_group(cmd, env=env, timeout=timeout)
 
 
 def mpirun(np_, argv, timeout=RUN_TIMEOUT):

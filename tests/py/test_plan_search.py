@@ -249,30 +249,39 @@ def check_shared_cores(rep, args, work):
                   places)
 
 
-def check_auto_trains(rep, args, work):
+def train_against_single(rep, args, work, tag, seed, ranks, flags, run_flags=()):
+    """Compiles the model once as one process and once with `flags` for
+    `ranks` ranks, trains both 6 steps on the same batches and returns
+    their losses ({tag + "single": [...], tag + "auto": [...]}), or None
+    after a failed check."""
     import numpy as np
-    rng = np.random.default_rng(7)
-    x = rng.random((128, 1, 28, 28), dtype=np.float32)
-    y = rng.integers(0, 10, 128).astype(np.int64)
-    np.save(os.path.join(work, "x.npy"), x)
-    np.save(os.path.join(work, "y.npy"), y)
+    rng = np.random.default_rng(seed)
+    x, y = os.path.join(work, tag + "x.npy"), os.path.join(work, tag + "y.npy")
+    np.save(x, rng.random((128, 1, 28, 28), dtype=np.float32))
+    np.save(y, rng.integers(0, 10, 128).astype(np.int64))
     losses = {}
-    for name, flags, np_ in (("single", [], 1), ("auto", ["--ranks", "2", "--strategy", "auto"], 2)):
+    for name, fl, np_ in ((tag + "single", [], 1), (tag + "auto", list(flags), ranks)):
         prog = os.path.join(work, name)
         p = cleave(args, "compile", MODEL, "-o", prog, "--batch", str(BATCH), "--optimizer", "adam", "--lr", "0.001",
-                   *flags)
+                   *fl)
         if not rep.check("%s: compiles" % name, p.returncode == 0, p.stderr[-400:]):
-            return
+            return None
         metrics = prog + ".jsonl"
-        argv = [prog, "--data", "input=" + os.path.join(work, "x.npy"), "--data",
-                "labels=" + os.path.join(work, "y.npy"), "--steps", "6", "--metrics", metrics, "--log-every", "0"]
+        argv = [prog, "--data", "input=" + x, "--data", "labels=" + y, "--steps", "6", "--metrics", metrics,
+                "--log-every", "0"] + list(run_flags)
         p, _ = harness.run(harness.mpirun(np_, argv), env=harness.mpi_env(OMPI_MCA_rmaps_base_oversubscribe="1"),
                            timeout=300)
         if not rep.check("%s: trains" % name, p.returncode == 0, harness.failure(argv, p)):
-            return
+            return None
         losses[name] = harness.read_losses(metrics)
-    ok, detail = harness.compare(losses["auto"], losses["single"], 1e-5, 1e-7)
-    rep.check("--strategy auto trains to the single-process losses", ok, detail)
+    return losses
+
+
+def check_auto_trains(rep, args, work):
+    losses = train_against_single(rep, args, work, "", 7, 2, ["--ranks", "2", "--strategy", "auto"])
+    if losses:
+        ok, detail = harness.compare(losses["auto"], losses["single"], 1e-5, 1e-7)
+        rep.check("--strategy auto trains to the single-process losses", ok, detail)
 
 
 def slow_cores_2x2(work, name, inter):
@@ -322,27 +331,11 @@ def check_hierarchical(rep, args, work):
                   for a in doc["alternatives"]), [a["allreduce"] for a in doc["alternatives"]])
     # the choice compiled and run on 4 ranks of this host (the nodes are
     # the cluster file's)
-    import numpy as np
-    rng = np.random.default_rng(11)
-    np.save(os.path.join(work, "hx.npy"), rng.random((128, 1, 28, 28), dtype=np.float32))
-    np.save(os.path.join(work, "hy.npy"), rng.integers(0, 10, 128).astype(np.int64))
-    losses = {}
-    for name, flags, np_ in (("hsingle", [], 1), ("hauto", ["--ranks", "4", "--strategy", "auto", "--cluster", slow,
-                                                            "--emit-plan", os.path.join(work, "hauto.plan.json")], 4)):
-        prog = os.path.join(work, name)
-        p = cleave(args, "compile", MODEL, "-o", prog, "--batch", str(BATCH), "--optimizer", "adam", "--lr", "0.001",
-                   *flags)
-        if not rep.check("%s: compiles" % name, p.returncode == 0, p.stderr[-400:]):
-            return
-        metrics = prog + ".jsonl"
-        argv = [prog, "--data", "input=" + os.path.join(work, "hx.npy"), "--data",
-                "labels=" + os.path.join(work, "hy.npy"), "--steps", "6", "--metrics", metrics, "--log-every", "0",
-                "--check-replicas"]
-        p, _ = harness.run(harness.mpirun(np_, argv), env=harness.mpi_env(OMPI_MCA_rmaps_base_oversubscribe="1"),
-                           timeout=300)
-        if not rep.check("%s: trains" % name, p.returncode == 0, harness.failure(argv, p)):
-            return
-        losses[name] = harness.read_losses(metrics)
+    losses = train_against_single(rep, args, work, "h", 11, 4,
+                                  ["--ranks", "4", "--strategy", "auto", "--cluster", slow,
+                                   "--emit-plan", os.path.join(work, "hauto.plan.json")], ["--check-replicas"])
+    if not losses:
+        return
     with open(os.path.join(work, "hauto.plan.json")) as f:
         plan = json.load(f)
     rep.check("--strategy auto on the slow 2 x 2 compiled the hierarchical allreduce",

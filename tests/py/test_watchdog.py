@@ -14,9 +14,9 @@ the end of each case.
 
 Also: --timeout 0 and a fractional time-out are accepted and train; -1,
 abc, inf, nan, an empty value and the flag given twice are usage errors
-(exit 2); ranks given different time-outs stop at start-up naming the
-flag; and a run with the default time-out trains as fast as one without
-(best of three).
+(exit 2); and ranks given different time-outs stop at start-up naming
+the flag.  (What the watchdog costs a step is a speed, measured outside
+the tests: timed checks fail on a loaded machine.)
 
 usage: test_watchdog.py --cleave BIN --workdir DIR
 Ends with a line "N passed, M failed"; SKIP (exit 77) without numpy or
@@ -201,21 +201,6 @@ def main():
                   "rank 1 was started with other options than rank 0" in p.stderr and "--timeout" in p.stderr,
                   harness.failure(cmd, p))
 
-        # The default watchdog costs the steps nothing measurable.
-        def best(extra):
-            argv = [dp] + files + ["--steps", "1500", "--log-every", "0"] + extra
-            times = []
-            for _ in range(3):
-                p, secs = harness.run_mpi(2, argv, timeout=300)
-                if p.returncode != 0:
-                    rep.check("timing run %s" % " ".join(extra or ["(default)"]), False, harness.failure(argv, p))
-                    return None
-                times.append(secs)
-            return min(times)
-        with_dog, without = best([]), best(["--timeout", "0"])
-        if with_dog is not None and without is not None:
-            rep.check("default --timeout: 1500 steps in %.2f s, %.2f s with --timeout 0" % (with_dog, without),
-                      with_dog <= without * 1.25 + 0.2, "the watchdog slows the run down")
     return rep.summary()
 
 
