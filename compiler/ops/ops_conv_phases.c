@@ -14,6 +14,7 @@
  * per block of samples, by vector shuffles whose patterns are fixed at
  * compile time; a kernel of k_sz offsets then reads it k_sz times. */
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "../codegen/cg_gemm.h"
 #include "ops_cg.h"
@@ -148,56 +149,85 @@ static LLVMValueRef phase_vector(Cg *c, const int64_t *src, int W, LLVMValueRef 
                                   LLVMConstVector(mask, (unsigned)W), "");
 }
 
-void conv_phase_copy(Cg *c, const ConvShape *s, const ConvPhases *ph, const Value *x, LLVMValueRef n0, int64_t nb,
-                     LLVMValueRef g, LLVMValueRef dst) {
+/* Copies each of group g's channel planes of samples [n0, n0+nb) between
+ * x and the block's phase planes at ph_buf, one vector of the destination
+ * at a time: into the phase planes (back = false) or back into x's
+ * planes (back = true, overwriting them). */
+static void copy_planes(Cg *c, const ConvShape *s, const ConvPhases *ph, const Value *x, LLVMValueRef n0, int64_t nb,
+                        LLVMValueRef g, LLVMValueRef ph_buf, bool back) {
     const Win *w = &s->w;
     int r = w->nsp, W = cg_vector_floats();
     int64_t Cpg = s->C / s->G, total = ph->S * ph->plane, is[MAX_RANK], ps[MAX_RANK], fs[MAX_RANK];
     strides_of(w->in, r, is);
     strides_of(ph->w.in, r, ps);
     strides_of(w->s, r, fs);
+    /* map[e]: the source float of destination float e of one plane, or -1
+     * (a phase position past the input's end, zero) */
+    int64_t dst_n = back ? w->in_sz : total, src_n = back ? total : w->in_sz;
+    int64_t *map = malloc(sizeof *map * (size_t)dst_n);
+    CLEAVE_CHECK(map != NULL, "out of memory for a phase map of %lld floats", (long long)dst_n);
+    for (int64_t e = 0; e < dst_n; e++) map[e] = -1;
+    for (int64_t e = 0; e < total; e++) { /* phase float e and the input float it holds */
+        int64_t f = e / ph->plane, q = e % ph->plane, at = 0;
+        bool in = true;
+        for (int j = 0; j < r; j++) {
+            int64_t i = (q / ps[j]) % ph->w.in[j] * w->s[j] + (f / fs[j]) % w->s[j];
+            in &= i < w->in[j];
+            at += i * is[j];
+        }
+        if (!in) continue;
+        if (back)
+            map[at] = e;
+        else
+            map[e] = at;
+    }
     LLVMTypeRef vt = LLVMVectorType(c->t_f32, (unsigned)W), gover[2] = {vt, LLVMVectorType(c->t_ptr, (unsigned)W)};
     Nest ns = {.n = 0};
     LLVMValueRef nl = nest_for(c, &ns, cg_i64(c, nb)), ch = nest_for(c, &ns, cg_i64(c, Cpg));
     LLVMValueRef xi = cg_mul(c, cg_add(c, cg_mul(c, cg_add(c, n0, nl), s->C), cg_mad(c, g, Cpg, ch)), w->in_sz);
     LLVMValueRef xb = LLVMBuildGEP2(c->b, c->t_f32, cg_buf(c, x), &xi, 1, "");
-    LLVMValueRef db = fptr(c, dst, cg_mul(c, cg_mad(c, nl, Cpg, ch), total));
-    LLVMValueRef vec[PHASE_MAX_PLANE / 4] = {0};
-    for (int64_t v0 = 0; v0 < total; v0 += W) {
+    LLVMValueRef pb = fptr(c, ph_buf, cg_mul(c, cg_mad(c, nl, Cpg, ch), total));
+    LLVMValueRef from = back ? pb : xb, to = back ? xb : pb;
+    LLVMValueRef *vec = calloc((size_t)(src_n / W + 1), sizeof *vec);
+    CLEAVE_CHECK(vec != NULL, "out of memory for %lld vectors", (long long)(src_n / W + 1));
+    for (int64_t v0 = 0; v0 < dst_n; v0 += W) {
         int64_t src[16];
-        for (int t = 0; t < W; t++) {
-            int64_t e = v0 + t, f = e / ph->plane, q = e % ph->plane, at = 0;
-            bool in = e < total;
-            for (int j = 0; j < r; j++) {
-                int64_t i = (q / ps[j]) % ph->w.in[j] * w->s[j] + (f / fs[j]) % w->s[j];
-                in &= i < w->in[j];
-                at += i * is[j];
-            }
-            src[t] = in ? at : -1;
-        }
-        LLVMValueRef out = phase_vector(c, src, W, xb, w->in_sz, vec);
+        for (int t = 0; t < W; t++) src[t] = v0 + t < dst_n ? map[v0 + t] : -1;
+        LLVMValueRef out = phase_vector(c, src, W, from, src_n, vec);
         if (!out) { /* lanes from more than four vectors: a gather */
             LLVMValueRef offs[16], bits[16];
             for (int t = 0; t < W; t++) {
                 offs[t] = LLVMConstInt(c->t_i32, (unsigned long long)(src[t] < 0 ? 0 : src[t]), 0);
                 bits[t] = LLVMConstInt(c->t_i1, src[t] >= 0, 0);
             }
-            LLVMValueRef ptrs = LLVMBuildGEP2(c->b, c->t_f32, xb, (LLVMValueRef[]){LLVMConstVector(offs, (unsigned)W)},
-                                              1, "");
+            LLVMValueRef ptrs = LLVMBuildGEP2(c->b, c->t_f32, from,
+                                              (LLVMValueRef[]){LLVMConstVector(offs, (unsigned)W)}, 1, "");
             out = cg_intrinsic(c, "llvm.masked.gather", gover, 2,
                                (LLVMValueRef[]){ptrs, LLVMConstInt(c->t_i32, 4, 0), LLVMConstVector(bits, (unsigned)W),
                                                 LLVMConstNull(vt)}, 4);
         }
-        LLVMValueRef p = fptr(c, db, cg_i64(c, v0));
-        if (v0 + W <= total) {
+        LLVMValueRef p = fptr(c, to, cg_i64(c, v0));
+        if (v0 + W <= dst_n) {
             LLVMSetAlignment(LLVMBuildStore(c->b, out, p), 4);
         } else {
             LLVMValueRef bits[16];
-            for (int t = 0; t < W; t++) bits[t] = LLVMConstInt(c->t_i1, v0 + t < total, 0);
+            for (int t = 0; t < W; t++) bits[t] = LLVMConstInt(c->t_i1, v0 + t < dst_n, 0);
             LLVMTypeRef over[2] = {vt, c->t_ptr};
             cg_intrinsic(c, "llvm.masked.store", over, 2,
                          (LLVMValueRef[]){out, p, LLVMConstInt(c->t_i32, 4, 0), LLVMConstVector(bits, (unsigned)W)}, 4);
         }
     }
+    free(vec);
+    free(map);
     nest_close(c, &ns);
+}
+
+void conv_phase_copy(Cg *c, const ConvShape *s, const ConvPhases *ph, const Value *x, LLVMValueRef n0, int64_t nb,
+                     LLVMValueRef g, LLVMValueRef dst) {
+    copy_planes(c, s, ph, x, n0, nb, g, dst, false);
+}
+
+void conv_phase_back(Cg *c, const ConvShape *s, const ConvPhases *ph, LLVMValueRef src, const Value *x, LLVMValueRef n0,
+                     int64_t nb, LLVMValueRef g) {
+    copy_planes(c, s, ph, x, n0, nb, g, src, true);
 }
