@@ -12,8 +12,11 @@ always taken down, also on Ctrl-C or SIGTERM), and on it:
    compute rates, and the link between the two hosts as it measured it
    (latency, bandwidth, allreduce rate);
 2. for each model (--models: bench_train's 16-layer MLP "deep" and its
-   GPT-style decoder "gpt", gpt_mini) asks `cleave plan --cluster FILE
-   --ranks 2 --format json` for every candidate, compiles each with
+   GPT-style decoder "gpt", gpt_mini, exported with a dynamic batch so
+   that it can be split) asks `cleave plan --profile --cluster FILE
+   --ranks 2 --format json` for every candidate (the model's own kernels
+   timed on this machine, the calibrated links; --no-profile: the file's
+   rates instead), compiles each with
    `cleave compile` and the candidate's flags and stages (`--stages CUTS`,
    so the program is the plan that was priced; compiled once per
    distinct command across rates), and runs it across the two hosts
@@ -26,12 +29,12 @@ always taken down, also on Ctrl-C or SIGTERM), and on it:
 3. reports per candidate predicted against measured, the cost model's
    median |predicted / measured - 1| per rate, auto's choice (the
    candidate `cleave plan` chose, which is what `cleave compile --strategy
-   auto --cluster FILE` compiles) and its regret, measured(chosen) /
+   auto --profile --cluster FILE` compiles) and its regret, measured(chosen) /
    min(measured) - 1, and whether auto chose differently at each rate.
 
-It also prices the same candidates on a copy of the cluster file without
-the links' allreduce_gbps (`links only` in the tables): what the
-prediction was before calibrate measured allreduces.
+It also prices the same candidates with the file's rates alone (`rates`)
+and on a copy of the file without the links' allreduce_gbps (`links
+only`): what the prediction was before calibrate measured allreduces.
 
 The two hosts are namespaces of one machine: they share its cores (2 on
 the development machine), so 2 hosts x 1 rank is all that gives each rank
@@ -268,12 +271,29 @@ def run_candidate(args, cl, mdir, prog, steps):
             "steps": steps, "wall_s": wall, "cmd": cmd}
 
 
+def pricings(args, cal):
+    """The ways candidates are priced, the first the one whose plans are
+    compiled and whose choice is auto's: name -> cleave plan cluster spec
+    (bench_costmodel.cluster_flags)."""
+    out = {}
+    if not args.no_profile:
+        out["profile"] = "profile:" + cal["file"]
+    out["rates"] = cal["file"]
+    out["links only"] = ("profile:" if not args.no_profile else "") + cal["links_only_file"]
+    return out
+
+
 def bench_model(args, cl, cal, key, onnx_path, mdir, cache):
     batch = MODELS[key][1]
-    plan, plan_cmd = bc.plan_json(args.cleave, onnx_path, batch, HOSTS, cal["file"])
-    bare, _ = bc.plan_json(args.cleave, onnx_path, batch, HOSTS, cal["links_only_file"])
-    bare_by_key = {bc.cand_key(a): a for a in bare["alternatives"]}
-    bare_chosen = [bc.cand_key(a) for a in bare["alternatives"] if a.get("why") == "fastest"]
+    specs = pricings(args, cal)
+    plans = {}
+    for name, spec in specs.items():
+        pj, cmd = bc.plan_json(args.cleave, onnx_path, batch, HOSTS, spec)
+        plans[name] = {"cmd": cmd, "by_key": {bc.cand_key(a): a for a in pj["alternatives"]},
+                       "chosen": [bc.cand_key(a) for a in pj["alternatives"] if a.get("why") == "fastest"],
+                       "json": pj}
+    primary = next(iter(specs))
+    plan = plans[primary]["json"]
     alts = plan["alternatives"]
     cands, chosen = bc.select(alts, args.max_candidates)
     log("[%s %s] %d candidates, %d feasible, measuring %d; auto chose %s"
@@ -284,7 +304,8 @@ def bench_model(args, cl, cal, key, onnx_path, mdir, cache):
         steps = max(args.min_steps, min(args.max_steps, int(math.ceil(args.target_s / c["step_s"])) + args.warmup))
         rows.append({"candidate": bc.cand_name(c), "key": list(bc.cand_key(c)), "chosen": c is chosen,
                      "predicted_s": c["step_s"], "comm_bytes": c["comm_bytes"],
-                     "predicted_links_only_s": (bare_by_key.get(bc.cand_key(c)) or {}).get("step_s"),
+                     "predicted_by": {n: (p["by_key"].get(bc.cand_key(c)) or {}).get("step_s")
+                                      for n, p in plans.items()},
                      "steps": steps, "runs": [], **comp})
     for r in range(args.runs):
         for row in rows:
@@ -299,24 +320,32 @@ def bench_model(args, cl, cal, key, onnx_path, mdir, cache):
     for row in rows:
         ok = [x["median_step_s"] for x in row["runs"] if "error" not in x]
         row["measured_s"] = statistics.median(ok) if ok else None
-        row["error"] = row["predicted_s"] / row["measured_s"] - 1 if ok else None
-        lo = row["predicted_links_only_s"]
-        row["error_links_only"] = lo / row["measured_s"] - 1 if ok and lo else None
+        row["error_by"] = {n: (p / row["measured_s"] - 1 if ok and p else None)
+                           for n, p in row["predicted_by"].items()}
+        row["error"] = row["error_by"][primary]
     measured = [r for r in rows if r["measured_s"] is not None]
     best = min(measured, key=lambda r: r["measured_s"]) if measured else None
-    ch = [r for r in rows if r["chosen"]]
-    regret = ch[0]["measured_s"] / best["measured_s"] - 1 if ch and best and ch[0]["measured_s"] else None
-    bare_rows = [r for r in measured if tuple(r["key"]) in bare_chosen]
-    return {"model": key, "batch": batch, "plan_cmd": plan_cmd, "cluster": plan["prediction"]["cluster"],
+    choice = {}
+    for n, p in plans.items():
+        picked = [r for r in measured if tuple(r["key"]) in p["chosen"]]
+        choice[n] = {"chosen": picked[0]["candidate"] if picked else "(not measured)",
+                     "regret": picked[0]["measured_s"] / best["measured_s"] - 1 if picked and best else None}
+    return {"model": key, "batch": batch, "plan_cmd": plans[primary]["cmd"], "primary": primary,
+            "cluster": plan["prediction"]["cluster"], "pricings": list(plans),
             "enumerated": len(alts), "feasible": sum(a["feasible"] for a in alts), "rows": rows,
             "chosen": bc.cand_name(chosen), "fastest_measured": best["candidate"] if best else None,
-            "regret": regret,
-            "chosen_links_only": bare_rows[0]["candidate"] if bare_rows else None,
-            "regret_links_only": (bare_rows[0]["measured_s"] / best["measured_s"] - 1) if bare_rows and best
-            else None}
+            "regret": choice[primary]["regret"], "choice_by": choice}
 
 
 # -------------------------------------------------------------------- report
+
+
+PRICING_NOTE = {
+    "profile": "`--profile --cluster FILE`: the model's own kernels timed on this machine, the calibrated links",
+    "rates": "`--cluster FILE`: the calibrated file's compute rates and links",
+    "links only": "as the first, on the file without the links' allreduce_gbps (the model before calibrate "
+                  "measured allreduces)",
+}
 
 
 def median_abs(xs):
@@ -326,9 +355,10 @@ def median_abs(xs):
 
 def print_report(rep):
     m = rep["machine"]
+    names = rep["pricings"]
     print("## Cost model across hosts (bench/bench_cluster.py)\n")
     print("- date: %s UTC; command: `%s`" % (rep["date"], rep["command"]))
-    print("- machine: %s, %d cores (%d usable), kernel %s; %s; cleave %s"
+    print("- machine: %s, %d cores (%d usable), kernel %s; %s; %s"
           % (m["cpu"], m["cores"], m["cores_usable"], m["kernel"], rep["mpirun"], rep["cleave"]))
     print("- cluster: %d test hosts (network namespaces, scripts/testcluster.sh) x 1 rank, `--map-by node`; "
           "the hosts share this machine's %d cores, so one rank per host is all that gives each rank a "
@@ -337,45 +367,46 @@ def print_report(rep):
     print("- measured step: median of per-step durations after %d warm-up steps, median of %d round(s); "
           "error = predicted / measured - 1; regret = measured(auto's choice) / fastest measured - 1"
           % (rep["warmup"], rep["runs"]))
+    print("- predictions: %s" % "; ".join("**%s**: %s" % (n, PRICING_NOTE[n]) for n in names))
     for r in rep["rates"]:
         cal = r["calibration"]
         print("\n### Links %s\n" % r["rate"])
-        print("`%s` (%.0f s): %s\n" % (cal["cmd"], cal["seconds"], "; ".join(cal["summary"])))
+        print("`%s` (%.0f s):\n\n```\n%s\n```\n" % (cal["cmd"], cal["seconds"], "\n".join(cal["summary"])))
         for g in r["models"]:
-            print("**%s**, batch %d, %d candidates (%d feasible); auto chose %s, fastest measured %s, "
+            print("**%s**, batch %d, %d candidates (%d feasible); auto (%s) chose %s, fastest measured %s, "
                   "regret **%s**\n" % (MODELS[g["model"]][0], g["batch"], g["enumerated"], g["feasible"],
-                                       g["chosen"], g["fastest_measured"], bc.pct(g["regret"])))
-            print("| candidate | predicted ms | measured ms | error | links only: predicted ms | error | steps |")
-            print("|---|---:|---:|---:|---:|---:|---:|")
+                                       g["primary"], g["chosen"], g["fastest_measured"], bc.pct(g["regret"])))
+            print("| candidate | measured ms | steps | %s |" % " | ".join("%s ms | error" % n for n in names))
+            print("|---|---:|---:|%s" % ("---:|---:|" * len(names)))
             for row in sorted(g["rows"], key=lambda x: x["predicted_s"]):
-                print("| %s%s | %s | %s | %s | %s | %s | %d |"
-                      % (row["candidate"], " (auto)" if row["chosen"] else "", bc.ms(row["predicted_s"]),
-                         bc.ms(row["measured_s"]), bc.pct(row["error"]), bc.ms(row["predicted_links_only_s"]),
-                         bc.pct(row["error_links_only"]), row["steps"]))
-            print()
+                cells = []
+                for n in names:
+                    cells += [bc.ms(row["predicted_by"].get(n)), bc.pct(row["error_by"].get(n))]
+                print("| %s%s | %s | %d | %s |" % (row["candidate"], " (auto)" if row["chosen"] else "",
+                                                  bc.ms(row["measured_s"]), row["steps"], " | ".join(cells)))
+            print("\nauto's choice by pricing: %s\n" % "; ".join(
+                "%s: %s (%s)" % (n, c["chosen"], bc.pct(c["regret"])) for n, c in g["choice_by"].items()))
     print("### Summary\n")
-    print("| links | median \\|error\\| | links only | %s |"
-          % " | ".join("%s: auto (regret)" % g for g in rep["model_keys"]))
-    print("|---|---:|---:|%s" % ("---|" * len(rep["model_keys"])))
+    print("| links | %s | %s |" % (" | ".join("median \\|error\\| %s" % n for n in names),
+                                  " | ".join("%s: auto (regret)" % g for g in rep["model_keys"])))
+    print("|---|%s%s" % ("---:|" * len(names), "---|" * len(rep["model_keys"])))
     for r in rep["rates"]:
-        cells = []
-        for g in r["models"]:
-            cells.append("%s (%s)" % (g["chosen"], bc.pct(g["regret"])))
-        print("| %s | %s | %s | %s |" % (r["rate"], bc.pct(r["median_error"]).lstrip("+"),
-                                         bc.pct(r["median_error_links_only"]).lstrip("+"), " | ".join(cells)))
+        cells = ["%s (%s)" % (g["chosen"], bc.pct(g["regret"])) for g in r["models"]]
+        errs = [bc.pct(r["median_error_by"].get(n)).lstrip("+") for n in names]
+        print("| %s | %s | %s |" % (r["rate"], " | ".join(errs), " | ".join(cells)))
     print()
     for key in rep["model_keys"]:
         picks = [(r["rate"], g["chosen"], g["fastest_measured"]) for r in rep["rates"] for g in r["models"]
                  if g["model"] == key]
-        differs = len({p[1] for p in picks}) > 1
-        fastest_differs = len({p[2] for p in picks}) > 1
-        print("- %s: auto chose %s; %s across rates (the fastest measured %s)"
+        print("- %s: auto chose %s: %s across rates; fastest measured %s"
               % (key, ", ".join("%s at %s" % (p[1], p[0]) for p in picks),
-                 "differently" if differs else "the same", "differs" if fastest_differs else "is the same"))
+                 "differently" if len({p[1] for p in picks}) > 1 else "the same",
+                 ", ".join("%s at %s" % (p[2], p[0]) for p in picks)))
     ok_err = all(r["median_error"] is not None and r["median_error"] <= ERROR_TARGET for r in rep["rates"])
     ok_reg = all(g["regret"] is not None and g["regret"] <= REGRET_TARGET for r in rep["rates"] for g in r["models"])
-    print("- targets: median |error| <= %d%% at every rate: %s; regret <= %d%% everywhere: %s"
-          % (ERROR_TARGET * 100, "met" if ok_err else "missed", REGRET_TARGET * 100, "met" if ok_reg else "missed"))
+    print("- targets (%s): median |error| <= %d%% at every rate: %s; regret <= %d%% everywhere: %s"
+          % (names[0], ERROR_TARGET * 100, "met" if ok_err else "missed", REGRET_TARGET * 100,
+             "met" if ok_reg else "missed"))
 
 
 # ---------------------------------------------------------------------- main
@@ -399,6 +430,8 @@ def main():
     ap.add_argument("--max-steps", type=int, default=80)
     ap.add_argument("--max-candidates", type=int, default=0, help="0: every feasible candidate")
     ap.add_argument("--full-calibrate", action="store_true", help="calibrate without --quick")
+    ap.add_argument("--no-profile", action="store_true",
+                    help="price and choose on the calibrated file's rates, not --profile with its links")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--out", default=None, help="also write the results as JSON")
     args = ap.parse_args()
@@ -434,9 +467,10 @@ def main():
                 cal = calibrate(args, cl, work)
                 groups = [bench_model(args, cl, cal, k, models[k][0], models[k][1], cache[k]) for k in keys]
             rows = [row for g in groups for row in g["rows"]]
+            by = {n: median_abs(r["error_by"].get(n) for r in rows) for n in groups[0]["pricings"]}
+            rep["pricings"] = groups[0]["pricings"]
             rep["rates"].append({"rate": rate, "calibration": cal, "models": groups,
-                                 "median_error": median_abs(r["error"] for r in rows),
-                                 "median_error_links_only": median_abs(r["error_links_only"] for r in rows)})
+                                 "median_error": by[groups[0]["primary"]], "median_error_by": by})
     except (KeyboardInterrupt, Stop) as e:
         sys.exit("stopped (%s); the test cluster is down" % (str(e) or "Ctrl-C"))
     finally:
