@@ -49,6 +49,7 @@ static const char calibrate_help[] =
     "             bandwidth of an element-wise Add, the cost of a tiny kernel call\n"
     "  intra_node latency and bandwidth between 2 ranks (mpirun -np 2)\n"
     "  inter_node the same between every pair of the hostfile's hosts (links),\n"
+    "             and the rate a sum of two ranks reaches over each (allreduce_gbps),\n"
     "             only with --hostfile; otherwise defaults, said so in the file\n"
     "\n"
     "  -o FILE                the cluster file to write\n"
