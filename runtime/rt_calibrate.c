@@ -10,14 +10,23 @@
  * takes less than CAL_TARGET_S, up to CAL_MAX_BYTES, each size repeated
  * about CAL_SIZE_S worth (at least CAL_MIN_TRIPS round trips).  A
  * shared-memory link reaches the largest size in a fraction of a second;
- * a 100 Mbit/s link stops near 256 KiB after about a second, where a
+ * a 100 Mbit/s link stops at 1 MiB after about five seconds, where a
  * fixed probe of 2 GB would take minutes.  The first rank of a pair
  * decides each size and tells the second, so the two never disagree.
  *
  * The fit is the cost model's own: one message of B bytes takes
- * latency + B / bandwidth (docs/cluster.md).  It is a least-squares fit in
- * relative error, so that the 8-byte points (which decide the latency) and
- * the megabyte points (which decide the bandwidth) weigh the same. */
+ * latency + B / bandwidth (docs/cluster.md); fit_relative (within a node)
+ * and fit_link (between nodes) say how each is read.
+ *
+ * Then the pair sums a buffer together, as the gradient allreduces do:
+ * MPI_Allreduce and MPI_Iallreduce + MPI_Wait over a communicator of the
+ * two, of a buffer of about CAL_AR_S at the bandwidth just fitted.  Two
+ * ranks that sum send the buffer both ways at once, which a ping-pong
+ * never does, and over TCP each direction's acknowledgements then queue
+ * behind the other's data: on two test hosts at 100 Mbit/s a sum of 1 MB
+ * took from 1.0 to 1.5 times what its bytes need at the ping-pong's rate.
+ * The slower of the two calls' medians (the programs use both) gives the
+ * link's allreduce bandwidth. */
 #include <errno.h>
 #include <mpi.h>
 #include <stdlib.h>
@@ -32,9 +41,12 @@
 #define CAL_MAX_BYTES (16 << 20)
 #define CAL_MAX_POINTS 32
 #define CAL_REPEATS 3                 /* best of: the least disturbed run of each size */
-#define CAL_TARGET_S 0.02             /* a message this long times the bandwidth well */
+#define CAL_TARGET_S 0.05             /* a message this long times the bandwidth well */
 #define CAL_SIZE_S 0.05               /* round trips of one size take about this */
 #define CAL_MIN_TRIPS 4
+#define CAL_AR_S 0.1                  /* an allreduce of about this long ... */
+#define CAL_AR_MIN_BYTES (256 << 10)  /* ... and of at least this many bytes */
+#define CAL_AR_REPEATS 7              /* median of */
 
 typedef struct Point {
     double bytes, seconds; /* one-way time of one message */
@@ -47,27 +59,42 @@ typedef struct PairResult {
     bool same_node;
     Point p[CAL_MAX_POINTS];
     int n;
+    /* the pair's allreduce: its bytes, and the median seconds of
+     * MPI_Allreduce and of MPI_Iallreduce + MPI_Wait */
+    double ar_bytes, ar_s, iar_s;
 } PairResult;
 
 /* Rank a's one-way time of a `bytes` message to b and back, the best of
- * CAL_REPEATS runs of `trips` round trips; b echoes (and gets 0). */
+ * CAL_REPEATS runs of `trips` round trips; b echoes (and gets 0).  A run
+ * ends early once it has taken 2 CAL_SIZE_S: the first byte of each
+ * message says whether another follows.  The trips are sized on a first
+ * look, and two ranks that come to share one core (mpirun's ranks are not
+ * bound on the test cluster, and the machine may be busy) can find each
+ * round trip a scheduler tick (4 ms) long after a first look of
+ * microseconds: 2000 trips of every size then took the intra-node probe
+ * past its time limit. */
 static double ping_pong(MPI_Comm c, int me, int a, int b, char *buf, int bytes, int trips) {
     double best = 0;
     for (int rep = 0; rep < CAL_REPEATS; rep++) {
         double t0 = MPI_Wtime();
-        for (int i = 0; i < trips; i++) {
-            if (me == a) {
+        int done = 0;
+        if (me == a) {
+            for (bool more = true; more;) {
+                more = ++done < trips && MPI_Wtime() - t0 < 2 * CAL_SIZE_S;
+                buf[0] = more;
                 MPI_Send(buf, bytes, MPI_BYTE, b, 0, c);
                 MPI_Recv(buf, bytes, MPI_BYTE, b, 0, c, MPI_STATUS_IGNORE);
-            } else {
+            }
+        } else {
+            do {
                 MPI_Recv(buf, bytes, MPI_BYTE, a, 0, c, MPI_STATUS_IGNORE);
                 MPI_Send(buf, bytes, MPI_BYTE, a, 0, c);
-            }
+            } while (buf[0]);
         }
-        double t = (MPI_Wtime() - t0) / trips / 2;
+        double t = me == a ? (MPI_Wtime() - t0) / done / 2 : 0;
         if (rep == 0 || t < best) best = t;
     }
-    return me == a ? best : 0;
+    return best;
 }
 
 /* Round trips that take about CAL_SIZE_S at `seconds` one way. */
@@ -75,10 +102,15 @@ static int trips_for(double seconds) {
     double n = seconds > 0 ? CAL_SIZE_S / (2 * seconds) : 2000;
     return n < CAL_MIN_TRIPS ? CAL_MIN_TRIPS : n > 2000 ? 2000 : (int)n;
 }
-/* Minimises sum ((alpha + beta B - t) / t)^2.  Falls back to the smallest
+/* Between ranks of one node: minimises sum ((alpha + beta B - t) / t)^2,
+ * a least-squares fit in relative error, so that the 8-byte points (which
+ * decide the latency) and the megabyte points (which decide the
+ * bandwidth) weigh the same; shared memory's rate changes with the size
+ * (messages in cache or not), and this weighs all the sizes a step's
+ * messages have.  Falls back to the smallest
  * message's time as alpha and the largest's rate as 1 / beta when the fit
  * gives a negative term (noise on a link whose latency is near zero). */
-static void fit(const Point *p, int n, double *alpha, double *beta) {
+static void fit_relative(const Point *p, int n, double *alpha, double *beta) {
     double s0 = 0, s1 = 0, s2 = 0, r0 = 0, r1 = 0;
     for (int i = 0; i < n; i++) {
         double w = 1 / (p[i].seconds * p[i].seconds);
@@ -97,6 +129,30 @@ static void fit(const Point *p, int n, double *alpha, double *beta) {
         *beta = (extra > 0 ? extra : p[n - 1].seconds) / p[n - 1].bytes;
     }
 }
+
+/* Between nodes: alpha the least time of the tiny messages (up to 64 B,
+ * whose bytes take no time to speak of), beta the time per byte between
+ * the two largest messages (each of the bandwidth's sizes is twice the one
+ * before).  A slope between large messages leaves out what sets a
+ * message's first bytes apart from the rest: a link shaped by a token
+ * bucket passes the bucket's credit at once, and a ping-pong of messages
+ * smaller than the bucket finds it refilled during the reply, so that on
+ * the test cluster 4 KiB messages seemed to cross a 100 Mbit/s link at
+ * 190 Mbit/s, and the relative fit through all the points said 182
+ * (docs/testcluster.md).  Falls back to the largest message's rate when
+ * the slope is not positive (noise on large messages that take the same
+ * time). */
+static void fit_link(const Point *p, int n, double *alpha, double *beta) {
+    *alpha = p[0].seconds;
+    for (int i = 1; i < n && p[i].bytes <= 64; i++)
+        if (p[i].seconds < *alpha) *alpha = p[i].seconds;
+    *beta = 0;
+    if (n >= 2 && p[n - 2].bytes >= CAL_LARGE_BYTES)
+        *beta = (p[n - 1].seconds - p[n - 2].seconds) / (p[n - 1].bytes - p[n - 2].bytes);
+    if (!(*beta > 0)) *beta = p[n - 1].seconds / p[n - 1].bytes;
+}
+
+static double allreduce_gbps(const PairResult *r);
 
 /* A pair's point list, as JSON. */
 static void write_points(FILE *f, const PairResult *r) {
@@ -121,8 +177,10 @@ static bool write_result(const char *path, const PairResult *r, int n_pairs, cha
     fprintf(f, ",\n \"pairs\": [");
     for (int i = 0; i < n_pairs; i++) {
         fprintf(f, "%s\n  {\"ranks\": [%d, %d], \"hosts\": [\"%s\", \"%s\"], \"same_node\": %s, \"latency_s\": %.6e, "
-                "\"bandwidth_gbps\": %.6g, \"points\": ", i ? "," : "", r[i].a, r[i].b, names[r[i].a], names[r[i].b],
-                r[i].same_node ? "true" : "false", r[i].alpha, 1e-9 / r[i].beta);
+                "\"bandwidth_gbps\": %.6g,\n   \"allreduce\": {\"bytes\": %.0f, \"allreduce_s\": %.6e, "
+                "\"iallreduce_s\": %.6e}, \"allreduce_gbps\": %.6g, \"points\": ", i ? "," : "", r[i].a, r[i].b,
+                names[r[i].a], names[r[i].b], r[i].same_node ? "true" : "false", r[i].alpha, 1e-9 / r[i].beta,
+                r[i].ar_bytes, r[i].ar_s, r[i].iar_s, allreduce_gbps(&r[i]));
         write_points(f, &r[i]);
         fprintf(f, "}");
     }
@@ -135,7 +193,7 @@ static bool write_result(const char *path, const PairResult *r, int n_pairs, cha
 /* Ranks a and b time their link (every other rank returns at once); on
  * rank a, r gets the points and the fit.  a picks each size and sends it
  * to b first (0: done). */
-static void measure_pair(MPI_Comm c, int me, int a, int b, char *buf, PairResult *r) {
+static void measure_pair(MPI_Comm c, int me, int a, int b, bool same_node, char *buf, PairResult *r) {
     if (me != a && me != b) return;
     r->n = 0;
     for (int bytes = CAL_MIN_BYTES;;) {
@@ -164,7 +222,59 @@ static void measure_pair(MPI_Comm c, int me, int a, int b, char *buf, PairResult
             break;
         }
     }
-    if (me == a) fit(r->p, r->n, &r->alpha, &r->beta);
+    if (me == a && same_node) fit_relative(r->p, r->n, &r->alpha, &r->beta);
+    else if (me == a) fit_link(r->p, r->n, &r->alpha, &r->beta);
+}
+
+static int by_seconds(const void *x, const void *y) {
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+/* Ranks a and b sum a buffer over pc, their own communicator (every other
+ * rank returns at once): a picks the size from the bandwidth it fitted
+ * and tells b; on rank a, r gets the medians. */
+static void measure_allreduce(MPI_Comm c, MPI_Comm pc, int me, int a, int b, char *buf, PairResult *r) {
+    if (me != a && me != b) return;
+    int count = 0;
+    if (me == a) {
+        double bytes = CAL_AR_S * (r->beta > 0 ? 1 / r->beta : 1e9);
+        if (bytes < CAL_AR_MIN_BYTES) bytes = CAL_AR_MIN_BYTES;
+        if (bytes > CAL_MAX_BYTES) bytes = CAL_MAX_BYTES;
+        count = (int)(bytes / sizeof(float));
+        MPI_Send(&count, 1, MPI_INT, b, 4, c);
+    } else {
+        MPI_Recv(&count, 1, MPI_INT, a, 4, c, MPI_STATUS_IGNORE);
+    }
+    /* zeros, the same in every run: the ping-pong left its flags in the
+     * buffer (denormal floats, which some cores add slowly) */
+    memset(buf, 0, (size_t)count * sizeof(float));
+    double t[2][CAL_AR_REPEATS];
+    /* the first sum of each call sets up its connections and buffers */
+    for (int rep = -1; rep < CAL_AR_REPEATS; rep++)
+        for (int k = 0; k < 2; k++) {
+            MPI_Barrier(pc);
+            double t0 = MPI_Wtime();
+            if (k == 0) {
+                MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, pc);
+            } else {
+                MPI_Request q;
+                MPI_Iallreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, pc, &q);
+                MPI_Wait(&q, MPI_STATUS_IGNORE);
+            }
+            if (rep >= 0) t[k][rep] = MPI_Wtime() - t0;
+        }
+    for (int k = 0; k < 2; k++) qsort(t[k], CAL_AR_REPEATS, sizeof t[k][0], by_seconds);
+    r->ar_bytes = (double)count * sizeof(float);
+    r->ar_s = t[0][CAL_AR_REPEATS / 2];
+    r->iar_s = t[1][CAL_AR_REPEATS / 2];
+}
+
+/* The bandwidth a pair's allreduce reached, as the cost model prices a
+ * ring of two: 2 (alpha + B / 2 / bw) for B bytes; the slower call. */
+static double allreduce_gbps(const PairResult *r) {
+    double s = r->ar_s > r->iar_s ? r->ar_s : r->iar_s, moving = s - 2 * r->alpha;
+    return moving > 0 ? r->ar_bytes / moving / 1e9 : 1e-9 / r->beta;
 }
 
 bool rt_calibrate_comm(const char *path, RtErr *e) {
@@ -190,7 +300,9 @@ bool rt_calibrate_comm(const char *path, RtErr *e) {
     int len = 0;
     char mine[MPI_MAX_PROCESSOR_NAME + 1] = "";
     MPI_Get_processor_name(mine, &len);
-    MPI_Gather(mine, MPI_MAX_PROCESSOR_NAME + 1, MPI_CHAR, names, MPI_MAX_PROCESSOR_NAME + 1, MPI_CHAR, 0, c);
+    /* every rank learns the names: a pair's first rank fits its link by
+     * whether the two share a node */
+    MPI_Allgather(mine, MPI_MAX_PROCESSOR_NAME + 1, MPI_CHAR, names, MPI_MAX_PROCESSOR_NAME + 1, MPI_CHAR, c);
     /* Pairs one after another, so that no other traffic shares a link;
      * rank 0 collects each pair's result from its first rank. */
     int k = 0;
@@ -198,7 +310,20 @@ bool rt_calibrate_comm(const char *path, RtErr *e) {
         for (int b = a + 1; b < n; b++, k++) {
             MPI_Barrier(c);
             PairResult x = {.a = a, .b = b};
-            measure_pair(c, rank, a, b, buf, &x);
+            measure_pair(c, rank, a, b, strcmp(names[a], names[b]) == 0, buf, &x);
+            /* MPI_Comm_create_group involves the pair only */
+            MPI_Group world, two;
+            MPI_Comm pc = MPI_COMM_NULL;
+            if (rank == a || rank == b) {
+                int members[2] = {a, b};
+                MPI_Comm_group(c, &world);
+                MPI_Group_incl(world, 2, members, &two);
+                MPI_Comm_create_group(c, two, 5, &pc);
+                MPI_Group_free(&two);
+                MPI_Group_free(&world);
+                measure_allreduce(c, pc, rank, a, b, buf, &x);
+                MPI_Comm_free(&pc);
+            }
             if (a != 0 && rank == a) MPI_Send(&x, (int)sizeof x, MPI_BYTE, 0, 3, c);
             if (a != 0 && rank == 0) MPI_Recv(&x, (int)sizeof x, MPI_BYTE, a, 3, c, MPI_STATUS_IGNORE);
             if (rank == 0) {

@@ -49,6 +49,7 @@ static const char calibrate_help[] =
     "             bandwidth of an element-wise Add, the cost of a tiny kernel call\n"
     "  intra_node latency and bandwidth between 2 ranks (mpirun -np 2)\n"
     "  inter_node the same between every pair of the hostfile's hosts (links),\n"
+    "             and the rate a sum of two ranks reaches over each (allreduce_gbps),\n"
     "             only with --hostfile; otherwise defaults, said so in the file\n"
     "\n"
     "  -o FILE                the cluster file to write\n"
@@ -272,6 +273,10 @@ static bool probe_pair(json_t *res, size_t i, int *a, int *b, ClusterLink *link,
     *b = (int)json_integer_value(json_array_get(r, 1));
     link->latency_s = json_number_value(lat);
     link->bandwidth_gbps = json_number_value(bw);
+    /* a probe of this cleave always times the pair's allreduce */
+    json_t *ar = json_object_get(p, "allreduce_gbps");
+    if (!json_is_number(ar) || !(json_number_value(ar) > 0)) return false;
+    link->allreduce_gbps = json_number_value(ar);
     *same_node = json_is_true(same);
     return true;
 }
@@ -287,8 +292,8 @@ static int by_value(const void *x, const void *y) {
 static bool inter_links(Cluster *c, json_t *res, int hosts, const char *hostfile, char *note, size_t note_size) {
     size_t n = (size_t)hosts * (size_t)(hosts - 1) / 2;
     c->links = calloc(n, sizeof *c->links);
-    double *lat = malloc(n * sizeof *lat), *bw = malloc(n * sizeof *bw);
-    bool ok = c->links && lat && bw;
+    double *lat = malloc(n * sizeof *lat), *bw = malloc(n * sizeof *bw), *ar = malloc(n * sizeof *ar);
+    bool ok = c->links && lat && bw && ar;
     if (!ok) snprintf(note, note_size, "out of memory");
     for (size_t i = 0; ok && i < n; i++) {
         int a, b;
@@ -305,19 +310,22 @@ static bool inter_links(Cluster *c, json_t *res, int hosts, const char *hostfile
             c->links[i] = (ClusterPairLink){a, b, l};
             lat[i] = l.latency_s;
             bw[i] = l.bandwidth_gbps;
+            ar[i] = l.allreduce_gbps;
         }
     }
     if (ok) {
         c->n_links = (int)n;
         qsort(lat, n, sizeof *lat, by_value);
         qsort(bw, n, sizeof *bw, by_value);
-        c->inter_node = (ClusterLink){lat[n / 2], bw[n / 2]};
+        qsort(ar, n, sizeof *ar, by_value);
+        c->inter_node = (ClusterLink){lat[n / 2], bw[n / 2], ar[n / 2]};
     } else {
         free(c->links);
         c->links = NULL;
     }
     free(lat);
     free(bw);
+    free(ar);
     return ok;
 }
 
@@ -369,6 +377,9 @@ static void measure_with_mpirun(Cluster *c, const Opts *o, RunResult *r) {
             snprintf(r->intra_note, sizeof r->intra_note, "the probe's result is malformed");
             r->intra = false;
         }
+        /* a node's ranks sum over shared memory at its bandwidth: the
+         * allreduce rate is for links between nodes (cluster.h) */
+        c->intra_node.allreduce_gbps = 0;
         json_decref(res);
         res = NULL;
         if (o->hostfile) {
@@ -569,12 +580,13 @@ int cmd_calibrate(int argc, char **argv) {
     fprintf(stderr, "  intra_node        %s: %.3g s + %.3g GB/s%s%s%s\n", comm.intra ? "measured" : "default",
             c.intra_node.latency_s, c.intra_node.bandwidth_gbps, comm.intra ? "" : " (", comm.intra ? "" : comm.intra_note,
             comm.intra ? "" : ")");
-    fprintf(stderr, "  inter_node        %s: %.3g s + %.3g GB/s%s%s%s\n",
-            comm.inter ? "measured, the median of the links" : "default", c.inter_node.latency_s,
-            c.inter_node.bandwidth_gbps, comm.inter ? "" : " (", comm.inter ? "" : comm.inter_note, comm.inter ? "" : ")");
+    fprintf(stderr, "  inter_node        %s: %.3g s + %.3g GB/s", comm.inter ? "measured, the median of the links" : "default",
+            c.inter_node.latency_s, c.inter_node.bandwidth_gbps);
+    if (comm.inter) fprintf(stderr, ", allreduce %.3g GB/s\n", c.inter_node.allreduce_gbps);
+    else fprintf(stderr, " (%s)\n", comm.inter_note);
     for (int i = 0; i < c.n_links; i++)
-        fprintf(stderr, "  link %d - %d        measured: %.3g s + %.3g GB/s\n", c.links[i].a, c.links[i].b,
-                c.links[i].link.latency_s, c.links[i].link.bandwidth_gbps);
+        fprintf(stderr, "  link %d - %d        measured: %.3g s + %.3g GB/s, allreduce %.3g GB/s\n", c.links[i].a,
+                c.links[i].b, c.links[i].link.latency_s, c.links[i].link.bandwidth_gbps, c.links[i].link.allreduce_gbps);
     cluster_free(&c);
     return 0;
 }

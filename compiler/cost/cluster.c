@@ -115,11 +115,17 @@ static bool read_int(Reader *R, json_t *obj, const char *key, int64_t max, int64
     return true;
 }
 
+/* A link's optional "allreduce_gbps" (0 when absent). */
+static bool read_allreduce(Reader *R, json_t *o, const char *where, ClusterLink *l) {
+    l->allreduce_gbps = 0;
+    return !json_object_get(o, "allreduce_gbps") || read_number(R, o, where, "allreduce_gbps", false, &l->allreduce_gbps);
+}
+
 static bool read_link(Reader *R, json_t *root, const char *key, ClusterLink *l) {
-    static const char *const known[] = {"latency_s", "bandwidth_gbps", NULL};
+    static const char *const known[] = {"latency_s", "bandwidth_gbps", "allreduce_gbps", NULL};
     json_t *o = object_field(R, root, key);
     return o && check_keys(R, o, key, known) && read_number(R, o, key, "latency_s", true, &l->latency_s) &&
-           read_number(R, o, key, "bandwidth_gbps", false, &l->bandwidth_gbps);
+           read_number(R, o, key, "bandwidth_gbps", false, &l->bandwidth_gbps) && read_allreduce(R, o, key, l);
 }
 
 static int by_pair(const void *x, const void *y) {
@@ -131,7 +137,7 @@ static int by_pair(const void *x, const void *y) {
 /* One entry of "links": {"nodes": [x, y], "latency_s", "bandwidth_gbps"}
  * with x != y nodes of the cluster. */
 static bool read_pair_link(Reader *R, json_t *o, size_t i, int nodes, ClusterPairLink *out) {
-    static const char *const known[] = {"nodes", "latency_s", "bandwidth_gbps", NULL};
+    static const char *const known[] = {"nodes", "latency_s", "bandwidth_gbps", "allreduce_gbps", NULL};
     char where[48];
     snprintf(where, sizeof where, "\"links\"[%zu]", i);
     if (!json_is_object(o)) return fail(R, DIAG_FORMAT, "\"links\"[%zu] must be an object", i);
@@ -155,7 +161,8 @@ static bool read_pair_link(Reader *R, json_t *o, size_t i, int nodes, ClusterPai
     out->a = node[0] < node[1] ? node[0] : node[1];
     out->b = node[0] < node[1] ? node[1] : node[0];
     return read_number(R, o, where, "latency_s", true, &out->link.latency_s) &&
-           read_number(R, o, where, "bandwidth_gbps", false, &out->link.bandwidth_gbps);
+           read_number(R, o, where, "bandwidth_gbps", false, &out->link.bandwidth_gbps) &&
+           read_allreduce(R, o, where, &out->link);
 }
 
 /* "links": links between particular pairs of nodes, overriding
@@ -393,12 +400,22 @@ static void out_string(Text *o, const char *s) {
     text_put(o, "\"");
 }
 
-static void out_link(Text *o, const char *key, const ClusterLink *l) {
-    text_put(o, "  \"%s\": {\"latency_s\": ", key);
+/* A link's numbers after its opening brace (allreduce_gbps when given). */
+static void out_link_numbers(Text *o, const ClusterLink *l) {
+    text_put(o, "\"latency_s\": ");
     out_number(o, l->latency_s);
     text_put(o, ", \"bandwidth_gbps\": ");
     out_number(o, l->bandwidth_gbps);
+    if (l->allreduce_gbps > 0) {
+        text_put(o, ", \"allreduce_gbps\": ");
+        out_number(o, l->allreduce_gbps);
+    }
     text_put(o, "}");
+}
+
+static void out_link(Text *o, const char *key, const ClusterLink *l) {
+    text_put(o, "  \"%s\": {", key);
+    out_link_numbers(o, l);
 }
 
 char *cluster_to_json(const Cluster *c) {
@@ -448,11 +465,8 @@ char *cluster_to_json(const Cluster *c) {
         text_put(&o, ",\n  \"links\": [");
         for (int i = 0; i < c->n_links; i++) {
             const ClusterPairLink *l = &c->links[i];
-            text_put(&o, "%s\n    {\"nodes\": [%d, %d], \"latency_s\": ", i ? "," : "", l->a, l->b);
-            out_number(&o, l->link.latency_s);
-            text_put(&o, ", \"bandwidth_gbps\": ");
-            out_number(&o, l->link.bandwidth_gbps);
-            text_put(&o, "}");
+            text_put(&o, "%s\n    {\"nodes\": [%d, %d], ", i ? "," : "", l->a, l->b);
+            out_link_numbers(&o, &l->link);
         }
         text_put(&o, "\n  ]");
     }
@@ -565,11 +579,17 @@ double cluster_p2p_seconds(const Cluster *c, int a, int b, double bytes) {
     return l->latency_s + (bytes > 0 ? bytes / (l->bandwidth_gbps * 1e9) : 0);
 }
 
+double cluster_ring_seconds(const Cluster *c, int a, int b, double bytes) {
+    const ClusterLink *l = cluster_link(c, a, b);
+    if (a == b || cluster_same_node(c, a, b) || !(l->allreduce_gbps > 0)) return cluster_p2p_seconds(c, a, b, bytes);
+    return l->latency_s + (bytes > 0 ? bytes / (l->allreduce_gbps * 1e9) : 0);
+}
+
 double cluster_allreduce_seconds(const Cluster *c, const int *ranks, int n, double bytes) {
     if (n <= 1) return 0;
     double chunk = bytes / n, step = 0;
     for (int i = 0; i < n; i++) {
-        double t = cluster_p2p_seconds(c, ranks[i], ranks[(i + 1) % n], chunk);
+        double t = cluster_ring_seconds(c, ranks[i], ranks[(i + 1) % n], chunk);
         if (t > step) step = t;
     }
     /* the reduce-scatter half adds each received chunk into the rank's own:

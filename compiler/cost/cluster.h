@@ -46,6 +46,13 @@
 typedef struct ClusterLink {
     double latency_s;      /* alpha: seconds per message, >= 0 */
     double bandwidth_gbps; /* 1 / beta, in 1e9 bytes per second, > 0 */
+    /* What an allreduce's ring gets of the link between two nodes, in the
+     * same units: the bytes each rank sends over the time they take (the
+     * file's optional "allreduce_gbps", which cleave calibrate measures);
+     * 0: not given, and a ring moves at bandwidth_gbps.  Over TCP the two
+     * directions of a sum's exchange slow each other, which one message
+     * at a time never shows (docs/cluster.md). */
+    double allreduce_gbps;
 } ClusterLink;
 
 /* The link between two particular nodes, replacing inter_node for the
@@ -204,11 +211,15 @@ const ClusterLink *cluster_node_link(const Cluster *c, int x, int y);
 /* Seconds of one message of `bytes` bytes from a to b: latency + bytes /
  * bandwidth of their link; 0 when a == b (no message is sent). */
 double cluster_p2p_seconds(const Cluster *c, int a, int b, double bytes);
+/* Seconds of one step of an allreduce's ring from a to b carrying `bytes`:
+ * p2p, except between nodes whose link states allreduce_gbps, which then
+ * takes the place of its bandwidth. */
+double cluster_ring_seconds(const Cluster *c, int a, int b, double bytes);
 /* Seconds of a ring allreduce of `bytes` bytes over ranks[0..n), in that
  * ring order: a reduce-scatter and an allgather of n - 1 steps each, in
  * every step each rank sends bytes / n to the next (ranks[i] to
  * ranks[(i + 1) % n]), and a step lasts as long as its slowest link:
- * 2 (n - 1) * max_i p2p(ranks[i], ranks[i + 1], bytes / n); plus the
+ * 2 (n - 1) * max_i ring(ranks[i], ranks[i + 1], bytes / n); plus the
  * reduce-scatter's n - 1 additions of bytes / n at the memory rate
  * (3 bytes / n moved each, speed 1).  0 for n <= 1.
  * Rings that keep each node's ranks together cross nodes as few times as

@@ -130,7 +130,7 @@ static double arrival(Sim *S, int a, int b, double bytes) {
 
 /* A ring over m[0 .. n) summing `bytes` moves 2 (n - 1) chunks of bytes /
  * n along each of its edges.  The edges that cross between nodes are
- * booked, node by node, on the links they leave and enter, from `start`;
+ * booked (at the link's allreduce rate, cluster_ring_seconds), node by node, on the links they leave and enter, from `start`;
  * returns when the last booking ends (start when none crosses).  A ring
  * whose edges leave a node twice (ranks of two nodes taking turns) or
  * rings of several groups at once thus queue on the shared links. */
@@ -141,7 +141,8 @@ static double ring_on_links(Sim *S, const int *m, int n, double bytes, double st
     for (int i = 0; i < n; i++) {
         int a = m[i], b = m[(i + 1) % n];
         if (cluster_same_node(c, a, b)) continue;
-        double dur = each / (cluster_link(c, a, b)->bandwidth_gbps * 1e9);
+        const ClusterLink *l = cluster_link(c, a, b);
+        double dur = each / ((l->allreduce_gbps > 0 ? l->allreduce_gbps : l->bandwidth_gbps) * 1e9);
         S->nic_tx[cluster_node_of(c, a)] += dur;
         S->nic_rx[cluster_node_of(c, b)] += dur;
     }

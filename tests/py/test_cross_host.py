@@ -25,6 +25,11 @@ needs the sum).  A run over shared memory between hosts would fall short.
 Each host namespace must hold only its loopback and its veth, with no
 route but the cluster's subnet.
 
+Last, on 2 hosts whose links are shaped to 100 Mbit/s, `cleave calibrate
+--quick --hostfile` must finish well within its time limit and write the
+link between the two nodes (`links`, and the same as `inter_node`) with a
+bandwidth within 20% of the shaping rate and an allreduce rate it measured.
+
 The cluster's namespaces are named cleavetest<pid>-..., never a user's
 cluster; they are removed at the end, on failure and on SIGINT/SIGTERM,
 and a killed run's are removed by the next one.
@@ -57,6 +62,11 @@ B, N, STEPS = 16, 96, 6            # as test_pipeline_equivalence.py
 LOSS_RTOL, LOSS_ATOL = 1e-5, 1e-7
 W_RTOL, W_ATOL = 1e-4, 1e-6
 RUN_TIMEOUT = 180                  # a run takes a few seconds; more means a hang
+# calibrate --hostfile on 2 hosts shaped to CAL_RATE (CAL_GBPS in GB/s):
+# about 25 s here, of which 10 s time the link; its own limit for the
+# hosts' probe is 80 s, and the test wants it well inside that
+CAL_RATE, CAL_GBPS = "100mbit", 0.0125
+CAL_SECONDS, CAL_TIMEOUT = 75, 300
 
 # label, compile flags, ranks
 PROGRAMS = {
@@ -110,8 +120,8 @@ def tail(text, n=400):
 class Cluster:
     """A test cluster of `hosts` namespaces, up for the `with` block."""
 
-    def __init__(self, work, hosts, slots):
-        self.hosts, self.slots = hosts, slots
+    def __init__(self, work, hosts, slots, rate=None):
+        self.hosts, self.slots, self.rate = hosts, slots, rate
         self.env = dict(os.environ, CLEAVE_TESTCLUSTER_PREFIX=PREFIX,
                         CLEAVE_TESTCLUSTER_DIR=os.path.join(work, "cluster%d" % hosts))
         self.names = ["%s-h%d" % (PREFIX, i) for i in range(hosts)]
@@ -121,7 +131,8 @@ class Cluster:
         return run([SCRIPT] + list(args), env=self.env, timeout=timeout)
 
     def __enter__(self):
-        rc, out, err = self.script("up", str(self.hosts), "--slots", str(self.slots))
+        rc, out, err = self.script("up", str(self.hosts), "--slots", str(self.slots),
+                                   *(["--rate", self.rate] if self.rate else []))
         if rc != 0:
             self.up_error = (err.strip() or out.strip() or "exit %s" % rc)
         return self
@@ -330,6 +341,43 @@ def run_case(rep, cl, work, key, map_by, files, ref_losses, ref_w):
     rep.guarded("%s: link bytes" % tag, crossed)
 
 
+def calibrate_links(rep, cl, work, cleave):
+    """cleave calibrate --hostfile on shaped hosts: it finishes well within
+    its time limit and writes the link it measured, within 20% of the
+    shaping rate, with the allreduce rate it measured on it."""
+    out = os.path.join(work, "calibrated.json")
+    hostfile = os.path.join(cl.env["CLEAVE_TESTCLUSTER_DIR"], "hostfile")
+    t0 = time.time()
+    rc, _, err = cl.script("exec", cleave, "calibrate", "--quick", "-o", out, "--hostfile", hostfile,
+                           "--ranks-per-node", "1", timeout=CAL_TIMEOUT)
+    secs = time.time() - t0
+    if not rep.check("calibrate --hostfile at %s finishes (%.0f s)" % (CAL_RATE, secs), rc == 0, tail(err)):
+        return
+    print("  " + "\n  ".join(l for l in err.splitlines() if "node" in l or "link" in l))
+    rep.check("calibrate --hostfile at %s takes under %d s" % (CAL_RATE, CAL_SECONDS), secs < CAL_SECONDS,
+              "%.0f s" % secs)
+    with open(out) as f:
+        c = json.load(f)
+    rep.check("the file says nothing was left unmeasured", "not measured" not in c.get("name", ""), c.get("name"))
+    rep.check("the file has 2 nodes of 1 rank", (c["nodes"], c["ranks_per_node"]) == (2, 1),
+              (c["nodes"], c["ranks_per_node"]))
+    links = c.get("links") or []
+    if not rep.check("the file has one link, between nodes 0 and 1",
+                     len(links) == 1 and sorted(links[0]["nodes"]) == [0, 1], links):
+        return
+    link, want = links[0], CAL_GBPS
+    rep.check("the link's bandwidth %.4g GB/s is within 20%% of %s (%.4g GB/s)" % (link["bandwidth_gbps"], CAL_RATE,
+                                                                                  want),
+              abs(link["bandwidth_gbps"] / want - 1) <= 0.20, link)
+    ar = link.get("allreduce_gbps")
+    # a sum of two ranks moves no faster than the link, and over TCP was
+    # seen at 0.6 to 1.0 of it
+    rep.check("the link's allreduce rate %s GB/s is measured, at most 1.2 x the link" % ar,
+              isinstance(ar, (int, float)) and 0 < ar <= 1.2 * want, link)
+    rep.check("inter_node is the one link's", c["inter_node"] == {k: link[k] for k in link if k != "nodes"},
+              c["inter_node"])
+
+
 def checks(cleave, workdir):
     """Everything after the skips; the clusters it brings up are down when
     it returns or raises."""
@@ -376,6 +424,9 @@ def checks(cleave, workdir):
                 if key in progs:
                     rep.guarded("%d hosts: %s" % (hosts, key),
                                 lambda: run_case(rep, cl, work, key, map_by, files, ref_losses, ref_w))
+    with Cluster(work, 2, 1, CAL_RATE) as cl:
+        if rep.check("2 hosts up at %s" % CAL_RATE, not cl.up_error, cl.up_error):
+            rep.guarded("calibrate --hostfile", lambda: calibrate_links(rep, cl, work, cleave))
     rc, out, _ = run(["ip", "netns", "list"])
     left = [l for l in out.splitlines() if l.startswith(PREFIX + "-")]
     rep.check("no namespace of this test left", rc == 0 and not left, left)

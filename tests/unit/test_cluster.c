@@ -144,7 +144,9 @@ static void same_cluster(const Cluster *a, const Cluster *b) {
         ck_assert(a->links[i].a == b->links[i].a && a->links[i].b == b->links[i].b);
         ck_assert(a->links[i].link.latency_s == b->links[i].link.latency_s);
         ck_assert(a->links[i].link.bandwidth_gbps == b->links[i].link.bandwidth_gbps);
+        ck_assert(a->links[i].link.allreduce_gbps == b->links[i].link.allreduce_gbps);
     }
+    ck_assert(a->inter_node.allreduce_gbps == b->inter_node.allreduce_gbps);
     ck_assert(!a->rank_speed == !b->rank_speed);
     for (int r = 0; a->rank_speed && r < cluster_ranks(a); r++) ck_assert(a->rank_speed[r] == b->rank_speed[r]);
 }
@@ -322,6 +324,32 @@ START_TEST(node_pair_links) {
     int ring[] = {0, 4, 8};
     near(cluster_allreduce_seconds(&c, ring, 3, 3e6), 4 * (1e-4 + 1e6 / 12.5e6) + 2 * 3e6 / 4e9, "ring");
     round_trip(&c, "links.json");
+    cluster_free(&c);
+}
+END_TEST
+
+/* A link's allreduce rate prices the steps of a ring that cross it, and
+ * nothing else: messages keep the bandwidth, rings within a node the
+ * intra-node link. */
+START_TEST(allreduce_rate) {
+    char *linked = with_links();
+    char *text = edit_text(linked, LINK0,
+                           "{\"nodes\": [1, 0], \"latency_s\": 1e-4, \"bandwidth_gbps\": 0.0125, "
+                           "\"allreduce_gbps\": 0.00625}");
+    free(linked);
+    write_file("cluster.json", text);
+    free(text);
+    Cluster c;
+    load_ok("cluster.json", &c);
+    ck_assert(c.links[0].link.allreduce_gbps == 0.00625);
+    ck_assert(c.links[1].link.allreduce_gbps == 0); /* not given */
+    near(cluster_p2p_seconds(&c, 0, 4, 1e6), 0.0801, "p2p keeps the bandwidth");
+    near(cluster_ring_seconds(&c, 0, 4, 1e6), 1e-4 + 1e6 / 6.25e6, "a ring step at the allreduce rate");
+    near(cluster_ring_seconds(&c, 8, 4, 1e6), 3.2e-4, "a link without one: its bandwidth");
+    near(cluster_ring_seconds(&c, 0, 1, 1e6), cluster_p2p_seconds(&c, 0, 1, 1e6), "within a node");
+    int pair[] = {0, 4};
+    near(cluster_allreduce_seconds(&c, pair, 2, 2e6), 2 * (1e-4 + 1e6 / 6.25e6) + 3e6 / 4e9, "ring of two");
+    round_trip(&c, "allreduce.json");
     cluster_free(&c);
 }
 END_TEST
@@ -509,7 +537,15 @@ START_TEST(malformed_files) {
         {LINK0, "{\"nodes\": [0, 1], \"latency_s\": 1e-4, \"bandwidth_gbps\": -1}", DIAG_FORMAT,
          "\"links\"[0].\"bandwidth_gbps\" must be a positive number"},
         {LINK0, "{\"nodes\": [0, 1], \"latency_s\": 1e-4, \"bandwith_gbps\": 1}", DIAG_FORMAT,
-         "unknown field \"links\"[0].\"bandwith_gbps\" (known: nodes, latency_s, bandwidth_gbps)"},
+         "unknown field \"links\"[0].\"bandwith_gbps\" (known: nodes, latency_s, bandwidth_gbps, allreduce_gbps)"},
+        {LINK0, "{\"nodes\": [0, 1], \"latency_s\": 1e-4, \"bandwidth_gbps\": 1, \"allreduce_gbps\": 0}", DIAG_FORMAT,
+         "\"links\"[0].\"allreduce_gbps\" must be a positive number"},
+        {"\"inter_node\": {\"latency_s\": 1e-5, \"bandwidth_gbps\": 1}",
+         "\"inter_node\": {\"latency_s\": 1e-5, \"bandwidth_gbps\": 1, \"allreduce_gbps\": \"fast\"}", DIAG_FORMAT,
+         "\"inter_node\".\"allreduce_gbps\" must be a positive number"},
+        {"\"inter_node\": {\"latency_s\": 1e-5, \"bandwidth_gbps\": 1}",
+         "\"inter_node\": {\"latency_s\": 1e-5, \"bandwidth_gbps\": 1, \"allreduce_gpbs\": 1}", DIAG_FORMAT,
+         "unknown field \"inter_node\".\"allreduce_gpbs\" (known: latency_s, bandwidth_gbps, allreduce_gbps)"},
         {LINK0, "{\"nodes\": [2, 1], \"latency_s\": 1e-4, \"bandwidth_gbps\": 1}", DIAG_FORMAT,
          "\"links\": nodes 1 and 2 are given twice"},
         {LINK0, "[0, 1]", DIAG_FORMAT, "\"links\"[0] must be an object"},
@@ -866,6 +902,7 @@ int main(void) {
     tcase_add_test(tc, stated_defaults);
     tcase_add_test(tc, link_choice);
     tcase_add_test(tc, node_pair_links);
+    tcase_add_test(tc, allreduce_rate);
     tcase_add_test(tc, ring_allreduce);
     tcase_add_test(tc, core_sharing);
     tcase_add_test(tc, gemm_curve_and_memory_kernels);
