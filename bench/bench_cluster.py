@@ -257,15 +257,9 @@ def run_candidate(args, cl, mdir, prog, steps):
     cmd = "testcluster.sh mpirun " + shlex.join(argv)
     if rc != 0:
         return {"error": "exit %s: %s" % (rc, err.strip()[-500:]), "cmd": cmd}
-    elapsed = {}
-    with open(metrics) as f:
-        for line in f:
-            rec = json.loads(line)
-            if "step" in rec:
-                elapsed[rec["step"]] = rec["elapsed_s"]
-    if sorted(elapsed) != list(range(1, steps + 1)):
-        return {"error": "expected metrics for steps 1..%d, got %d" % (steps, len(elapsed)), "cmd": cmd}
-    durs = [elapsed[1]] + [elapsed[k] - elapsed[k - 1] for k in range(2, steps + 1)]
+    durs = bc.step_durations(metrics, steps)
+    if isinstance(durs, str):
+        return {"error": durs, "cmd": cmd}
     used = durs[args.warmup:]
     return {"median_step_s": statistics.median(used), "min_step_s": min(used), "max_step_s": max(used),
             "steps": steps, "wall_s": wall, "cmd": cmd}

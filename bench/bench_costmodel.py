@@ -223,6 +223,21 @@ def steps_for(args, predicted_s):
     return max(args.min_steps, min(args.max_steps, int(math.ceil(args.target_s / predicted_s))))
 
 
+
+def step_durations(metrics, steps):
+    """Each step's seconds from a program's --metrics file (elapsed_s of
+    steps 1..steps, the first from the start), or a one-line error when
+    a step is missing.  bench_cluster.py shares it."""
+    elapsed = {}
+    with open(metrics) as f:
+        for line in f:
+            rec = json.loads(line)
+            if "step" in rec:
+                elapsed[rec["step"]] = rec["elapsed_s"]
+    if sorted(elapsed) != list(range(1, steps + 1)):
+        return "expected metrics for steps 1..%d, got %d" % (steps, len(elapsed))
+    return [elapsed[1]] + [elapsed[k] - elapsed[k - 1] for k in range(2, steps + 1)]
+
 def run_candidate(args, mdir, prog, n, steps, quiet):
     others = quiet.wait()
     metrics = os.path.join(mdir, "metrics.jsonl")
@@ -237,16 +252,9 @@ def run_candidate(args, mdir, prog, n, steps, quiet):
     wall = time.perf_counter() - t0
     if p.returncode != 0:
         return {"error": "exit %d: %s" % (p.returncode, p.stderr.strip()[-500:]), "cmd": shlex.join(cmd)}
-    elapsed = {}
-    with open(metrics) as f:
-        for line in f:
-            rec = json.loads(line)
-            if "step" in rec:
-                elapsed[rec["step"]] = rec["elapsed_s"]
-    if sorted(elapsed) != list(range(1, steps + 1)):
-        return {"error": "expected metrics for steps 1..%d, got %d" % (steps, len(elapsed)),
-                "cmd": shlex.join(cmd)}
-    durs = [elapsed[1]] + [elapsed[k] - elapsed[k - 1] for k in range(2, steps + 1)]
+    durs = step_durations(metrics, steps)
+    if isinstance(durs, str):
+        return {"error": durs, "cmd": shlex.join(cmd)}
     used = durs[args.warmup:]
     return {"median_step_s": statistics.median(used), "min_step_s": min(used),
             "steps": steps, "steps_used": len(used), "wall_s": wall, "others_cores": others,
