@@ -315,6 +315,26 @@ def train_against(rep, tag, argv, ranks, metrics, ref_losses, rtol, atol):
     return True
 
 
+def begin(workdir=None, modules=(), programs=(), workdir_required=False):
+    """The opening of a script's main(): parses --cleave and --workdir
+    (default `workdir`, or required), says SKIP when a
+    module or program it needs is missing, and checks that the compiler
+    can be run.  Returns (args, rep) to go on with, or (None, status) for
+    main() to return."""
+    import argparse
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cleave", required=True)
+    ap.add_argument("--workdir", default=workdir, required=workdir_required)
+    args = ap.parse_args()
+    why = missing(modules, programs)
+    if why:
+        return None, skip(why)
+    rep = Report()
+    if not rep.executable(args.cleave):
+        return None, rep.summary()
+    return args, rep
+
+
 def model_args(env, default):
     """The arguments of a script that trains models: --cleave, --workdir
     and --models (default: the environment variable env, else default)."""

@@ -13,7 +13,6 @@ conflicting flags give one line naming the file and field.
 usage: test_plan_file.py --cleave BIN [--workdir DIR]
 Ends with "N passed, M failed"; SKIP (exit 77) without mpirun or numpy.
 """
-import argparse
 import json
 import os
 import sys
@@ -226,16 +225,9 @@ def base_path(work):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--cleave", required=True)
-    ap.add_argument("--workdir")
-    args = ap.parse_args()
-    why = harness.missing(modules=("numpy",), programs=("mpirun",))
-    if why:
-        return harness.skip(why)
-    rep = harness.Report()
-    if not rep.executable(args.cleave):
-        return rep.summary()
+    args, rep = harness.begin(modules=("numpy",), programs=("mpirun",))
+    if args is None:
+        return rep
     with harness.workdir(args.workdir, "cleave_plan_file_") as work:
         os.environ["CLEAVE_CLUSTER_CACHE"] = os.path.join(work, "no-calibration.json")
         rep.guarded("round trip", lambda: check_round_trip(rep, args, work))

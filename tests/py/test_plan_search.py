@@ -17,7 +17,6 @@ timeline; and the errors of the new flags.
 usage: test_plan_search.py --cleave BIN [--workdir DIR]
 Ends with "N passed, M failed"; SKIP (exit 77) without mpirun or numpy.
 """
-import argparse
 import json
 import os
 import sys
@@ -384,16 +383,9 @@ def check_errors(rep, args, work):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--cleave", required=True)
-    ap.add_argument("--workdir")
-    args = ap.parse_args()
-    why = harness.missing(modules=("numpy",), programs=("mpirun",))
-    if why:
-        return harness.skip(why)
-    rep = harness.Report()
-    if not rep.executable(args.cleave):
-        return rep.summary()
+    args, rep = harness.begin(modules=("numpy",), programs=("mpirun",))
+    if args is None:
+        return rep
     with harness.workdir(args.workdir, "cleave_plan_") as work:
         # the stated defaults, whatever this machine has cached
         os.environ["CLEAVE_CLUSTER_CACHE"] = os.path.join(work, "no-calibration.json")

@@ -20,7 +20,6 @@ nothing on stdout, a non-zero status.
 usage: test_report.py --cleave BIN --workdir DIR
 Ends with "N passed, M failed"; SKIP (exit 77) without mpirun or numpy.
 """
-import argparse
 import json
 import os
 import shutil
@@ -306,17 +305,10 @@ def check_errors(rep, args, work, built):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--cleave", required=True)
-    ap.add_argument("--workdir", required=True)
-    args = ap.parse_args()
-    why = harness.missing(modules=("numpy",), programs=("mpirun",))
-    if why:
-        return harness.skip(why)
+    args, rep = harness.begin(modules=("numpy",), programs=("mpirun",), workdir_required=True)
+    if args is None:
+        return rep
     import numpy as np
-    rep = harness.Report()
-    if not rep.executable(args.cleave):
-        return rep.summary()
     work = os.path.abspath(args.workdir)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)

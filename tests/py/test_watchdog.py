@@ -22,7 +22,6 @@ usage: test_watchdog.py --cleave BIN --workdir DIR
 Ends with a line "N passed, M failed"; SKIP (exit 77) without numpy or
 mpirun.
 """
-import argparse
 import os
 import re
 import shutil
@@ -138,16 +137,9 @@ def stop_one(rep, label, prog, files, victim, work):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--cleave", required=True)
-    ap.add_argument("--workdir", default="/tmp/cleave_watchdog")
-    args = ap.parse_args()
-    why = harness.missing(modules=("numpy",), programs=("mpirun",))
-    if why:
-        return harness.skip(why)
-    rep = harness.Report()
-    if not rep.executable(args.cleave):
-        return rep.summary()
+    args, rep = harness.begin("/tmp/cleave_watchdog", modules=("numpy",), programs=("mpirun",))
+    if args is None:
+        return rep
     work = args.workdir
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
