@@ -7,8 +7,11 @@ steps to run for minutes.  Once training runs, one rank is stopped with
 SIGSTOP (found among mpirun's children by OMPI_COMM_WORLD_RANK).  Then,
 within 15 s, mpirun and every rank must be gone (a zombie counts as gone:
 a container's PID 1 may never reap it), mpirun must exit non-zero, and
-stderr must hold exactly one error line naming the waiting rank, the
+stderr must hold exactly one time-out line naming the waiting rank, the
 stopped rank or the group, the step, the operation and "--timeout 3".
+The only other error line allowed is the stopped rank's own "stopped by
+SIGTERM": mpirun ends it with SIGCONT then SIGTERM, and a rank slow to die
+(under ASan, say) may finish its step and report the signal.
 Whatever happens, everything the test started is continued and killed at
 the end of each case.
 
@@ -121,8 +124,11 @@ def stop_one(rep, label, prog, files, victim, work):
             return None
         rep.check("%s: mpirun exits non-zero" % label, rc != 0, "status %d" % rc)
         with open(err_path) as f:
-            errors = [ln for ln in f.read().splitlines() if ": error:" in ln]
-        rep.check("%s: one error line" % label, len(errors) == 1, errors)
+            lines = [ln for ln in f.read().splitlines() if ": error:" in ln]
+        errors = [ln for ln in lines if "stopping every rank" in ln]
+        others = [ln for ln in lines if ln not in errors and not re.search(r": error: stopped by SIGTERM after step", ln)]
+        rep.check("%s: one time-out line, no other error but the stopped rank's SIGTERM" % label,
+                  len(errors) == 1 and not others, lines)
         m = LINE.match(errors[0]) if errors else None
         rep.check("%s: the line names the rank, the wait, the step and --timeout 3" % label, m is not None, errors)
         if m:
