@@ -77,11 +77,11 @@ void conv_phase_offset(Cg *c, const ConvShape *s, const ConvPhases *ph, const LL
     *off = cg_mul(c, f, ph->plane);
 }
 
-/* One output vector of a plane's phases: lane t takes source float
- * src[t] of the plane (-1: zero, a position past the input's end),
- * picked by one shuffle out of the few source vectors it needs, loaded
- * once per plane (vec[]). */
-static LLVMValueRef phase_vector(Cg *c, const int64_t *src, int W, LLVMValueRef xb, int64_t in_sz, LLVMValueRef *vec) {
+/* One output vector of a map copy: lane t takes source float src[t] (-1:
+ * zero, a phase position past the input's end, say), picked by one
+ * shuffle out of the few source vectors it needs, loaded once per copy
+ * (vec[]). */
+static LLVMValueRef map_vector(Cg *c, const int64_t *src, int W, LLVMValueRef xb, int64_t in_sz, LLVMValueRef *vec) {
     LLVMTypeRef vt = LLVMVectorType(c->t_f32, (unsigned)W), over[2] = {vt, c->t_ptr};
     int64_t used[4];
     int n = 0;
@@ -149,51 +149,15 @@ static LLVMValueRef phase_vector(Cg *c, const int64_t *src, int W, LLVMValueRef 
                                   LLVMConstVector(mask, (unsigned)W), "");
 }
 
-/* Copies each of group g's channel planes of samples [n0, n0+nb) between
- * x and the block's phase planes at ph_buf, one vector of the destination
- * at a time: into the phase planes (back = false) or back into x's
- * planes (back = true, overwriting them). */
-static void copy_planes(Cg *c, const ConvShape *s, const ConvPhases *ph, const Value *x, LLVMValueRef n0, int64_t nb,
-                        LLVMValueRef g, LLVMValueRef ph_buf, bool back) {
-    const Win *w = &s->w;
-    int r = w->nsp, W = cg_vector_floats();
-    int64_t Cpg = s->C / s->G, total = ph->S * ph->plane, is[MAX_RANK], ps[MAX_RANK], fs[MAX_RANK];
-    strides_of(w->in, r, is);
-    strides_of(ph->w.in, r, ps);
-    strides_of(w->s, r, fs);
-    /* map[e]: the source float of destination float e of one plane, or -1
-     * (a phase position past the input's end, zero) */
-    int64_t dst_n = back ? w->in_sz : total, src_n = back ? total : w->in_sz;
-    int64_t *map = malloc(sizeof *map * (size_t)dst_n);
-    CLEAVE_CHECK(map != NULL, "out of memory for a phase map of %lld floats", (long long)dst_n);
-    for (int64_t e = 0; e < dst_n; e++) map[e] = -1;
-    for (int64_t e = 0; e < total; e++) { /* phase float e and the input float it holds */
-        int64_t f = e / ph->plane, q = e % ph->plane, at = 0;
-        bool in = true;
-        for (int j = 0; j < r; j++) {
-            int64_t i = (q / ps[j]) % ph->w.in[j] * w->s[j] + (f / fs[j]) % w->s[j];
-            in &= i < w->in[j];
-            at += i * is[j];
-        }
-        if (!in) continue;
-        if (back)
-            map[at] = e;
-        else
-            map[e] = at;
-    }
+void conv_map_copy(Cg *c, const int64_t *map, int64_t dst_n, LLVMValueRef from, int64_t src_n, LLVMValueRef to) {
+    int W = cg_vector_floats();
     LLVMTypeRef vt = LLVMVectorType(c->t_f32, (unsigned)W), gover[2] = {vt, LLVMVectorType(c->t_ptr, (unsigned)W)};
-    Nest ns = {.n = 0};
-    LLVMValueRef nl = nest_for(c, &ns, cg_i64(c, nb)), ch = nest_for(c, &ns, cg_i64(c, Cpg));
-    LLVMValueRef xi = cg_mul(c, cg_add(c, cg_mul(c, cg_add(c, n0, nl), s->C), cg_mad(c, g, Cpg, ch)), w->in_sz);
-    LLVMValueRef xb = LLVMBuildGEP2(c->b, c->t_f32, cg_buf(c, x), &xi, 1, "");
-    LLVMValueRef pb = fptr(c, ph_buf, cg_mul(c, cg_mad(c, nl, Cpg, ch), total));
-    LLVMValueRef from = back ? pb : xb, to = back ? xb : pb;
     LLVMValueRef *vec = calloc((size_t)(src_n / W + 1), sizeof *vec);
     CLEAVE_CHECK(vec != NULL, "out of memory for %lld vectors", (long long)(src_n / W + 1));
     for (int64_t v0 = 0; v0 < dst_n; v0 += W) {
         int64_t src[16];
         for (int t = 0; t < W; t++) src[t] = v0 + t < dst_n ? map[v0 + t] : -1;
-        LLVMValueRef out = phase_vector(c, src, W, from, src_n, vec);
+        LLVMValueRef out = map_vector(c, src, W, from, src_n, vec);
         if (!out) { /* lanes from more than four vectors: a gather */
             LLVMValueRef offs[16], bits[16];
             for (int t = 0; t < W; t++) {
@@ -218,6 +182,46 @@ static void copy_planes(Cg *c, const ConvShape *s, const ConvPhases *ph, const V
         }
     }
     free(vec);
+}
+
+/* Copies each of group g's channel planes of samples [n0, n0+nb) between
+ * x and the block's phase planes at ph_buf, one vector of the destination
+ * at a time: into the phase planes (back = false) or back into x's
+ * planes (back = true, overwriting them). */
+static void copy_planes(Cg *c, const ConvShape *s, const ConvPhases *ph, const Value *x, LLVMValueRef n0, int64_t nb,
+                        LLVMValueRef g, LLVMValueRef ph_buf, bool back) {
+    const Win *w = &s->w;
+    int r = w->nsp;
+    int64_t Cpg = s->C / s->G, total = ph->S * ph->plane, is[MAX_RANK], ps[MAX_RANK], fs[MAX_RANK];
+    strides_of(w->in, r, is);
+    strides_of(ph->w.in, r, ps);
+    strides_of(w->s, r, fs);
+    /* map[e]: the source float of destination float e of one plane, or -1
+     * (a phase position past the input's end, zero) */
+    int64_t dst_n = back ? w->in_sz : total, src_n = back ? total : w->in_sz;
+    int64_t *map = malloc(sizeof *map * (size_t)dst_n);
+    CLEAVE_CHECK(map != NULL, "out of memory for a phase map of %lld floats", (long long)dst_n);
+    for (int64_t e = 0; e < dst_n; e++) map[e] = -1;
+    for (int64_t e = 0; e < total; e++) { /* phase float e and the input float it holds */
+        int64_t f = e / ph->plane, q = e % ph->plane, at = 0;
+        bool in = true;
+        for (int j = 0; j < r; j++) {
+            int64_t i = (q / ps[j]) % ph->w.in[j] * w->s[j] + (f / fs[j]) % w->s[j];
+            in &= i < w->in[j];
+            at += i * is[j];
+        }
+        if (!in) continue;
+        if (back)
+            map[at] = e;
+        else
+            map[e] = at;
+    }
+    Nest ns = {.n = 0};
+    LLVMValueRef nl = nest_for(c, &ns, cg_i64(c, nb)), ch = nest_for(c, &ns, cg_i64(c, Cpg));
+    LLVMValueRef xi = cg_mul(c, cg_add(c, cg_mul(c, cg_add(c, n0, nl), s->C), cg_mad(c, g, Cpg, ch)), w->in_sz);
+    LLVMValueRef xb = LLVMBuildGEP2(c->b, c->t_f32, cg_buf(c, x), &xi, 1, "");
+    LLVMValueRef pb = fptr(c, ph_buf, cg_mul(c, cg_mad(c, nl, Cpg, ch), total));
+    conv_map_copy(c, map, dst_n, back ? pb : xb, src_n, back ? xb : pb);
     free(map);
     nest_close(c, &ns);
 }
