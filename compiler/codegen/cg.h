@@ -71,6 +71,12 @@ bool cg_always_same(const Cg *c, const Node *n, const Value *a, const Value *b);
 bool cg_kernel_begin_io(Cg *c, const Node *n);
 /* Base pointer of v's buffer inside the current kernel. */
 LLVMValueRef cg_buf(Cg *c, const Value *v);
+/* Makes v one more buffer of the kernel being built, at ptr (a scratch
+ * area laid out as v is), so that code addressing values through cg_buf
+ * (and handing them to threads) can write there; cg_unbind_buffer drops
+ * the last one bound, before the kernel ends. */
+void cg_bind_buffer(Cg *c, const Value *v, LLVMValueRef ptr);
+void cg_unbind_buffer(Cg *c);
 
 /* ---- loops ---- */
 typedef struct CgLoop {

@@ -135,6 +135,14 @@ LLVMValueRef cg_buf(Cg *c, const Value *v) {
     return LLVMGetUndef(c->t_ptr);
 }
 
+void cg_bind_buffer(Cg *c, const Value *v, LLVMValueRef ptr) {
+    CLEAVE_CHECK(c->cur->n_bufs < CG_MAX_BUFS, "kernel of '%s': no room to bind '%s'", c->node->name, v->name);
+    c->cur->bufs[c->cur->n_bufs] = v;
+    c->args[c->cur->n_bufs++] = ptr;
+}
+
+void cg_unbind_buffer(Cg *c) { c->cur->n_bufs--; }
+
 LLVMValueRef cg_for(Cg *c, CgLoop *l, LLVMValueRef n) {
     LLVMValueRef fn = LLVMGetBasicBlockParent(LLVMGetInsertBlock(c->b));
     l->preheader = LLVMGetInsertBlock(c->b);

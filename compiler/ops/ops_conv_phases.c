@@ -185,11 +185,12 @@ void conv_map_copy(Cg *c, const int64_t *map, int64_t dst_n, LLVMValueRef from, 
 }
 
 /* Copies each of group g's channel planes of samples [n0, n0+nb) between
- * x and the block's phase planes at ph_buf, one vector of the destination
- * at a time: into the phase planes (back = false) or back into x's
- * planes (back = true, overwriting them). */
+ * x and the phase planes at ph_buf, one vector of the destination at a
+ * time: into the phase planes (back = false) or back into x's planes
+ * (back = true, overwriting them).  Channel ch of block sample nl has its
+ * phases from (nl*Cpg + ch)*chan on, gap floats apart. */
 static void copy_planes(Cg *c, const ConvShape *s, const ConvPhases *ph, const Value *x, LLVMValueRef n0, int64_t nb,
-                        LLVMValueRef g, LLVMValueRef ph_buf, bool back) {
+                        LLVMValueRef g, LLVMValueRef ph_buf, int64_t chan, int64_t gap, bool back) {
     const Win *w = &s->w;
     int r = w->nsp;
     int64_t Cpg = s->C / s->G, total = ph->S * ph->plane, is[MAX_RANK], ps[MAX_RANK], fs[MAX_RANK];
@@ -198,12 +199,13 @@ static void copy_planes(Cg *c, const ConvShape *s, const ConvPhases *ph, const V
     strides_of(w->s, r, fs);
     /* map[e]: the source float of destination float e of one plane, or -1
      * (a phase position past the input's end, zero) */
-    int64_t dst_n = back ? w->in_sz : total, src_n = back ? total : w->in_sz;
+    int64_t span = (ph->S - 1) * gap + ph->plane; /* floats from a channel's first phase to its last's end */
+    int64_t dst_n = back ? w->in_sz : span, src_n = back ? span : w->in_sz;
     int64_t *map = malloc(sizeof *map * (size_t)dst_n);
     CLEAVE_CHECK(map != NULL, "out of memory for a phase map of %lld floats", (long long)dst_n);
     for (int64_t e = 0; e < dst_n; e++) map[e] = -1;
     for (int64_t e = 0; e < total; e++) { /* phase float e and the input float it holds */
-        int64_t f = e / ph->plane, q = e % ph->plane, at = 0;
+        int64_t f = e / ph->plane, q = e % ph->plane, at = 0, pe = f * gap + q;
         bool in = true;
         for (int j = 0; j < r; j++) {
             int64_t i = (q / ps[j]) % ph->w.in[j] * w->s[j] + (f / fs[j]) % w->s[j];
@@ -212,15 +214,15 @@ static void copy_planes(Cg *c, const ConvShape *s, const ConvPhases *ph, const V
         }
         if (!in) continue;
         if (back)
-            map[at] = e;
+            map[at] = pe;
         else
-            map[e] = at;
+            map[pe] = at;
     }
     Nest ns = {.n = 0};
     LLVMValueRef nl = nest_for(c, &ns, cg_i64(c, nb)), ch = nest_for(c, &ns, cg_i64(c, Cpg));
     LLVMValueRef xi = cg_mul(c, cg_add(c, cg_mul(c, cg_add(c, n0, nl), s->C), cg_mad(c, g, Cpg, ch)), w->in_sz);
     LLVMValueRef xb = LLVMBuildGEP2(c->b, c->t_f32, cg_buf(c, x), &xi, 1, "");
-    LLVMValueRef pb = fptr(c, ph_buf, cg_mul(c, cg_mad(c, nl, Cpg, ch), total));
+    LLVMValueRef pb = fptr(c, ph_buf, cg_mul(c, cg_mad(c, nl, Cpg, ch), chan));
     conv_map_copy(c, map, dst_n, back ? pb : xb, src_n, back ? xb : pb);
     free(map);
     nest_close(c, &ns);
@@ -228,10 +230,10 @@ static void copy_planes(Cg *c, const ConvShape *s, const ConvPhases *ph, const V
 
 void conv_phase_copy(Cg *c, const ConvShape *s, const ConvPhases *ph, const Value *x, LLVMValueRef n0, int64_t nb,
                      LLVMValueRef g, LLVMValueRef dst) {
-    copy_planes(c, s, ph, x, n0, nb, g, dst, false);
+    copy_planes(c, s, ph, x, n0, nb, g, dst, ph->S * ph->plane, ph->plane, false);
 }
 
-void conv_phase_back(Cg *c, const ConvShape *s, const ConvPhases *ph, LLVMValueRef src, const Value *x, LLVMValueRef n0,
-                     int64_t nb, LLVMValueRef g) {
-    copy_planes(c, s, ph, x, n0, nb, g, src, true);
+void conv_phase_back(Cg *c, const ConvShape *s, const ConvPhases *ph, LLVMValueRef src, int64_t chan, int64_t gap,
+                     const Value *x, LLVMValueRef n0, int64_t nb, LLVMValueRef g) {
+    copy_planes(c, s, ph, x, n0, nb, g, src, chan, gap, true);
 }
