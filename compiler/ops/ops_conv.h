@@ -79,11 +79,16 @@ int64_t conv_phase_floats(const ConvShape *s, int64_t nb);
  * input's end zero. */
 void conv_phase_copy(Cg *c, const ConvShape *s, const ConvPhases *ph, const Value *x, LLVMValueRef n0, int64_t nb,
                      LLVMValueRef g, LLVMValueRef dst);
-/* The reverse: x's planes of those channels and samples overwritten
- * from the phase planes at src, channel ch of block sample nl having its
- * phases from (nl*Cpg + ch)*chan on, gap floats apart (S*plane and plane
- * for conv_phase_copy's layout). */
-void conv_phase_back(Cg *c, const ConvShape *s, const ConvPhases *ph, LLVMValueRef src, int64_t chan, int64_t gap,
+/* Where a channel's phase planes lie: channel ch of block sample nl
+ * from nl*sample + ch*chan on, its phases gap floats apart. */
+typedef struct ConvPhaseLayout {
+    int64_t sample, chan, gap;
+} ConvPhaseLayout;
+/* conv_phase_copy's layout: each channel's phases one after the other. */
+ConvPhaseLayout conv_phase_layout(const ConvShape *s, const ConvPhases *ph);
+/* The reverse: x's planes of those channels and samples overwritten from
+ * the phase planes at src, laid out as pl says. */
+void conv_phase_back(Cg *c, const ConvShape *s, const ConvPhases *ph, LLVMValueRef src, const ConvPhaseLayout *pl,
                      const Value *x, LLVMValueRef n0, int64_t nb, LLVMValueRef g);
 /* to[e] = from[map[e]] (0 where map[e] < 0) for e < dst_n, from holding
  * src_n floats: the pattern fixed at compile time, each vector of `to`

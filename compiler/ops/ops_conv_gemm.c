@@ -785,7 +785,10 @@ static void grad_input_block(Cg *c, const Block *b, const Value *const *v) {
         zero_floats(c, phases, conv_phase_floats(b->s, b->nb));
     }
     conv_patch_walk(c, b->s, v[2], b->n0, b->nb, b->g, cols, true, 0, phases);
-    if (phases) conv_phase_back(c, b->s, &ph, phases, ph.S * ph.plane, ph.plane, v[2], b->n0, b->nb, b->g);
+    if (phases) {
+        ConvPhaseLayout pl = conv_phase_layout(b->s, &ph);
+        conv_phase_back(c, b->s, &ph, phases, &pl, v[2], b->n0, b->nb, b->g);
+    }
 }
 
 /* At stride 1 the input gradient is a convolution of dY (padded by
@@ -903,15 +906,19 @@ static bool phase_conv(const ConvShape *s, const ConvPhases *ph, int64_t f, Phas
     }
     pc->kt = t.k_sz;
     win_flatten_pointwise(&t);
-    pc->t = (ConvShape){t, s->N, s->M, s->C, 1};
+    pc->t = (ConvShape){t, s->N, s->M, s->C, s->G};
     return true;
 }
 
-/* Phase f's filters at dst: [C][M][kt], W[m][c][taps[e]] at (c*M + m)*kt + e. */
+/* Phase f's filters at dst, [C][M/G][kt]: for channel c of group g,
+ * W[g*Mpg + m][c - g*Cpg][taps[e]] at (c*Mpg + m)*kt + e. */
 static void phase_filters(Cg *c, const ConvShape *s, const PhaseConv *pc, const Value *W, LLVMValueRef dst) {
+    int64_t Cpg = s->C / s->G, Mpg = mpg(s);
     Nest ns = {.n = 0};
-    LLVMValueRef ch = nest_for(c, &ns, cg_i64(c, s->C)), m = nest_for(c, &ns, cg_i64(c, s->M));
-    LLVMValueRef src = cg_mul(c, cg_mad(c, m, s->C, ch), s->w.k_sz), to = cg_mul(c, cg_mad(c, ch, s->M, m), pc->kt);
+    LLVMValueRef g = nest_for(c, &ns, cg_i64(c, s->G)), cl = nest_for(c, &ns, cg_i64(c, Cpg));
+    LLVMValueRef m = nest_for(c, &ns, cg_i64(c, Mpg));
+    LLVMValueRef src = cg_mul(c, cg_mad(c, cg_mad(c, g, Mpg, m), Cpg, cl), s->w.k_sz);
+    LLVMValueRef to = cg_mul(c, cg_mad(c, cg_mad(c, g, Cpg, cl), Mpg, m), pc->kt);
     for (int64_t e = 0; e < pc->kt; e++)
         LLVMBuildStore(c->b, cg_load(c, W, cg_add(c, src, cg_i64(c, pc->taps[e]))),
                        fptr(c, dst, cg_add(c, to, cg_i64(c, e))));
@@ -919,7 +926,7 @@ static void phase_filters(Cg *c, const ConvShape *s, const PhaseConv *pc, const 
 }
 
 /* The input gradient as one forward pass per phase (above); false, with
- * nothing emitted, where it does not apply: one group, phase planes
+ * nothing emitted, where it does not apply: phase planes
  * (ops_conv_phases.c) of a vector or more, and every phase's convolution
  * on the product path.  Over smaller planes the phases' products are too
  * small: resnet18's 128->256 stride-2 layer at 4x4 (2x2 phase planes)
@@ -927,7 +934,7 @@ static void phase_filters(Cg *c, const ConvShape *s, const PhaseConv *pc, const 
  * layer at 8x8 went from 188 to 201 (one kernel, 2026-12-05). */
 static bool grad_input_phases(Cg *c, const ConvShape *s, const Value *dY, const Value *W, const Value *dX) {
     ConvPhases ph;
-    if (s->G != 1 || !conv_phases_of(s, &ph) || ph.S > 16 || ph.plane < cg_vector_floats()) return false;
+    if (!conv_phases_of(s, &ph) || ph.S > 16 || ph.plane < cg_vector_floats()) return false;
     PhaseConv pc[16];
     for (int64_t f = 0; f < ph.S; f++)
         if (!phase_conv(s, &ph, f, &pc[f]) || !conv_gemm_applies(&pc[f].t, dY, W, dX)) return false;
@@ -943,7 +950,11 @@ static bool grad_input_phases(Cg *c, const ConvShape *s, const Value *dY, const 
         forward_with(c, &pc[f].t, dY, wf, &lay, NULL, &planes, NULL);
         cg_unbind_buffer(c);
     }
-    conv_phase_back(c, s, &ph, out, ph.plane, per, dX, cg_i64(c, 0), s->N, cg_i64(c, 0));
+    ConvPhaseLayout pl = {s->C * ph.plane, ph.plane, per}; /* each phase as a convolution's output */
+    CgLoop l;
+    LLVMValueRef g = cg_for(c, &l, cg_i64(c, s->G));
+    conv_phase_back(c, s, &ph, fptr(c, out, cg_mul(c, g, s->C / s->G * ph.plane)), &pl, dX, cg_i64(c, 0), s->N, g);
+    cg_for_end(c, &l);
     return true;
 }
 

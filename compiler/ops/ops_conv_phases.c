@@ -187,10 +187,9 @@ void conv_map_copy(Cg *c, const int64_t *map, int64_t dst_n, LLVMValueRef from, 
 /* Copies each of group g's channel planes of samples [n0, n0+nb) between
  * x and the phase planes at ph_buf, one vector of the destination at a
  * time: into the phase planes (back = false) or back into x's planes
- * (back = true, overwriting them).  Channel ch of block sample nl has its
- * phases from (nl*Cpg + ch)*chan on, gap floats apart. */
+ * (back = true, overwriting them), laid out as pl says. */
 static void copy_planes(Cg *c, const ConvShape *s, const ConvPhases *ph, const Value *x, LLVMValueRef n0, int64_t nb,
-                        LLVMValueRef g, LLVMValueRef ph_buf, int64_t chan, int64_t gap, bool back) {
+                        LLVMValueRef g, LLVMValueRef ph_buf, const ConvPhaseLayout *pl, bool back) {
     const Win *w = &s->w;
     int r = w->nsp;
     int64_t Cpg = s->C / s->G, total = ph->S * ph->plane, is[MAX_RANK], ps[MAX_RANK], fs[MAX_RANK];
@@ -199,7 +198,7 @@ static void copy_planes(Cg *c, const ConvShape *s, const ConvPhases *ph, const V
     strides_of(w->s, r, fs);
     /* map[e]: the source float of destination float e of one plane, or -1
      * (a phase position past the input's end, zero) */
-    int64_t span = (ph->S - 1) * gap + ph->plane; /* floats from a channel's first phase to its last's end */
+    int64_t gap = pl->gap, span = (ph->S - 1) * gap + ph->plane; /* floats from a channel's first phase to its last's end */
     int64_t dst_n = back ? w->in_sz : span, src_n = back ? span : w->in_sz;
     int64_t *map = malloc(sizeof *map * (size_t)dst_n);
     CLEAVE_CHECK(map != NULL, "out of memory for a phase map of %lld floats", (long long)dst_n);
@@ -222,7 +221,7 @@ static void copy_planes(Cg *c, const ConvShape *s, const ConvPhases *ph, const V
     LLVMValueRef nl = nest_for(c, &ns, cg_i64(c, nb)), ch = nest_for(c, &ns, cg_i64(c, Cpg));
     LLVMValueRef xi = cg_mul(c, cg_add(c, cg_mul(c, cg_add(c, n0, nl), s->C), cg_mad(c, g, Cpg, ch)), w->in_sz);
     LLVMValueRef xb = LLVMBuildGEP2(c->b, c->t_f32, cg_buf(c, x), &xi, 1, "");
-    LLVMValueRef pb = fptr(c, ph_buf, cg_mul(c, cg_mad(c, nl, Cpg, ch), chan));
+    LLVMValueRef pb = fptr(c, ph_buf, cg_add(c, cg_mul(c, nl, pl->sample), cg_mul(c, ch, pl->chan)));
     conv_map_copy(c, map, dst_n, back ? pb : xb, src_n, back ? xb : pb);
     free(map);
     nest_close(c, &ns);
@@ -230,10 +229,15 @@ static void copy_planes(Cg *c, const ConvShape *s, const ConvPhases *ph, const V
 
 void conv_phase_copy(Cg *c, const ConvShape *s, const ConvPhases *ph, const Value *x, LLVMValueRef n0, int64_t nb,
                      LLVMValueRef g, LLVMValueRef dst) {
-    copy_planes(c, s, ph, x, n0, nb, g, dst, ph->S * ph->plane, ph->plane, false);
+    ConvPhaseLayout pl = conv_phase_layout(s, ph);
+    copy_planes(c, s, ph, x, n0, nb, g, dst, &pl, false);
 }
 
-void conv_phase_back(Cg *c, const ConvShape *s, const ConvPhases *ph, LLVMValueRef src, int64_t chan, int64_t gap,
+ConvPhaseLayout conv_phase_layout(const ConvShape *s, const ConvPhases *ph) {
+    return (ConvPhaseLayout){s->C / s->G * ph->S * ph->plane, ph->S * ph->plane, ph->plane};
+}
+
+void conv_phase_back(Cg *c, const ConvShape *s, const ConvPhases *ph, LLVMValueRef src, const ConvPhaseLayout *pl,
                      const Value *x, LLVMValueRef n0, int64_t nb, LLVMValueRef g) {
-    copy_planes(c, s, ph, x, n0, nb, g, src, chan, gap, true);
+    copy_planes(c, s, ph, x, n0, nb, g, src, pl, true);
 }
