@@ -42,18 +42,12 @@ void conv_gemm_forward(Cg *c, const ConvShape *s, const Value *X, const Value *W
  * into x.  With nr > 0 (gathering only, where conv_patches_in_panels
  * allows it) cols is laid out as a packed product's B operand instead
  * (cg_gemm.h, CgGemm.b_packed: panels of nr columns over all K rows),
- * so the product reads the patches where the walk wrote them.  phases:
- * scratch of conv_phase_floats(s, nb) floats for the block's phase planes
- * (below), or NULL: gathering copies x into them and reads them;
- * scattering adds into them, which the caller zeroes first and copies
- * back into x after (conv_phase_back). */
+ * so the product reads the patches where the walk wrote them.  phases
+ * (gathering only): scratch of conv_phase_floats(s, nb) floats for the
+ * block's phase planes (below), which the walk fills from x and reads
+ * instead of x, or NULL. */
 void conv_patch_walk(Cg *c, const ConvShape *s, const Value *x, LLVMValueRef n0, int64_t nb, LLVMValueRef g,
                      LLVMValueRef cols, bool scatter, int64_t nr, LLVMValueRef phases);
-/* Whether col2im over nb samples adds into phase planes (below) a whole
- * vector of a sample's positions at a time; only then does it pay to
- * give it phase planes (in runs of a few floats it lost: resnet18's
- * 128->256 stride-2 input gradient ran at 127 GFLOP/s against 195). */
-bool conv_col2im_phased(const ConvShape *s, int64_t nb);
 /* Whether the walk can write nb samples' patches in panels of nr
  * columns: every vector it stores then starts at a whole vector's column
  * and so lies inside one panel. */
@@ -80,12 +74,11 @@ int64_t conv_phase_floats(const ConvShape *s, int64_t nb);
 void conv_phase_copy(Cg *c, const ConvShape *s, const ConvPhases *ph, const Value *x, LLVMValueRef n0, int64_t nb,
                      LLVMValueRef g, LLVMValueRef dst);
 /* Where a channel's phase planes lie: channel ch of block sample nl
- * from nl*sample + ch*chan on, its phases gap floats apart. */
+ * from nl*sample + ch*chan on, its phases gap floats apart (conv_phase_copy
+ * puts each channel's phases one after the other). */
 typedef struct ConvPhaseLayout {
     int64_t sample, chan, gap;
 } ConvPhaseLayout;
-/* conv_phase_copy's layout: each channel's phases one after the other. */
-ConvPhaseLayout conv_phase_layout(const ConvShape *s, const ConvPhases *ph);
 /* The reverse: x's planes of those channels and samples overwritten from
  * the phase planes at src, laid out as pl says. */
 void conv_phase_back(Cg *c, const ConvShape *s, const ConvPhases *ph, LLVMValueRef src, const ConvPhaseLayout *pl,

@@ -777,18 +777,7 @@ static void grad_input_block(Cg *c, const Block *b, const Value *const *v) {
     LLVMValueRef cols = block_area(c, b, COL_AREA, K);
     gm.overwrite = true;
     block_gemm(c, b, &gm, w_group(c, b), dy, cols);
-    LLVMValueRef phases = conv_col2im_phased(b->s, b->nb) ? phase_area(c, b) : NULL;
-    ConvPhases ph;
-    if (phases) { /* col2im into phase planes at stride 1, which then replace dX's planes (resnet18's
-                   * 64->128 stride-2 input gradient at 8x8: 166 -> 179 GFLOP/s) */
-        conv_phases_of(b->s, &ph);
-        zero_floats(c, phases, conv_phase_floats(b->s, b->nb));
-    }
-    conv_patch_walk(c, b->s, v[2], b->n0, b->nb, b->g, cols, true, 0, phases);
-    if (phases) {
-        ConvPhaseLayout pl = conv_phase_layout(b->s, &ph);
-        conv_phase_back(c, b->s, &ph, phases, &pl, v[2], b->n0, b->nb, b->g);
-    }
+    conv_patch_walk(c, b->s, v[2], b->n0, b->nb, b->g, cols, true, 0, NULL);
 }
 
 /* At stride 1 the input gradient is a convolution of dY (padded by

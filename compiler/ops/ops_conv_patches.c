@@ -215,8 +215,7 @@ typedef struct Plane {
 /* Whether the small-plane walk serves this convolution (see above): rows
  * shorter than a vector, at most 8 vectors of unrolled code per sample,
  * 32-bit offsets within a block of x. */
-static bool plane_walk(const ConvShape *s, const Win *w, int64_t sample, int64_t nb, bool scatter, bool phased,
-                       Plane *pl) {
+static bool plane_walk(const ConvShape *s, const Win *w, int64_t sample, int64_t nb, Plane *pl) {
     int W = cg_vector_floats();
     int r = w->nsp;
     int64_t P = w->out_sz;
@@ -228,11 +227,7 @@ static bool plane_walk(const ConvShape *s, const Win *w, int64_t sample, int64_t
     bool tiny = 8 * P <= W && W % P == 0;
     if (tiny) contig = false;
     /* contiguous 2x2 planes ran 10% slower than their runs of 2 */
-    /* col2im walks whole vectors only into phase planes (phased), whose
-     * rows a kernel offset adds to are mostly apart: into x at stride 1
-     * each row's masked stores land where the next row's loads read, at
-     * half the speed of its runs */
-    if ((scatter && !(contig && phased)) || (!contig && !tiny && w->s[r - 1] == 1) || (contig && 2 * P < W))
+    if ((!contig && !tiny && w->s[r - 1] == 1) || (contig && 2 * P < W))
         return false;
     if (w->out[r - 1] >= W || P > 8 * W || nb * sample >= INT32_MAX) return false;
     pl->W = W;
@@ -294,18 +289,10 @@ static void plane_lanes(Cg *c, const Win *w, const Plane *pl, int64_t v, const L
  * Masked-off lanes touch no memory, so their addresses may lie outside
  * x. */
 static void plane_vector(Cg *c, const Plane *pl, LLVMValueRef xb, const Dst *d, LLVMValueRef at,
-                         LLVMValueRef mask, LLVMValueRef store_mask, bool scatter) {
+                         LLVMValueRef mask, LLVMValueRef store_mask) {
     LLVMTypeRef vt = LLVMVectorType(c->t_f32, (unsigned)pl->W), over[2] = {vt, c->t_ptr};
     LLVMValueRef align = LLVMConstInt(c->t_i32, 4, 0), zero = LLVMConstNull(vt);
     LLVMValueRef ps = LLVMBuildGEP2(c->b, c->t_f32, xb, &at, 1, ""), xv, cp = dst_at(c, d, cg_i64(c, 0));
-    if (scatter) { /* contiguous only: x's lanes += the row's */
-        LLVMValueRef cm = store_mask ? store_mask : LLVMConstAllOnes(LLVMVectorType(c->t_i1, (unsigned)pl->W));
-        LLVMValueRef cv = cg_intrinsic(c, "llvm.masked.load", over, 2, (LLVMValueRef[]){cp, align, cm, zero}, 4);
-        xv = cg_intrinsic(c, "llvm.masked.load", over, 2, (LLVMValueRef[]){ps, align, mask, zero}, 4);
-        cg_intrinsic(c, "llvm.masked.store", over, 2,
-                     (LLVMValueRef[]){LLVMBuildFAdd(c->b, xv, cv, ""), ps, align, mask}, 4);
-        return;
-    }
     if (pl->contig) {
         xv = cg_intrinsic(c, "llvm.masked.load", over, 2, (LLVMValueRef[]){ps, align, mask, zero}, 4);
     } else {
@@ -328,7 +315,7 @@ static LLVMValueRef lanes_below(Cg *c, int W, int64_t n) {
 /* im2col for small planes (see above): rows (ch, kernel offset) in
  * order, each as whole vectors of its nb*P columns. */
 static void plane_patches(Cg *c, const ConvShape *s, const Plane *pl, const Src *x, int64_t nb, LLVMValueRef cols,
-                          int64_t nr, bool scatter) {
+                          int64_t nr) {
     const Win *w = x->w;
     int r = w->nsp, W = pl->W;
     int64_t Cpg = s->C / s->G, P = w->out_sz;
@@ -356,7 +343,7 @@ static void plane_patches(Cg *c, const ConvShape *s, const Plane *pl, const Src 
             LLVMValueRef tail = part ? lanes_below(c, W, rest * P) : NULL;
             LLVMValueRef m = tail ? LLVMBuildAnd(c->b, mask, tail, "") : mask;
             Dst d = dst_skip(c, &rowp, cg_mul(c, v, W));
-            plane_vector(c, pl, xv, &d, at, m, tail, false);
+            plane_vector(c, pl, xv, &d, at, m, tail);
             cg_for_end(c, &l);
         }
     } else { /* each sample's P positions in vecs vectors */
@@ -369,7 +356,7 @@ static void plane_patches(Cg *c, const ConvShape *s, const Plane *pl, const Src 
         for (int64_t v = 0; v < pl->vecs; v++) {
             LLVMValueRef tail = (v + 1) * W > P ? lanes_below(c, W, P - v * W) : NULL;
             Dst d = dst_skip(c, &cp, cg_i64(c, v * W));
-            plane_vector(c, pl, xv, &d, at[v], mask[v], tail, scatter);
+            plane_vector(c, pl, xv, &d, at[v], mask[v], tail);
         }
         cg_for_end(c, &l);
     }
@@ -396,36 +383,28 @@ bool conv_patches_in_panels(const ConvShape *s, int64_t nb, int64_t nr) {
     Plane pl;
     ConvPhases ph;
     bool phased = conv_phases_of(s, &ph);
-    if (plane_walk(s, phased ? &ph.w : w, phased ? (s->C / s->G) * ph.S * ph.plane : s->C * w->in_sz, nb, false, phased,
-                   &pl))
+    if (plane_walk(s, phased ? &ph.w : w, phased ? (s->C / s->G) * ph.S * ph.plane : s->C * w->in_sz, nb, &pl))
         return pl.spans || samples_whole;
     /* runs start at whole vectors: each a whole number of them, or the
      * run a whole sample */
     return runs_in_vectors(phased ? &ph.w : w, false) && (last % W == 0 || (last == P && samples_whole));
 }
 
-bool conv_col2im_phased(const ConvShape *s, int64_t nb) {
-    ConvPhases ph;
-    Plane pl;
-    return conv_phases_of(s, &ph) && plane_walk(s, &ph.w, (s->C / s->G) * ph.S * ph.plane, nb, true, true, &pl);
-}
-
 void conv_patch_walk(Cg *c, const ConvShape *s, const Value *x, LLVMValueRef n0, int64_t nb, LLVMValueRef g,
                      LLVMValueRef cols, bool scatter, int64_t nr, LLVMValueRef phases) {
     Plane pl;
     CLEAVE_CHECK(!nr || (!scatter && conv_patches_in_panels(s, nb, nr)), "patches in panels of %lld", (long long)nr);
+    CLEAVE_CHECK(!scatter || !phases, "col2im into phase planes");
     int64_t Cpg = s->C / s->G;
     Src src = {cg_buf(c, x), cg_mul(c, cg_add(c, cg_mul(c, n0, s->C), cg_mul(c, g, Cpg)), s->w.in_sz), s->w.in_sz,
                s->C * s->w.in_sz, &s->w, s, NULL};
     ConvPhases ph;
-    if (phases && conv_phases_of(s, &ph)) { /* the block's phase planes instead of x: filled here when
-                                               * gathering; col2im adds into them (zeroed by the caller,
-                                               * who copies them back into x) */
-        if (!scatter) conv_phase_copy(c, s, &ph, x, n0, nb, g, phases);
+    if (phases && conv_phases_of(s, &ph)) { /* the block's phase planes instead of x */
+        conv_phase_copy(c, s, &ph, x, n0, nb, g, phases);
         src = (Src){phases, cg_i64(c, 0), ph.S * ph.plane, Cpg * ph.S * ph.plane, &ph.w, s, &ph};
     }
-    if (plane_walk(s, src.w, src.sample, nb, scatter, src.ph != NULL, &pl)) {
-        plane_patches(c, s, &pl, &src, nb, cols, nr, scatter);
+    if (!scatter && plane_walk(s, src.w, src.sample, nb, &pl)) {
+        plane_patches(c, s, &pl, &src, nb, cols, nr);
         return;
     }
     const Win *w = src.w;

@@ -229,12 +229,8 @@ static void copy_planes(Cg *c, const ConvShape *s, const ConvPhases *ph, const V
 
 void conv_phase_copy(Cg *c, const ConvShape *s, const ConvPhases *ph, const Value *x, LLVMValueRef n0, int64_t nb,
                      LLVMValueRef g, LLVMValueRef dst) {
-    ConvPhaseLayout pl = conv_phase_layout(s, ph);
+    ConvPhaseLayout pl = {s->C / s->G * ph->S * ph->plane, ph->S * ph->plane, ph->plane};
     copy_planes(c, s, ph, x, n0, nb, g, dst, &pl, false);
-}
-
-ConvPhaseLayout conv_phase_layout(const ConvShape *s, const ConvPhases *ph) {
-    return (ConvPhaseLayout){s->C / s->G * ph->S * ph->plane, ph->S * ph->plane, ph->plane};
 }
 
 void conv_phase_back(Cg *c, const ConvShape *s, const ConvPhases *ph, LLVMValueRef src, const ConvPhaseLayout *pl,
