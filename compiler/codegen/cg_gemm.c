@@ -337,6 +337,37 @@ static void transpose_rows(Cg *c, LLVMValueRef *v, int R, int W) {
     }
 }
 
+void cg_transpose(Cg *c, LLVMValueRef dst, int64_t ldd, LLVMValueRef src, int64_t lds, int64_t rows, int64_t cols) {
+    int W = cg_vector_floats();
+    int64_t rt = rows / W * W, ct = cols / W * W;
+    if (rt > 0 && ct > 0) { /* whole W x W tiles through the registers */
+        CgLoop li, lj;
+        LLVMValueRef i0 = cg_mul(c, cg_for(c, &li, cg_i64(c, rt / W)), W);
+        LLVMValueRef j0 = cg_mul(c, cg_for(c, &lj, cg_i64(c, ct / W)), W);
+        LLVMValueRef v[64];
+        for (int t = 0; t < W; t++)
+            v[t] = load(c, vec(c, W), at(c, src, cg_add(c, cg_mul(c, cg_add(c, i0, cg_i64(c, t)), lds), j0)), 4);
+        transpose_rows(c, v, W, W); /* v[k]: column k of the tile */
+        for (int k = 0; k < W; k++)
+            store(c, v[k], at(c, dst, cg_add(c, cg_mul(c, cg_add(c, j0, cg_i64(c, k)), ldd), i0)), 4);
+        cg_for_end(c, &lj);
+        cg_for_end(c, &li);
+    }
+    /* the rest one float at a time: columns past the tiles for every row,
+     * then rows past the tiles for the tiles' columns */
+    for (int part = 0; part < 2; part++) {
+        int64_t r0 = part ? rt : 0, nr = part ? rows - rt : rows, c0 = part ? 0 : ct, nc = part ? ct : cols - ct;
+        if (nr <= 0 || nc <= 0) continue;
+        CgLoop li, lj;
+        LLVMValueRef i = cg_add(c, cg_for(c, &li, cg_i64(c, nr)), cg_i64(c, r0));
+        LLVMValueRef j = cg_add(c, cg_for(c, &lj, cg_i64(c, nc)), cg_i64(c, c0));
+        LLVMValueRef x = load(c, c->t_f32, at(c, src, cg_add(c, cg_mul(c, i, lds), j)), 4);
+        store(c, x, at(c, dst, cg_add(c, cg_mul(c, j, ldd), i)), 4);
+        cg_for_end(c, &lj);
+        cg_for_end(c, &li);
+    }
+}
+
 /* dst[k*ld + j] = src[k*si + j*sj] for k in [k0, k1), j in [0, cols). */
 static void copy_scalar(Cg *c, LLVMValueRef dst, int64_t ld, LLVMValueRef src, int64_t si, int64_t sj, LLVMValueRef k0,
                         LLVMValueRef k1, int64_t cols) {

@@ -137,6 +137,12 @@ int64_t cg_gemm_par_volume(void);
  * AVX): the width other kernels built around them should use. */
 int cg_vector_floats(void);
 
+/* dst[j*ldd + i] = src[i*lds + j] for i < rows, j < cols: whole tiles of
+ * cg_vector_floats() square through the registers (loads, log2(W) rounds
+ * of shuffles, stores), the edges one float at a time.  Where LLVM
+ * vectorises the plain loop it gathers a lane at a time. */
+void cg_transpose(Cg *c, LLVMValueRef dst, int64_t ldd, LLVMValueRef src, int64_t lds, int64_t rows, int64_t cols);
+
 /* A call of the LLVM intrinsic `name` ("llvm.masked.load"), overloaded on
  * the types over[0..n_over). */
 LLVMValueRef cg_intrinsic(Cg *c, const char *name, LLVMTypeRef *over, unsigned n_over, LLVMValueRef *args,

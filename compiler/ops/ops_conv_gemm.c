@@ -611,12 +611,11 @@ static void forward_block(Cg *c, const Block *b, const Value *const *v) {
  * (n, position i, channel c) at (n*inP + i)*Cpg + c. */
 static void channels_last(Cg *c, const Block *b, const Value *X, LLVMValueRef xl) {
     int64_t Cpg = b->s->C / b->s->G, inP = b->s->w.in_sz;
-    Nest ns = {.n = 0};
-    LLVMValueRef n = nest_for(c, &ns, cg_i64(c, b->nb)), ch = nest_for(c, &ns, cg_i64(c, Cpg));
-    LLVMValueRef i = nest_for(c, &ns, cg_i64(c, inP));
-    LLVMValueRef src = cg_mad(c, cg_mad(c, cg_add(c, b->n0, n), b->s->C, cg_mad(c, b->g, Cpg, ch)), inP, i);
-    LLVMBuildStore(c->b, cg_load(c, X, src), fptr(c, xl, cg_mad(c, cg_mad(c, n, inP, i), Cpg, ch)));
-    nest_close(c, &ns);
+    CgLoop l;
+    LLVMValueRef n = cg_for(c, &l, cg_i64(c, b->nb));
+    LLVMValueRef src = cg_mul(c, cg_mad(c, cg_add(c, b->n0, n), b->s->C, cg_mul(c, b->g, Cpg)), inP);
+    cg_transpose(c, fptr(c, xl, cg_mul(c, n, inP * Cpg)), Cpg, fptr(c, cg_buf(c, X), src), inP, Cpg, inP);
+    cg_for_end(c, &l);
 }
 
 /* A position of offset k's box [lo, hi) of output positions: its index
@@ -707,12 +706,11 @@ static void taps_block(Cg *c, const Block *b, const Value *const *v) {
         add_tap(c, b, k, lo, hi, sums, tmp);
     }
     /* Y[n0+n][g*Mpg + m][p] = sums[(p*nb + n)*Mpg + m] */
-    LLVMValueRef n = nest_for(c, &ns, cg_i64(c, nb));
-    m = nest_for(c, &ns, cg_i64(c, Mpg));
-    LLVMValueRef p = nest_for(c, &ns, cg_i64(c, P));
-    LLVMValueRef yi = cg_mad(c, cg_mad(c, cg_add(c, b->n0, n), b->s->M, cg_mad(c, b->g, Mpg, m)), P, p);
-    cg_store(c, v[2], yi, LLVMBuildLoad2(c->b, c->t_f32, fptr(c, sums, cg_mad(c, cg_mad(c, p, nb, n), Mpg, m)), ""));
-    nest_close(c, &ns);
+    CgLoop l;
+    LLVMValueRef n = cg_for(c, &l, cg_i64(c, nb));
+    LLVMValueRef yi = cg_mul(c, cg_mad(c, cg_add(c, b->n0, n), b->s->M, cg_mul(c, b->g, Mpg)), P);
+    cg_transpose(c, fptr(c, cg_buf(c, v[2]), yi), P, fptr(c, sums, cg_mul(c, n, Mpg)), nb * Mpg, P, Mpg);
+    cg_for_end(c, &l);
 }
 
 /* The filters at wp, laid out as *lay says, copied into the packed
