@@ -350,11 +350,22 @@ static void block_gemm(Cg *c, const Block *b, const CgGemm *gm, LLVMValueRef a, 
 
 /* Copies the rows of output channels [g*Mpg, (g+1)*Mpg) of the
  * output-shaped v for the block's samples between v and the scratch
- * matrix rows (Mpg x cols), in either direction. */
+ * matrix rows (Mpg x cols), in either direction, walking the destination
+ * in order: over small planes the other order stores P floats a sample
+ * apart (4 KiB for resnet18's 256 channels at 2x2), lines that all fall
+ * in one set of the L1 and evict each other (its 128->256 1x1 stride-2
+ * forward pass spent most of its time here). */
 static void regroup(Cg *c, const Block *b, const Value *v, LLVMValueRef rows, bool into_v) {
     int64_t P = b->s->w.out_sz, Mpg = mpg(b->s);
     Nest ns = {.n = 0};
-    LLVMValueRef m = nest_for(c, &ns, cg_i64(c, Mpg)), nl = nest_for(c, &ns, cg_i64(c, b->nb));
+    LLVMValueRef m, nl;
+    if (into_v) {
+        nl = nest_for(c, &ns, cg_i64(c, b->nb));
+        m = nest_for(c, &ns, cg_i64(c, Mpg));
+    } else {
+        m = nest_for(c, &ns, cg_i64(c, Mpg));
+        nl = nest_for(c, &ns, cg_i64(c, b->nb));
+    }
     LLVMValueRef vi = cg_mul(c, cg_add(c, cg_mul(c, cg_add(c, b->n0, nl), b->s->M), cg_mad(c, b->g, Mpg, m)), P);
     LLVMValueRef vp = fptr(c, cg_buf(c, v), vi), rp = fptr(c, rows, cg_add(c, cg_mul(c, m, b->cols), cg_mul(c, nl, P)));
     if (into_v)
