@@ -91,6 +91,13 @@ static char compute_kind(const PlanStep *s) {
     return ph == PHASE_OPTIMIZER || s->micro < 0 ? 'U' : ph == PHASE_BACKWARD ? 'B' : 'F';
 }
 
+/* A send's work belongs to its micro-batch's forward (activations) or
+ * backward (gradients), as the programs' traces count it. */
+static char send_kind(const Plan *p, const PlanStep *s) {
+    if (s->micro < 0) return 'U';
+    return s->xfer >= 0 && s->xfer < p->n_xfers && p->xfers[s->xfer].dir == XFER_GRADIENT ? 'B' : 'F';
+}
+
 double sim_node_seconds(const Cluster *c, int rank, const Node *n, bool warm) {
     double measured = c->profile ? profile_node_seconds(c->profile, n, warm) : -1;
     if (measured >= 0) return measured / cluster_rank_speed(c, rank);
@@ -356,10 +363,20 @@ static bool on_step(void *ctx, int r, const PlanStep *s, WalkMsg *m) {
         S->out[r].busy_s += dt;
         return true;
     }
-    case STEP_SEND:
+    case STEP_SEND: {
         m->user[0] = arrival(S, r, s->peer, (double)s->bytes);
         S->out[r].sent_bytes += s->bytes;
-        break;
+        /* the send call's own work on the sender's core; the message's
+         * arrival above already holds it (the latency was timed from the
+         * call), so only the sender's next work waits for it */
+        double dt = cluster_send_cpu_seconds(S->c, r, s->peer, (double)s->bytes) / S->share[r];
+        if (dt > 0) {
+            event(S, r, S->t[r], S->t[r] + dt, send_kind(S->p, s), s);
+            S->t[r] += dt;
+            S->out[r].busy_s += dt;
+        }
+        return true;
+    }
     case STEP_RECV:
         if (m->user[0] > S->t[r]) S->t[r] = m->user[0];
         m->user[1] = S->t[r];
