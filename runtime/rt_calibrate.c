@@ -26,11 +26,23 @@
  * behind the other's data: on two test hosts at 100 Mbit/s a sum of 1 MB
  * took from 1.0 to 1.5 times what its bytes need at the ping-pong's rate.
  * The slower of the two calls' medians (the programs use both) gives the
- * link's allreduce bandwidth. */
+ * link's allreduce bandwidth.
+ *
+ * Last, the first rank times its MPI_Isend calls alone, of a small and of
+ * a large message, each sent after the one before was received, on
+ * caches a walk has just evicted, to a receiver busy outside MPI when it
+ * comes: Open MPI's TCP transport writes a
+ * message below its eager limit into the socket inside the call, and
+ * between two hosts of one machine the kernel carries it into the
+ * receiver's socket there as well, which is time the sender's core does
+ * not compute (send_overhead_s and send_gbps of the link, docs/cluster.md).
+ * The ping-pong's one-way time holds it too, but cannot tell the
+ * sender's part from the receiver's. */
 #include <errno.h>
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "rt.h"
 #include "rt_mpi.h"
@@ -47,6 +59,10 @@
 #define CAL_AR_S 0.1                  /* an allreduce of about this long ... */
 #define CAL_AR_MIN_BYTES (256 << 10)  /* ... and of at least this many bytes */
 #define CAL_AR_REPEATS 7              /* median of */
+#define CAL_SEND_SMALL 64             /* the send call's fixed cost: a message of this size ... */
+#define CAL_SEND_LARGE (60 << 10)     /* ... and its cost per byte, up to this (below TCP's eager limit) */
+#define CAL_SEND_REPEATS 31           /* median of */
+#define CAL_SEND_BUSY_S 1e-3          /* the receiver computes this long around each send */
 
 typedef struct Point {
     double bytes, seconds; /* one-way time of one message */
@@ -62,6 +78,8 @@ typedef struct PairResult {
     /* the pair's allreduce: its bytes, and the median seconds of
      * MPI_Allreduce and of MPI_Iallreduce + MPI_Wait */
     double ar_bytes, ar_s, iar_s;
+    /* the sender's time inside MPI_Isend: send_o + B send_beta */
+    double send_o, send_beta;
 } PairResult;
 
 /* Rank a's one-way time of a `bytes` message to b and back, the best of
@@ -178,9 +196,10 @@ static bool write_result(const char *path, const PairResult *r, int n_pairs, cha
     for (int i = 0; i < n_pairs; i++) {
         fprintf(f, "%s\n  {\"ranks\": [%d, %d], \"hosts\": [\"%s\", \"%s\"], \"same_node\": %s, \"latency_s\": %.6e, "
                 "\"bandwidth_gbps\": %.6g,\n   \"allreduce\": {\"bytes\": %.0f, \"allreduce_s\": %.6e, "
-                "\"iallreduce_s\": %.6e}, \"allreduce_gbps\": %.6g, \"points\": ", i ? "," : "", r[i].a, r[i].b,
-                names[r[i].a], names[r[i].b], r[i].same_node ? "true" : "false", r[i].alpha, 1e-9 / r[i].beta,
-                r[i].ar_bytes, r[i].ar_s, r[i].iar_s, allreduce_gbps(&r[i]));
+                "\"iallreduce_s\": %.6e}, \"allreduce_gbps\": %.6g,\n   \"send_overhead_s\": %.6e, \"send_gbps\": %.6g, "
+                "\"points\": ", i ? "," : "", r[i].a, r[i].b, names[r[i].a], names[r[i].b],
+                r[i].same_node ? "true" : "false", r[i].alpha, 1e-9 / r[i].beta, r[i].ar_bytes, r[i].ar_s, r[i].iar_s,
+                allreduce_gbps(&r[i]), r[i].send_o, r[i].send_beta > 0 ? 1e-9 / r[i].send_beta : 0.0);
         write_points(f, &r[i]);
         fprintf(f, "}");
     }
@@ -270,6 +289,68 @@ static void measure_allreduce(MPI_Comm c, MPI_Comm pc, int me, int a, int b, cha
     r->iar_s = t[1][CAL_AR_REPEATS / 2];
 }
 
+/* Walks a buffer four times this core's L2 cache (8 MiB when it cannot be
+ * told), as a step's kernels between two sends do. */
+static void evict_caches(void) {
+    static unsigned char *junk;
+    static size_t n;
+    if (!junk) {
+        long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+        n = l2 > 0 && l2 <= (32L << 20) ? 4 * (size_t)l2 : (size_t)8 << 20;
+        junk = calloc(n, 1);
+        if (!junk) return;
+    }
+    for (size_t i = 0; i < n; i += 64) junk[i]++;
+}
+
+/* Rank a's median seconds inside MPI_Isend of `bytes` to b, each message
+ * sent once b has received the one before (b answers each with an empty
+ * message), so that every call finds the link idle, and after walking a
+ * buffer that evicts the caches: in a step a send follows kernels that
+ * have, and the system call's code and data then come from memory.  On
+ * the test cluster (unshaped) a 16 KiB send took 6 us called again and
+ * again to a receiver waiting in MPI, 13-15 us as here, and 40-80 us
+ * inside the 16-layer MLP's pipeline steps, which this probe does not
+ * reproduce (docs/costmodel.md). */
+static double send_call_seconds(MPI_Comm c, int me, int a, int b, char *buf, int bytes) {
+    double t[CAL_SEND_REPEATS];
+    /* the first calls set up the connection's buffers */
+    for (int rep = -3; rep < CAL_SEND_REPEATS; rep++) {
+        if (me == a) {
+            MPI_Request q;
+            evict_caches();
+            double t0 = MPI_Wtime();
+            MPI_Isend(buf, bytes, MPI_BYTE, b, 6, c, &q);
+            double dt = MPI_Wtime() - t0;
+            MPI_Wait(&q, MPI_STATUS_IGNORE);
+            MPI_Recv(NULL, 0, MPI_BYTE, b, 7, c, MPI_STATUS_IGNORE);
+            if (rep >= 0) t[rep] = dt;
+        } else {
+            /* busy outside MPI while the message comes, as a stage computing
+             * its micro-batch is (then the sender's kernel also hands the
+             * message to b's socket and takes its acknowledgement) */
+            for (double t0 = MPI_Wtime(); MPI_Wtime() - t0 < CAL_SEND_BUSY_S;) evict_caches();
+            MPI_Recv(buf, bytes, MPI_BYTE, a, 6, c, MPI_STATUS_IGNORE);
+            MPI_Send(NULL, 0, MPI_BYTE, a, 7, c);
+        }
+    }
+    if (me != a) return 0;
+    qsort(t, CAL_SEND_REPEATS, sizeof t[0], by_seconds);
+    return t[CAL_SEND_REPEATS / 2];
+}
+
+/* The sender's cost per message and per byte on the pair's link (every
+ * other rank returns at once); on rank a, in r.  A per-byte cost that
+ * comes out negative (noise) is taken as none. */
+static void measure_send(MPI_Comm c, int me, int a, int b, char *buf, PairResult *r) {
+    if (me != a && me != b) return;
+    double small = send_call_seconds(c, me, a, b, buf, CAL_SEND_SMALL);
+    double large = send_call_seconds(c, me, a, b, buf, CAL_SEND_LARGE);
+    if (me != a) return;
+    r->send_o = small;
+    r->send_beta = large > small ? (large - small) / (CAL_SEND_LARGE - CAL_SEND_SMALL) : 0;
+}
+
 /* The bandwidth a pair's allreduce reached, as the cost model prices a
  * ring of two: 2 (alpha + B / 2 / bw) for B bytes; the slower call. */
 static double allreduce_gbps(const PairResult *r) {
@@ -323,6 +404,7 @@ bool rt_calibrate_comm(const char *path, RtErr *e) {
                 MPI_Group_free(&world);
                 measure_allreduce(c, pc, rank, a, b, buf, &x);
                 MPI_Comm_free(&pc);
+                measure_send(c, rank, a, b, buf, &x);
             }
             if (a != 0 && rank == a) MPI_Send(&x, (int)sizeof x, MPI_BYTE, 0, 3, c);
             if (a != 0 && rank == 0) MPI_Recv(&x, (int)sizeof x, MPI_BYTE, a, 3, c, MPI_STATUS_IGNORE);

@@ -50,6 +50,7 @@ static const char calibrate_help[] =
     "  intra_node latency and bandwidth between 2 ranks (mpirun -np 2)\n"
     "  inter_node the same between every pair of the hostfile's hosts (links),\n"
     "             and the rate a sum of two ranks reaches over each (allreduce_gbps),\n"
+    "             and the sender's time inside a send (send_overhead_s, send_gbps),\n"
     "             only with --hostfile; otherwise defaults, said so in the file\n"
     "\n"
     "  -o FILE                the cluster file to write\n"
@@ -277,6 +278,13 @@ static bool probe_pair(json_t *res, size_t i, int *a, int *b, ClusterLink *link,
     json_t *ar = json_object_get(p, "allreduce_gbps");
     if (!json_is_number(ar) || !(json_number_value(ar) > 0)) return false;
     link->allreduce_gbps = json_number_value(ar);
+    /* ... and the sender's time in the send call (send_gbps 0: no cost per
+     * byte could be told) */
+    json_t *so = json_object_get(p, "send_overhead_s"), *sg = json_object_get(p, "send_gbps");
+    if (!json_is_number(so) || !(json_number_value(so) >= 0) || !json_is_number(sg) || !(json_number_value(sg) >= 0))
+        return false;
+    link->send_overhead_s = json_number_value(so);
+    link->send_gbps = json_number_value(sg);
     *same_node = json_is_true(same);
     return true;
 }
@@ -293,7 +301,8 @@ static bool inter_links(Cluster *c, json_t *res, int hosts, const char *hostfile
     size_t n = (size_t)hosts * (size_t)(hosts - 1) / 2;
     c->links = calloc(n, sizeof *c->links);
     double *lat = malloc(n * sizeof *lat), *bw = malloc(n * sizeof *bw), *ar = malloc(n * sizeof *ar);
-    bool ok = c->links && lat && bw && ar;
+    double *so = malloc(n * sizeof *so), *sg = malloc(n * sizeof *sg);
+    bool ok = c->links && lat && bw && ar && so && sg;
     if (!ok) snprintf(note, note_size, "out of memory");
     for (size_t i = 0; ok && i < n; i++) {
         int a, b;
@@ -311,6 +320,8 @@ static bool inter_links(Cluster *c, json_t *res, int hosts, const char *hostfile
             lat[i] = l.latency_s;
             bw[i] = l.bandwidth_gbps;
             ar[i] = l.allreduce_gbps;
+            so[i] = l.send_overhead_s;
+            sg[i] = l.send_gbps;
         }
     }
     if (ok) {
@@ -318,7 +329,9 @@ static bool inter_links(Cluster *c, json_t *res, int hosts, const char *hostfile
         qsort(lat, n, sizeof *lat, by_value);
         qsort(bw, n, sizeof *bw, by_value);
         qsort(ar, n, sizeof *ar, by_value);
-        c->inter_node = (ClusterLink){lat[n / 2], bw[n / 2], ar[n / 2]};
+        qsort(so, n, sizeof *so, by_value);
+        qsort(sg, n, sizeof *sg, by_value);
+        c->inter_node = (ClusterLink){lat[n / 2], bw[n / 2], ar[n / 2], so[n / 2], sg[n / 2]};
     } else {
         free(c->links);
         c->links = NULL;
@@ -326,6 +339,8 @@ static bool inter_links(Cluster *c, json_t *res, int hosts, const char *hostfile
     free(lat);
     free(bw);
     free(ar);
+    free(so);
+    free(sg);
     return ok;
 }
 
@@ -380,6 +395,8 @@ static void measure_with_mpirun(Cluster *c, const Opts *o, RunResult *r) {
         /* a node's ranks sum over shared memory at its bandwidth: the
          * allreduce rate is for links between nodes (cluster.h) */
         c->intra_node.allreduce_gbps = 0;
+        /* and a send within a node is a copy the link's bandwidth prices */
+        c->intra_node.send_overhead_s = c->intra_node.send_gbps = 0;
         json_decref(res);
         res = NULL;
         if (o->hostfile) {
@@ -582,11 +599,16 @@ int cmd_calibrate(int argc, char **argv) {
             comm.intra ? "" : ")");
     fprintf(stderr, "  inter_node        %s: %.3g s + %.3g GB/s", comm.inter ? "measured, the median of the links" : "default",
             c.inter_node.latency_s, c.inter_node.bandwidth_gbps);
-    if (comm.inter) fprintf(stderr, ", allreduce %.3g GB/s\n", c.inter_node.allreduce_gbps);
+    if (comm.inter)
+        fprintf(stderr, ", allreduce %.3g GB/s, sender's CPU %.3g s + %.3g GB/s\n", c.inter_node.allreduce_gbps,
+                c.inter_node.send_overhead_s, c.inter_node.send_gbps);
     else fprintf(stderr, " (%s)\n", comm.inter_note);
-    for (int i = 0; i < c.n_links; i++)
-        fprintf(stderr, "  link %d - %d        measured: %.3g s + %.3g GB/s, allreduce %.3g GB/s\n", c.links[i].a,
-                c.links[i].b, c.links[i].link.latency_s, c.links[i].link.bandwidth_gbps, c.links[i].link.allreduce_gbps);
+    for (int i = 0; i < c.n_links; i++) {
+        const ClusterLink *l = &c.links[i].link;
+        fprintf(stderr, "  link %d - %d        measured: %.3g s + %.3g GB/s, allreduce %.3g GB/s, sender's CPU %.3g s + "
+                "%.3g GB/s\n", c.links[i].a, c.links[i].b, l->latency_s, l->bandwidth_gbps, l->allreduce_gbps,
+                l->send_overhead_s, l->send_gbps);
+    }
     cluster_free(&c);
     return 0;
 }

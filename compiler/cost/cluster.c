@@ -115,14 +115,20 @@ static bool read_int(Reader *R, json_t *obj, const char *key, int64_t max, int64
     return true;
 }
 
-/* A link's optional "allreduce_gbps" (0 when absent). */
+/* A link's optional numbers, each 0 when absent: "allreduce_gbps", and
+ * the sender's CPU per message, "send_overhead_s" and "send_gbps". */
 static bool read_allreduce(Reader *R, json_t *o, const char *where, ClusterLink *l) {
-    l->allreduce_gbps = 0;
-    return !json_object_get(o, "allreduce_gbps") || read_number(R, o, where, "allreduce_gbps", false, &l->allreduce_gbps);
+    l->allreduce_gbps = l->send_overhead_s = l->send_gbps = 0;
+    return (!json_object_get(o, "allreduce_gbps") ||
+            read_number(R, o, where, "allreduce_gbps", false, &l->allreduce_gbps)) &&
+           (!json_object_get(o, "send_overhead_s") ||
+            read_number(R, o, where, "send_overhead_s", true, &l->send_overhead_s)) &&
+           (!json_object_get(o, "send_gbps") || read_number(R, o, where, "send_gbps", false, &l->send_gbps));
 }
 
 static bool read_link(Reader *R, json_t *root, const char *key, ClusterLink *l) {
-    static const char *const known[] = {"latency_s", "bandwidth_gbps", "allreduce_gbps", NULL};
+    static const char *const known[] = {"latency_s", "bandwidth_gbps", "allreduce_gbps", "send_overhead_s",
+                                        "send_gbps", NULL};
     json_t *o = object_field(R, root, key);
     return o && check_keys(R, o, key, known) && read_number(R, o, key, "latency_s", true, &l->latency_s) &&
            read_number(R, o, key, "bandwidth_gbps", false, &l->bandwidth_gbps) && read_allreduce(R, o, key, l);
@@ -137,7 +143,8 @@ static int by_pair(const void *x, const void *y) {
 /* One entry of "links": {"nodes": [x, y], "latency_s", "bandwidth_gbps"}
  * with x != y nodes of the cluster. */
 static bool read_pair_link(Reader *R, json_t *o, size_t i, int nodes, ClusterPairLink *out) {
-    static const char *const known[] = {"nodes", "latency_s", "bandwidth_gbps", "allreduce_gbps", NULL};
+    static const char *const known[] = {"nodes", "latency_s", "bandwidth_gbps", "allreduce_gbps", "send_overhead_s",
+                                        "send_gbps", NULL};
     char where[48];
     snprintf(where, sizeof where, "\"links\"[%zu]", i);
     if (!json_is_object(o)) return fail(R, DIAG_FORMAT, "\"links\"[%zu] must be an object", i);
@@ -400,7 +407,8 @@ static void out_string(Text *o, const char *s) {
     text_put(o, "\"");
 }
 
-/* A link's numbers after its opening brace (allreduce_gbps when given). */
+/* A link's numbers after its opening brace (the optional ones when
+ * given). */
 static void out_link_numbers(Text *o, const ClusterLink *l) {
     text_put(o, "\"latency_s\": ");
     out_number(o, l->latency_s);
@@ -409,6 +417,14 @@ static void out_link_numbers(Text *o, const ClusterLink *l) {
     if (l->allreduce_gbps > 0) {
         text_put(o, ", \"allreduce_gbps\": ");
         out_number(o, l->allreduce_gbps);
+    }
+    if (l->send_overhead_s > 0) {
+        text_put(o, ", \"send_overhead_s\": ");
+        out_number(o, l->send_overhead_s);
+    }
+    if (l->send_gbps > 0) {
+        text_put(o, ", \"send_gbps\": ");
+        out_number(o, l->send_gbps);
     }
     text_put(o, "}");
 }
@@ -577,6 +593,12 @@ double cluster_p2p_seconds(const Cluster *c, int a, int b, double bytes) {
     const ClusterLink *l = cluster_link(c, a, b);
     if (a == b) return 0;
     return l->latency_s + (bytes > 0 ? bytes / (l->bandwidth_gbps * 1e9) : 0);
+}
+
+double cluster_send_cpu_seconds(const Cluster *c, int a, int b, double bytes) {
+    const ClusterLink *l = cluster_link(c, a, b);
+    if (a == b) return 0;
+    return l->send_overhead_s + (bytes > 0 && l->send_gbps > 0 ? bytes / (l->send_gbps * 1e9) : 0);
 }
 
 double cluster_ring_seconds(const Cluster *c, int a, int b, double bytes) {

@@ -53,6 +53,16 @@ typedef struct ClusterLink {
      * directions of a sum's exchange slow each other, which one message
      * at a time never shows (docs/cluster.md). */
     double allreduce_gbps;
+    /* The sender's own CPU time for one message, beyond the latency and
+     * bandwidth that say when it arrives: send_overhead_s + bytes /
+     * (send_gbps 1e9), spent inside the send call (the file's optional
+     * "send_overhead_s" and "send_gbps", which cleave calibrate measures
+     * for the links between nodes; 0: not given, nothing charged).  Over
+     * TCP the send call writes the message into the socket, and between
+     * two hosts on one machine the kernel delivers it to the receiver's
+     * socket inside that call too: on the test cluster, tens of
+     * microseconds of the sender's core per 16 KiB. */
+    double send_overhead_s, send_gbps;
 } ClusterLink;
 
 /* The link between two particular nodes, replacing inter_node for the
@@ -211,6 +221,10 @@ const ClusterLink *cluster_node_link(const Cluster *c, int x, int y);
 /* Seconds of one message of `bytes` bytes from a to b: latency + bytes /
  * bandwidth of their link; 0 when a == b (no message is sent). */
 double cluster_p2p_seconds(const Cluster *c, int a, int b, double bytes);
+/* Seconds of the sender's CPU for one message from a to b: its link's
+ * send_overhead_s + bytes / send_gbps, each when given (calibrate gives
+ * them for links between nodes only); 0 when a == b. */
+double cluster_send_cpu_seconds(const Cluster *c, int a, int b, double bytes);
 /* Seconds of one step of an allreduce's ring from a to b carrying `bytes`:
  * p2p, except between nodes whose link states allreduce_gbps, which then
  * takes the place of its bandwidth. */

@@ -59,15 +59,19 @@ static double now_s(void) {
 }
 
 
-/* Walks a buffer four times the size of this core's L2 cache (8 MiB when it
- * cannot be told), so that the next call finds its data where a kernel
- * inside a training step finds it: evicted by the kernels before it. */
+size_t kernel_run_cache_bytes(void) {
+    long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return l2 > 0 && l2 <= (32L << 20) ? (size_t)l2 : (size_t)2 << 20;
+}
+
+/* Walks a buffer four times the size of this core's L2 cache, so that the
+ * next call finds its data where a kernel inside a training step finds
+ * it: evicted by the kernels before it. */
 static void evict_caches(void) {
     static unsigned char *junk;
     static size_t n;
     if (!junk) {
-        long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
-        n = l2 > 0 && l2 <= (32L << 20) ? 4 * (size_t)l2 : (size_t)8 << 20;
+        n = 4 * kernel_run_cache_bytes();
         junk = calloc(n, 1);
         if (!junk) return;
     }

@@ -29,6 +29,9 @@ double kernel_run_time(KernelRun *k, double min_s, int reps);
  * of `calls` runs, each after walking a buffer four times the L2 cache's size
  * (the walk not timed). */
 double kernel_run_time_cold(KernelRun *k, int calls, int reps);
+/* The bytes of this core's L2 cache (2 MiB when it cannot be told): what
+ * the cold timing's walk evicts, and so what a warm run keeps. */
+size_t kernel_run_cache_bytes(void);
 void kernel_run_free(KernelRun *k);
 
 #endif

@@ -158,6 +158,8 @@ static void time_entry(Entry *e) {
     e->warm_timing[e->n_timing++] = kernel_run_time(&e->k, PROFILE_WARM_S, 1);
 }
 
+size_t profile_cache_bytes(void) { return kernel_run_cache_bytes(); }
+
 static double seconds_of(const Entry *e, bool warm) { return warm && e->seconds >= 0 ? e->warm : e->seconds; }
 
 /* The remembered time of `key`, or the one timing g (taken over) gives. */

@@ -26,6 +26,10 @@ void profile_bind(KernelProfile *p, const Graph *g);
  * second and later micro-batches of a step, when its weights and the
  * stage's other data may still be in cache. */
 double profile_node_seconds(KernelProfile *p, const Node *n, bool warm);
+/* The bytes a warm call may have touched since its kernel's last call
+ * and still find its data in cache: the L2 cache the cold timings evict
+ * (kernel_run.h), on the machine the profile times. */
+size_t profile_cache_bytes(void);
 /* Seconds of adding a micro-batch's gradient v into its accumulator. */
 double profile_accumulate_seconds(KernelProfile *p, const Value *v, bool warm);
 /* Times every kernel measured so far `passes` more times, one pass over

@@ -47,6 +47,9 @@ typedef struct Sim {
     bool nic_used;
     Nics nic;
     double *nic_tx, *nic_rx;
+    /* Per rank, per train step: whether a kernel of a later micro-batch
+     * finds its data still in cache (mark_warm). */
+    bool **warm;
 } Sim;
 
 /* What step s of a rank waits for, and on whom. */
@@ -88,6 +91,13 @@ static char compute_kind(const PlanStep *s) {
     return ph == PHASE_OPTIMIZER || s->micro < 0 ? 'U' : ph == PHASE_BACKWARD ? 'B' : 'F';
 }
 
+/* A send's work belongs to its micro-batch's forward (activations) or
+ * backward (gradients), as the programs' traces count it. */
+static char send_kind(const Plan *p, const PlanStep *s) {
+    if (s->micro < 0) return 'U';
+    return s->xfer >= 0 && s->xfer < p->n_xfers && p->xfers[s->xfer].dir == XFER_GRADIENT ? 'B' : 'F';
+}
+
 double sim_node_seconds(const Cluster *c, int rank, const Node *n, bool warm) {
     double measured = c->profile ? profile_node_seconds(c->profile, n, warm) : -1;
     if (measured >= 0) return measured / cluster_rank_speed(c, rank);
@@ -103,6 +113,61 @@ double sim_node_seconds(const Cluster *c, int rank, const Node *n, bool warm) {
         if (g > t) t = g;
     }
     return t + c->kernel_overhead_s;
+}
+
+/* The bytes a compute or accumulate step reads and writes (each input and
+ * output once; a value one kernel writes and the next reads counts for
+ * both), and in *key what tells the same kernel in another micro-batch:
+ * its node's id, or n_nodes + the accumulated value's id.  -1: neither. */
+static double step_bytes(const Graph *g, const PlanStep *s, int *key) {
+    double bytes = 0;
+    *key = -1;
+    if (s->kind == STEP_COMPUTE && s->node->id >= 0 && s->node->id < g->n_nodes) {
+        const Node *n = s->node;
+        *key = n->id;
+        for (int i = 0; i < n->n_in; i++)
+            if (n->in[i] && plan_value_bytes(n->in[i]) > 0) bytes += (double)plan_value_bytes(n->in[i]);
+        for (int k = 0; k < n->n_out; k++)
+            if (n->out[k] && plan_value_bytes(n->out[k]) > 0) bytes += (double)plan_value_bytes(n->out[k]);
+    } else if (s->kind == STEP_ACCUMULATE && s->value->id >= 0 && s->value->id < g->n_values) {
+        *key = g->n_nodes + s->value->id;
+        bytes = 2.0 * (double)plan_value_bytes(s->value); /* the gradient and its accumulator */
+    }
+    return bytes;
+}
+
+/* Which of rank r's train steps run warm, as --profile timed its kernels
+ * called again at once: a kernel of a micro-batch after the first whose
+ * data are still in cache, because all the rank touched since the same
+ * kernel's previous call (its own data included) fits in the L2 cache
+ * whose contents the profile's cold timings evict.  Otherwise its data
+ * were evicted in between and it runs cold: a stage of eight 512 x 512
+ * layers touches 8 MB between two micro-batches of one of them, and on the
+ * test cluster each of its later micro-batches took the cold time, 20-25%
+ * above the warm one (docs/costmodel.md).  False when out of memory. */
+static bool mark_warm(Sim *S, int r) {
+    const Graph *g = S->p->g;
+    const RankPlan *pr = &S->p->ranks[r];
+    int keys = g->n_nodes + g->n_values;
+    int *last = malloc(sizeof *last * (size_t)(keys > 0 ? keys : 1));
+    double *upto = malloc(sizeof *upto * ((size_t)pr->n_train + 1)); /* bytes of steps [0, i) */
+    bool ok = last && upto;
+    for (int k = 0; ok && k < keys; k++) last[k] = -1;
+    if (ok) upto[0] = 0;
+    double cache = (double)profile_cache_bytes();
+    for (int i = 0; ok && i < pr->n_train; i++) {
+        const PlanStep *s = &pr->train[i];
+        int key;
+        upto[i + 1] = upto[i] + step_bytes(g, s, &key);
+        S->warm[r][i] = false;
+        if (key < 0) continue;
+        int j = last[key];
+        S->warm[r][i] = s->micro > 0 && j >= 0 && upto[i + 1] - upto[j + 1] <= cache;
+        last[key] = i;
+    }
+    free(last);
+    free(upto);
+    return ok;
 }
 
 /* Within a node, MPI moves messages by copies the ranks' cores make: when
@@ -282,15 +347,14 @@ static bool on_step(void *ctx, int r, const PlanStep *s, WalkMsg *m) {
     double before = S->t[r];
     switch (s->kind) {
     case STEP_COMPUTE: {
-        /* a micro-batch after the first finds the node's data warmer */
-        double dt = sim_node_seconds(S->c, r, s->node, s->micro > 0) / S->share[r];
+        double dt = sim_node_seconds(S->c, r, s->node, S->warm[r][s - S->p->ranks[r].train]) / S->share[r];
         event(S, r, S->t[r], S->t[r] + dt, compute_kind(s), s);
         S->t[r] += dt;
         S->out[r].busy_s += dt;
         return true;
     }
     case STEP_ACCUMULATE: {
-        double measured = S->c->profile ? profile_accumulate_seconds(S->c->profile, s->value, s->micro > 0) : -1;
+        double measured = S->c->profile ? profile_accumulate_seconds(S->c->profile, s->value, S->warm[r][s - S->p->ranks[r].train]) : -1;
         double dt = (measured >= 0 ? measured / cluster_rank_speed(S->c, r)
                                    : cluster_mem_seconds(S->c, r, 3.0 * (double)plan_value_bytes(s->value))) /
                     S->share[r];
@@ -299,10 +363,20 @@ static bool on_step(void *ctx, int r, const PlanStep *s, WalkMsg *m) {
         S->out[r].busy_s += dt;
         return true;
     }
-    case STEP_SEND:
+    case STEP_SEND: {
         m->user[0] = arrival(S, r, s->peer, (double)s->bytes);
         S->out[r].sent_bytes += s->bytes;
-        break;
+        /* the send call's own work on the sender's core; the message's
+         * arrival above already holds it (the latency was timed from the
+         * call), so only the sender's next work waits for it */
+        double dt = cluster_send_cpu_seconds(S->c, r, s->peer, (double)s->bytes) / S->share[r];
+        if (dt > 0) {
+            event(S, r, S->t[r], S->t[r] + dt, send_kind(S->p, s), s);
+            S->t[r] += dt;
+            S->out[r].busy_s += dt;
+        }
+        return true;
+    }
     case STEP_RECV:
         if (m->user[0] > S->t[r]) S->t[r] = m->user[0];
         m->user[1] = S->t[r];
@@ -461,6 +535,9 @@ static void free_sim(Sim *S) {
     if (S->bucket_done)
         for (int r = 0; r < S->n; r++) free(S->bucket_done[r]);
     free(S->bucket_done);
+    if (S->warm)
+        for (int r = 0; r < S->n; r++) free(S->warm[r]);
+    free(S->warm);
     free(S->t);
     free(S->nic_tx);
     free(S->nic_rx);
@@ -479,10 +556,11 @@ bool simulate_plan(const Plan *p, const Cluster *c, SimResult *out, Diag *d) {
     bool walks = walk_init_plan(&S.walk, p, false);
     S.t = calloc((size_t)n, sizeof *S.t);
     S.bucket_done = calloc((size_t)n, sizeof *S.bucket_done);
+    S.warm = calloc((size_t)n, sizeof *S.warm);
     S.out = calloc((size_t)n, sizeof *S.out);
     S.share = malloc(sizeof *S.share * (size_t)n);
     S.coll_share = malloc(sizeof *S.coll_share * (size_t)n);
-    bool ok = walks && S.t && S.bucket_done && S.out && S.share && S.coll_share;
+    bool ok = walks && S.t && S.bucket_done && S.warm && S.out && S.share && S.coll_share;
     int nodes = cluster_node_of(c, n - 1) + 1;
     if (ok && nodes > 1) {
         S.nic_used = true;
@@ -492,7 +570,8 @@ bool simulate_plan(const Plan *p, const Cluster *c, SimResult *out, Diag *d) {
     }
     for (int r = 0; ok && r < n; r++) {
         S.bucket_done[r] = calloc((size_t)p->ranks[r].n_buckets + 1, sizeof **S.bucket_done);
-        ok = S.bucket_done[r] != NULL;
+        S.warm[r] = calloc((size_t)p->ranks[r].n_train + 1, sizeof **S.warm);
+        ok = S.bucket_done[r] && S.warm[r] && (!c->profile || mark_warm(&S, r));
     }
     if (!ok) diag_error(d, DIAG_NOMEM, "out of memory simulating the plan");
     for (int r = 0; ok && r < n; r++) S.share[r] = S.coll_share[r] = 1.0;

@@ -54,7 +54,7 @@ def main():
                       doc["nodes"] * doc["ranks_per_node"])
 
     dumps = os.environ.get("CLEAVE_CLUSTER_DUMP") or os.path.join(os.path.dirname(args.workdir), "cluster_dumps")
-    want = ["defaults-1.json", "defaults-4.json", "links.json"] + \
+    want = ["defaults-1.json", "defaults-4.json", "links.json", "send-cpu.json"] + \
         ["rewritten-" + os.path.basename(s) for s in samples]
     for name in want:
         path = os.path.join(dumps, name)
@@ -70,6 +70,10 @@ def main():
             rep.equal("%s: ranks" % name, doc["ranks_per_node"], int(name[len("defaults-"):-len(".json")]))
         elif name == "links.json":
             rep.equal("%s: the node pairs" % name, [link["nodes"] for link in doc.get("links", [])], [[0, 1], [1, 2]])
+        elif name == "send-cpu.json":
+            first = doc.get("links", [{}])[0]
+            rep.equal("%s: the sender's CPU of the first link" % name,
+                      (first.get("send_overhead_s"), first.get("send_gbps")), (2e-5, 0.5))
         else:
             rep.equal("%s: the sample's contents" % name, doc, docs[name[len("rewritten-"):]])
 
@@ -106,6 +110,11 @@ def main():
     broken("a link to a negative node", lambda d: d.update(links=[dict(link, nodes=[-1, 0])]))
     broken("a link without a bandwidth", lambda d: d.update(links=[{"nodes": [0, 1], "latency_s": 0}]))
     broken("a link with an unknown field", lambda d: d.update(links=[dict(link, rate=1)]))
+    broken("a link with the sender's CPU", lambda d: d.update(links=[dict(link, send_overhead_s=2e-5, send_gbps=0.5)]),
+           ok=True)
+    broken("a send overhead of 0", lambda d: d["inter_node"].update(send_overhead_s=0), ok=True)
+    broken("a negative send overhead", lambda d: d["inter_node"].update(send_overhead_s=-1e-6))
+    broken("a send rate of 0", lambda d: d.update(links=[dict(link, send_gbps=0)]))
     return rep.summary()
 
 

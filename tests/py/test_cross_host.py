@@ -346,7 +346,8 @@ def run_case(rep, cl, work, key, map_by, files, ref_losses, ref_w):
 def calibrate_links(rep, cl, work, cleave):
     """cleave calibrate --hostfile on shaped hosts: it finishes well within
     its time limit and writes the link it measured, within 20% of the
-    shaping rate, with the allreduce rate it measured on it."""
+    shaping rate, with the allreduce rate and the sender's CPU it measured
+    on it."""
     out = os.path.join(work, "calibrated.json")
     hostfile = os.path.join(cl.env["CLEAVE_TESTCLUSTER_DIR"], "hostfile")
     t0 = time.time()
@@ -376,6 +377,17 @@ def calibrate_links(rep, cl, work, cleave):
     # seen at 0.6 to 1.0 of it
     rep.check("the link's allreduce rate %s GB/s is measured, at most 1.2 x the link" % ar,
               isinstance(ar, (int, float)) and 0 < ar <= 1.2 * want, link)
+    # the sender's time in the send call: measured, and short of the
+    # message's time on the shaped link (the call writes into the socket,
+    # it does not wait for the link)
+    so, sg = link.get("send_overhead_s"), link.get("send_gbps", 0)
+    big = 60 << 10
+    sender = (so or 0) + (big / (sg * 1e9) if sg else 0)
+    rep.check("the link's sender's CPU is measured (send_overhead_s %s s, send_gbps %s)" % (so, sg),
+              isinstance(so, (int, float)) and so >= 0, link)
+    rep.check("a 60 KiB send takes the sender %.3g s, less than the message takes on the link (%.3g s)"
+              % (sender, link["latency_s"] + big / (link["bandwidth_gbps"] * 1e9)),
+              sender < link["latency_s"] + big / (link["bandwidth_gbps"] * 1e9), link)
     rep.check("inter_node is the one link's", c["inter_node"] == {k: link[k] for k in link if k != "nodes"},
               c["inter_node"])
 

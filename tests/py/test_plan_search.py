@@ -7,7 +7,9 @@ plan format (schemas/plan.schema.json) with the predictions added, and
 that the memory it reports per rank is what the compiled program
 allocates; that a cluster whose ranks are too small marks candidates
 over memory and makes --strategy auto refuse with one line; that a
-slower network makes data parallelism's predicted step longer; that a
+slower network makes data parallelism's predicted step longer; that
+--profile prices later micro-batches warm only when their rank's data
+fit in cache; that a
 program compiled with --strategy auto trains to the same losses as one
 process; that the hierarchical gradient allreduce is tried on clusters
 of several nodes, chosen when the links between nodes are slow, and
@@ -179,6 +181,65 @@ def check_profile(rep, args):
     pa = {key(c): c["step_s"] for c in a["alternatives"]}
     rep.check("and priced differently", any(abs(pa[key(c)] - c["step_s"]) > 1e-12 for c in b["alternatives"]))
     rep.check("every --profile prediction is positive", all(c["step_s"] > 0 for c in b["alternatives"]))
+
+
+def write_mlp(path, width, layers):
+    """An MLP of `layers` square Gemm + Relu layers of `width` features and
+    a 10-way Gemm head, with a symbolic batch (onnx's helper)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper, save
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], [], "input"
+    for i in range(layers + 1):
+        out = 10 if i == layers else width
+        w = numpy_helper.from_array((rng.standard_normal((out, width)) * 0.01).astype(np.float32), "w%d" % i)
+        b = numpy_helper.from_array(np.zeros(out, np.float32), "b%d" % i)
+        inits += [w, b]
+        y = "logits" if i == layers else "h%d" % i
+        nodes.append(helper.make_node("Gemm", [x, "w%d" % i, "b%d" % i], [y], transB=1, name="gemm%d" % i))
+        if i < layers:
+            nodes.append(helper.make_node("Relu", [y], ["r%d" % i], name="relu%d" % i))
+            y = "r%d" % i
+        x = y
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", width])],
+                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 10])], inits)
+    save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
+
+
+def forward_by_micro(doc, rank):
+    """Seconds of rank's forward work per micro-batch, from the simulated
+    timeline."""
+    out = {}
+    for e in doc["prediction"]["timeline"]:
+        if e["rank"] == rank and e["kind"] == "F":
+            out[e["micro"]] = out.get(e["micro"], 0) + e["t1"] - e["t0"]
+    return out
+
+
+def check_warm_cache(rep, args, work):
+    """--profile charges a later micro-batch's kernels the time they took
+    called again at once (warm) only when all their rank touched since
+    their previous call fits in the core's L2 cache: a pipeline stage of
+    layers of 8 MB (more than any core's L2) runs every micro-batch at the
+    cold time; one of 32 x 32 layers (a few KB) its later ones warm."""
+    try:
+        import onnx  # noqa: F401
+    except ImportError:
+        rep.skip("warm micro-batches", "no onnx module")
+        return
+    cluster = cluster_file(work, "fourcores", 1 << 34, cores=4)
+    for name, width, warm in (("big", 1448, False), ("tiny", 32, True)):
+        path = os.path.join(work, "warm_%s.onnx" % name)
+        write_mlp(path, width, 4)
+        p = cleave(args, "plan", path, "--batch", "8", "--loss", "ce", "--ranks", "2", "--strategy", "pipeline",
+                   "--microbatches", "4", "--schedule", "gpipe", "--format", "json", "--profile", "--cluster", cluster)
+        if not rep.check("plan --profile of the %s MLP's pipeline exits 0" % name, p.returncode == 0, p.stderr[-300:]):
+            continue
+        f = forward_by_micro(json.loads(p.stdout), 0)
+        same = all(abs(f[m] - f[0]) <= 1e-9 * f[0] for m in (1, 2, 3))
+        rep.check("%s MLP: micro-batches 1-3 priced %s" % (name, "warm (not micro-batch 0's time)" if warm else
+                                                          "cold (micro-batch 0's time)"),
+                  sorted(f) == [0, 1, 2, 3] and same != warm, f)
 
 
 def price_placements(rep, args, flags, micro, label):
@@ -395,6 +456,7 @@ def main():
         rep.guarded("placement", lambda: check_placement(rep, args, work))
         rep.guarded("shared cores", lambda: check_shared_cores(rep, args, work))
         rep.guarded("profile", lambda: check_profile(rep, args))
+        rep.guarded("warm micro-batches", lambda: check_warm_cache(rep, args, work))
         rep.guarded("auto trains", lambda: check_auto_trains(rep, args, work))
         rep.guarded("hierarchical allreduce", lambda: check_hierarchical(rep, args, work))
         rep.guarded("drawings", lambda: check_drawings(rep, args))

@@ -145,8 +145,12 @@ static void same_cluster(const Cluster *a, const Cluster *b) {
         ck_assert(a->links[i].link.latency_s == b->links[i].link.latency_s);
         ck_assert(a->links[i].link.bandwidth_gbps == b->links[i].link.bandwidth_gbps);
         ck_assert(a->links[i].link.allreduce_gbps == b->links[i].link.allreduce_gbps);
+        ck_assert(a->links[i].link.send_overhead_s == b->links[i].link.send_overhead_s);
+        ck_assert(a->links[i].link.send_gbps == b->links[i].link.send_gbps);
     }
     ck_assert(a->inter_node.allreduce_gbps == b->inter_node.allreduce_gbps);
+    ck_assert(a->inter_node.send_overhead_s == b->inter_node.send_overhead_s);
+    ck_assert(a->inter_node.send_gbps == b->inter_node.send_gbps);
     ck_assert(!a->rank_speed == !b->rank_speed);
     for (int r = 0; a->rank_speed && r < cluster_ranks(a); r++) ck_assert(a->rank_speed[r] == b->rank_speed[r]);
 }
@@ -354,6 +358,31 @@ START_TEST(allreduce_rate) {
 }
 END_TEST
 
+/* A link's sender's CPU is its own price: the message's time keeps the
+ * latency and bandwidth; a link without the fields charges nothing, and a
+ * rank sending to itself nothing either. */
+START_TEST(send_cpu) {
+    char *linked = with_links();
+    char *text = edit_text(linked, LINK0,
+                           "{\"nodes\": [1, 0], \"latency_s\": 1e-4, \"bandwidth_gbps\": 0.0125, "
+                           "\"send_overhead_s\": 2e-5, \"send_gbps\": 0.5}");
+    free(linked);
+    write_file("cluster.json", text);
+    free(text);
+    Cluster c;
+    load_ok("cluster.json", &c);
+    ck_assert(c.links[0].link.send_overhead_s == 2e-5 && c.links[0].link.send_gbps == 0.5);
+    ck_assert(c.links[1].link.send_overhead_s == 0 && c.links[1].link.send_gbps == 0); /* not given */
+    near(cluster_send_cpu_seconds(&c, 0, 4, 1e6), 2e-5 + 1e6 / 5e8, "overhead and bytes");
+    near(cluster_send_cpu_seconds(&c, 4, 0, 0), 2e-5, "an empty message: the overhead");
+    near(cluster_p2p_seconds(&c, 0, 4, 1e6), 0.0801, "the message keeps its latency and bandwidth");
+    ck_assert(cluster_send_cpu_seconds(&c, 8, 4, 1e6) == 0);
+    ck_assert(cluster_send_cpu_seconds(&c, 0, 0, 1e6) == 0);
+    round_trip(&c, "send-cpu.json");
+    cluster_free(&c);
+}
+END_TEST
+
 /* Ranks beyond a node's cores time-share them: compute slows by ranks /
  * cores on that node only, counting the ranks the plan uses. */
 START_TEST(core_sharing) {
@@ -537,7 +566,8 @@ START_TEST(malformed_files) {
         {LINK0, "{\"nodes\": [0, 1], \"latency_s\": 1e-4, \"bandwidth_gbps\": -1}", DIAG_FORMAT,
          "\"links\"[0].\"bandwidth_gbps\" must be a positive number"},
         {LINK0, "{\"nodes\": [0, 1], \"latency_s\": 1e-4, \"bandwith_gbps\": 1}", DIAG_FORMAT,
-         "unknown field \"links\"[0].\"bandwith_gbps\" (known: nodes, latency_s, bandwidth_gbps, allreduce_gbps)"},
+         "unknown field \"links\"[0].\"bandwith_gbps\" (known: nodes, latency_s, bandwidth_gbps, allreduce_gbps, "
+         "send_overhead_s, send_gbps)"},
         {LINK0, "{\"nodes\": [0, 1], \"latency_s\": 1e-4, \"bandwidth_gbps\": 1, \"allreduce_gbps\": 0}", DIAG_FORMAT,
          "\"links\"[0].\"allreduce_gbps\" must be a positive number"},
         {"\"inter_node\": {\"latency_s\": 1e-5, \"bandwidth_gbps\": 1}",
@@ -545,7 +575,15 @@ START_TEST(malformed_files) {
          "\"inter_node\".\"allreduce_gbps\" must be a positive number"},
         {"\"inter_node\": {\"latency_s\": 1e-5, \"bandwidth_gbps\": 1}",
          "\"inter_node\": {\"latency_s\": 1e-5, \"bandwidth_gbps\": 1, \"allreduce_gpbs\": 1}", DIAG_FORMAT,
-         "unknown field \"inter_node\".\"allreduce_gpbs\" (known: latency_s, bandwidth_gbps, allreduce_gbps)"},
+         "unknown field \"inter_node\".\"allreduce_gpbs\" (known: latency_s, bandwidth_gbps, allreduce_gbps, "
+         "send_overhead_s, send_gbps)"},
+        {LINK0, "{\"nodes\": [0, 1], \"latency_s\": 1e-4, \"bandwidth_gbps\": 1, \"send_overhead_s\": -1e-6}",
+         DIAG_FORMAT, "\"links\"[0].\"send_overhead_s\" must be a non-negative number"},
+        {LINK0, "{\"nodes\": [0, 1], \"latency_s\": 1e-4, \"bandwidth_gbps\": 1, \"send_gbps\": 0}", DIAG_FORMAT,
+         "\"links\"[0].\"send_gbps\" must be a positive number"},
+        {"\"inter_node\": {\"latency_s\": 1e-5, \"bandwidth_gbps\": 1}",
+         "\"inter_node\": {\"latency_s\": 1e-5, \"bandwidth_gbps\": 1, \"send_gbps\": \"fast\"}", DIAG_FORMAT,
+         "\"inter_node\".\"send_gbps\" must be a positive number"},
         {LINK0, "{\"nodes\": [2, 1], \"latency_s\": 1e-4, \"bandwidth_gbps\": 1}", DIAG_FORMAT,
          "\"links\": nodes 1 and 2 are given twice"},
         {LINK0, "[0, 1]", DIAG_FORMAT, "\"links\"[0] must be an object"},
@@ -903,6 +941,7 @@ int main(void) {
     tcase_add_test(tc, link_choice);
     tcase_add_test(tc, node_pair_links);
     tcase_add_test(tc, allreduce_rate);
+    tcase_add_test(tc, send_cpu);
     tcase_add_test(tc, ring_allreduce);
     tcase_add_test(tc, core_sharing);
     tcase_add_test(tc, gemm_curve_and_memory_kernels);
