@@ -332,19 +332,25 @@ START_TEST(node_pair_links) {
 }
 END_TEST
 
+/* The linked cluster file with its first link (nodes 1 and 0, 100 us,
+ * 0.0125 GB/s) given the extra fields `extra`, written and loaded. */
+static void load_first_link(const char *extra, Cluster *c) {
+    char link[256];
+    snprintf(link, sizeof link, "{\"nodes\": [1, 0], \"latency_s\": 1e-4, \"bandwidth_gbps\": 0.0125, %s}", extra);
+    char *linked = with_links();
+    char *text = edit_text(linked, LINK0, link);
+    free(linked);
+    write_file("cluster.json", text);
+    free(text);
+    load_ok("cluster.json", c);
+}
+
 /* A link's allreduce rate prices the steps of a ring that cross it, and
  * nothing else: messages keep the bandwidth, rings within a node the
  * intra-node link. */
 START_TEST(allreduce_rate) {
-    char *linked = with_links();
-    char *text = edit_text(linked, LINK0,
-                           "{\"nodes\": [1, 0], \"latency_s\": 1e-4, \"bandwidth_gbps\": 0.0125, "
-                           "\"allreduce_gbps\": 0.00625}");
-    free(linked);
-    write_file("cluster.json", text);
-    free(text);
     Cluster c;
-    load_ok("cluster.json", &c);
+    load_first_link("\"allreduce_gbps\": 0.00625", &c);
     ck_assert(c.links[0].link.allreduce_gbps == 0.00625);
     ck_assert(c.links[1].link.allreduce_gbps == 0); /* not given */
     near(cluster_p2p_seconds(&c, 0, 4, 1e6), 0.0801, "p2p keeps the bandwidth");
@@ -362,15 +368,8 @@ END_TEST
  * latency and bandwidth; a link without the fields charges nothing, and a
  * rank sending to itself nothing either. */
 START_TEST(send_cpu) {
-    char *linked = with_links();
-    char *text = edit_text(linked, LINK0,
-                           "{\"nodes\": [1, 0], \"latency_s\": 1e-4, \"bandwidth_gbps\": 0.0125, "
-                           "\"send_overhead_s\": 2e-5, \"send_gbps\": 0.5}");
-    free(linked);
-    write_file("cluster.json", text);
-    free(text);
     Cluster c;
-    load_ok("cluster.json", &c);
+    load_first_link("\"send_overhead_s\": 2e-5, \"send_gbps\": 0.5", &c);
     ck_assert(c.links[0].link.send_overhead_s == 2e-5 && c.links[0].link.send_gbps == 0.5);
     ck_assert(c.links[1].link.send_overhead_s == 0 && c.links[1].link.send_gbps == 0); /* not given */
     near(cluster_send_cpu_seconds(&c, 0, 4, 1e6), 2e-5 + 1e6 / 5e8, "overhead and bytes");
