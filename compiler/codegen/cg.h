@@ -189,6 +189,19 @@ typedef struct CgEpilogue {
     void (*fn)(Cg *c, void *ctx, LLVMValueRef row0, int64_t rows);
     void *ctx;
 } CgEpilogue;
+/* A reduction over input 0 of node n split in three, so that it can run
+ * inside the kernel making that input, on each block of rows as it is
+ * finished (cg_fuse.c): begin before the first block, rows on rows
+ * [row0, row0 + rows) of the first axis, end after the last.  The blocks
+ * come in row order, so the sums take the order of the node's own kernel
+ * and the same bits.  takes(n) says whether node n's form has such a
+ * split. */
+typedef struct CgRows {
+    bool (*takes)(const Node *n);
+    void (*begin)(Cg *c, const Node *n);
+    void (*rows)(Cg *c, const Node *n, LLVMValueRef row0, int64_t rows);
+    void (*end)(Cg *c, const Node *n);
+} CgRows;
 /* Row decomposition of an axis: [outer, len, inner] of v around axis. */
 void cg_axis_split(const Value *v, int axis, int64_t *outer, int64_t *len, int64_t *inner);
 

@@ -14,12 +14,22 @@
  * finish one node before the next starts.  The fused loop computes the
  * same values only when none of its stores lands on bytes it reads later;
  * cg_fuse_scan checks the buffers of every call of a chain (every program,
- * pass and micro-batch) and leaves the chain unfused when one call could. */
+ * pass and micro-batch) and leaves the chain unfused when one call could.
+ *
+ * A kernel working in blocks of rows may also be followed by a reduction
+ * over its output that takes it block by block (OpDef.cg_rows: the sum
+ * of a batch normalisation's statistics after a convolution), in the
+ * order of the reduction's own kernel.  Such a pair is a chain of two
+ * whose second node is a "tail".  It is fused in the train steps only
+ * (the eval steps skip the statistics) and on one thread: with --threads
+ * the head's blocks run on several threads at once, and their sums would
+ * need an order of their own. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cg_fuse.h"
+#include "cg_gemm.h"
 #include "../ops/ops.h"
 #include "../plan/pipeline.h"
 
@@ -34,6 +44,8 @@ typedef struct Chain {
      * convolution, OpDef.cg_blocks) and the rest of the chain runs on each
      * block as it is done */
     bool head;
+    /* nodes[1] is a reduction taking the head's blocks (OpDef.cg_rows) */
+    bool tail;
     /* kernel buffers: the outside inputs of the element-wise nodes, the
      * stored outputs, then the head's inputs */
     int n_in, n_out, n_hin;
@@ -198,10 +210,20 @@ static int find_chain(const CgFuse *f, const Chain *ch) {
     return -1;
 }
 
-/* The chain starting at step s of a program's sequence, if any: its
- * length in *len.  Staged plans keep a chain inside one unit of work (one
- * micro-batch's forward or backward), which the traces time. */
-static bool chain_at(Cg *c, const CgFuse *f, const PlanStep *steps, int n, int s, Chain *ch) {
+/* Whether step st is a reduction that can take head's output block by
+ * block, in the same micro-batch and unit of work. */
+static bool takes_rows(Cg *c, const PlanStep *st0, const PlanStep *st) {
+    const Node *nd = st->node;
+    if (st->kind != STEP_COMPUTE || st->micro != st0->micro || !nd->def || !nd->def->cg_rows) return false;
+    if (plan_step_unit(c->plan, st) != plan_step_unit(c->plan, st0) || !c->kernels[nd->id].fn) return false;
+    return nd->n_in >= 1 && nd->in[0] == st0->node->out[0] && nd->n_out == 1 && nd->def->cg_rows->takes(nd);
+}
+
+/* The chain starting at step s of a program's sequence (pass 0: train,
+ * 1: eval), if any: its length in *len.  Staged plans keep a chain inside
+ * one unit of work (one micro-batch's forward or backward), which the
+ * traces time. */
+static bool chain_at(Cg *c, const CgFuse *f, const PlanStep *steps, int n, int s, int pass, Chain *ch) {
     const PlanStep *st0 = &steps[s];
     if (st0->kind != STEP_COMPUTE) return false;
     bool head = !fusable(c, st0->node) && heads(c, st0->node);
@@ -211,6 +233,11 @@ static bool chain_at(Cg *c, const CgFuse *f, const PlanStep *steps, int n, int s
     ch->head = head;
     ch->nodes[0] = st0->node;
     ch->n = 1;
+    if (head && pass == 0 && cg_threads(c) == 1 && s + 1 < n && takes_rows(c, st0, &steps[s + 1])) {
+        ch->tail = true;
+        ch->nodes[ch->n++] = steps[s + 1].node;
+        return chain_buffers(c, f, ch);
+    }
     const Value *dom = st0->node->out[0];
     for (int t = s + 1; t < n && ch->n < MAX_CHAIN; t++) {
         const PlanStep *st = &steps[t];
@@ -230,11 +257,11 @@ static bool chain_at(Cg *c, const CgFuse *f, const PlanStep *steps, int n, int s
     return ch->n >= 2 && chain_buffers(c, f, ch);
 }
 
-static bool scan_seq(Cg *c, CgFuse *f, const RankPlan *rp, const PlanStep *steps, int n, int *start) {
+static bool scan_seq(Cg *c, CgFuse *f, const RankPlan *rp, const PlanStep *steps, int n, int pass, int *start) {
     for (int s = 0; s < n; s++) start[s] = -1;
     for (int s = 0; s < n;) {
         Chain ch;
-        if (!chain_at(c, f, steps, n, s, &ch)) {
+        if (!chain_at(c, f, steps, n, s, pass, &ch)) {
             s++;
             continue;
         }
@@ -289,6 +316,12 @@ static void chain_block(Cg *c, void *ctx, LLVMValueRef row0, int64_t rows) {
     cg_ew_nest_rows(c, ch->nodes[0]->out[0], row0, rows, ch->n_in, ch->bufs, chain_body, ch);
 }
 
+/* The tail's reduction over the rows the head has just finished. */
+static void tail_block(Cg *c, void *ctx, LLVMValueRef row0, int64_t rows) {
+    const Node *t = ((Chain *)ctx)->nodes[1];
+    t->def->cg_rows->rows(c, t, row0, rows);
+}
+
 static bool build_chain(Cg *c, Chain *ch) {
     char name[96];
     const Node *h = ch->nodes[0];
@@ -300,7 +333,13 @@ static bool build_chain(Cg *c, Chain *ch) {
             if (!ch->differ[a][b]) alias[b] = a;
     }
     if (!cg_kernel_begin_as(c, &ch->k, name, h, nb, ch->bufs, ch->shared, alias)) return false;
-    if (ch->head) {
+    if (ch->tail) {
+        const Node *t = ch->nodes[1];
+        CgEpilogue epi = {tail_block, ch};
+        t->def->cg_rows->begin(c, t);
+        h->def->cg_blocks(c, h, &epi);
+        t->def->cg_rows->end(c, t);
+    } else if (ch->head) {
         CgEpilogue epi = {chain_block, ch};
         h->def->cg_blocks(c, h, &epi);
     } else {
@@ -331,7 +370,7 @@ bool cg_fuse_scan(Cg *c, int n_programs) {
             int *start = malloc(sizeof *start * (size_t)(n ? n : 1));
             f->start[seq_index(k, pass)] = start;
             if (!start) return diag_error(c->d, DIAG_NOMEM, "out of memory fusing element-wise chains");
-            if (!scan_seq(c, f, rp, steps, n, start)) return false;
+            if (!scan_seq(c, f, rp, steps, n, pass, start)) return false;
         }
     }
     for (int i = 0; i < f->n_chains; i++)
@@ -348,12 +387,16 @@ const CgKernel *cg_fused_at(const Cg *c, int prog, int pass, int s, int *n_steps
     return &f->chains[i].k;
 }
 
-void cg_fuse_stats(const Cg *c, int *chains, int *nodes, int *headed, int *unfused) {
-    *chains = *nodes = *headed = *unfused = 0;
+void cg_fuse_stats(const Cg *c, int *chains, int *nodes, int *headed, int *tails, int *unfused) {
+    *chains = *nodes = *headed = *tails = *unfused = 0;
     const CgFuse *f = c->fuse;
     for (int i = 0; f && i < f->n_chains; i++) {
         if (f->chains[i].unsafe) {
             (*unfused)++;
+            continue;
+        }
+        if (f->chains[i].tail) {
+            (*tails)++;
             continue;
         }
         (*chains)++;

@@ -13,10 +13,11 @@ bool cg_fuse_scan(Cg *c, int n_programs);
  * eval (pass 1) sequence, with the number of steps it stands for; NULL:
  * run step s's own kernel. */
 const CgKernel *cg_fused_at(const Cg *c, int prog, int pass, int s, int *n_steps);
-/* Chains fused, the nodes in them, the chains headed by a convolution
- * (or another kernel working in blocks of rows), and chains left unfused
- * because a call's buffers overlap (for --verbose). */
-void cg_fuse_stats(const Cg *c, int *chains, int *nodes, int *headed, int *unfused);
+/* Element-wise chains fused, the nodes in them, those headed by a
+ * convolution (or another kernel working in blocks of rows), reductions
+ * taken in such a kernel's blocks, and chains left unfused because a
+ * call's buffers overlap (for --verbose). */
+void cg_fuse_stats(const Cg *c, int *chains, int *nodes, int *headed, int *tails, int *unfused);
 void cg_fuse_free(CgFuse *f);
 
 #endif

@@ -530,12 +530,12 @@ CgModule *cg_build(const Plan *p, const CgOptions *o, Diag *d) {
     cg_share_free(share);
     ok = ok && (o->no_fuse || cg_fuse_scan(c, n_programs(p))) && build_steps(c, p);
     if (ok && o->verbose) {
-        int chains, nodes, headed, unfused;
-        cg_fuse_stats(c, &chains, &nodes, &headed, &unfused);
+        int chains, nodes, headed, tails, unfused;
+        cg_fuse_stats(c, &chains, &nodes, &headed, &tails, &unfused);
         fprintf(stderr,
-                "cleave: fused %d element-wise chains (%d nodes; %d run on a convolution's blocks); %d left apart, "
-                "their buffers overlapping\n",
-                chains, nodes, headed, unfused);
+                "cleave: fused %d element-wise chains (%d nodes; %d run on a convolution's blocks) and %d batch "
+                "statistics into a convolution's blocks; %d left apart, their buffers overlapping\n",
+                chains, nodes, headed, tails, unfused);
     }
     if (ok) {
         const char *meta = o->meta_json ? o->meta_json : "{}";

@@ -30,6 +30,7 @@ typedef struct OpCtx {
 typedef struct GradCtx GradCtx; /* autodiff/grad.h */
 typedef struct Cg Cg;           /* codegen/cg.h */
 struct CgEpilogue;              /* codegen/cg.h */
+struct CgRows;
 
 /* Result of a fold rule. */
 typedef enum { FOLD_NO = 0, FOLD_DONE = 1, FOLD_ERROR = 2 } FoldResult;
@@ -84,6 +85,11 @@ typedef struct OpDef {
      * nothing.  false: this node's kernel has no such blocks (it heads no
      * chain).  NULL: none of the op's kernels do. */
     bool (*cg_blocks)(Cg *c, const Node *n, const struct CgEpilogue *epi);
+    /* Reductions that can take the output of a cg_blocks kernel block by
+     * block, while each block is in cache (BatchNormStats' sums after a
+     * convolution, cg_fuse.c).  NULL: the node always reads its input in
+     * its own kernel. */
+    const struct CgRows *cg_rows;
     /* Ops that compute differently in training (BatchNormalization with
      * batch statistics, Dropout): replaces node n, before the backward
      * sweep, with the nodes that train it (built with the grad.h

@@ -342,16 +342,25 @@ static LLVMValueRef elem(Cg *c, LLVMTypeRef t, LLVMValueRef base, LLVMValueRef i
     return LLVMBuildInBoundsGEP2(c->b, t, base, &i, 1, "");
 }
 
-/* Loops over X ([outer, C, inner]) in memory order; *ch gets the channel,
- * *j the (channel, position) index ch * inner + i, and the result is the
- * element's index.  The caller closes `ns`. */
-static LLVMValueRef memory_order(Cg *c, Nest *ns, const Value *X, LLVMValueRef *ch, LLVMValueRef *j) {
+/* Loops over rows [row0, row0 + rows) of X ([outer, C, inner]) in memory
+ * order; *ch gets the channel, *j the (channel, position) index ch *
+ * inner + i, and the result is the element's index.  The caller closes
+ * `ns`. */
+static LLVMValueRef memory_order_rows(Cg *c, Nest *ns, const Value *X, LLVMValueRef row0, int64_t rows,
+                                      LLVMValueRef *ch, LLVMValueRef *j) {
     int64_t outer, C, inner;
     cg_axis_split(X, 1, &outer, &C, &inner);
-    LLVMValueRef nn = nest_for(c, ns, cg_i64(c, outer));
+    LLVMValueRef nn = cg_add(c, row0, nest_for(c, ns, cg_i64(c, rows)));
     *ch = nest_for(c, ns, cg_i64(c, C));
     *j = cg_mad(c, *ch, inner, nest_for(c, ns, cg_i64(c, inner)));
     return cg_add(c, cg_mul(c, nn, C * inner), *j);
+}
+
+/* All of X in memory order. */
+static LLVMValueRef memory_order(Cg *c, Nest *ns, const Value *X, LLVMValueRef *ch, LLVMValueRef *j) {
+    int64_t outer, C, inner;
+    cg_axis_split(X, 1, &outer, &C, &inner);
+    return memory_order_rows(c, ns, X, cg_i64(c, 0), outer, ch, j);
 }
 
 static int64_t positions(const Value *X) {
@@ -360,11 +369,16 @@ static int64_t positions(const Value *X) {
     return inner;
 }
 
-/* k zeroed double accumulators per (channel, position) of X. */
-static LLVMValueRef sums_area(Cg *c, const Value *X, int k) {
+/* k double accumulators per (channel, position) of X. */
+static LLVMValueRef sums_at(Cg *c, const Value *X, int k) {
     int64_t n = (int64_t)k * channels(X) * positions(X);
-    LLVMValueRef a = elem(c, c->t_f64, cg_scratch(c, SUMS_AREA, 2 * n), cg_i64(c, 0));
-    LLVMBuildMemSet(c->b, a, LLVMConstInt(c->t_i8, 0, 0), cg_i64(c, n * 8), 16);
+    return elem(c, c->t_f64, cg_scratch(c, SUMS_AREA, 2 * n), cg_i64(c, 0));
+}
+
+/* The same, zeroed. */
+static LLVMValueRef sums_area(Cg *c, const Value *X, int k) {
+    LLVMValueRef a = sums_at(c, X, k);
+    LLVMBuildMemSet(c->b, a, LLVMConstInt(c->t_i8, 0, 0), cg_i64(c, (int64_t)k * channels(X) * positions(X) * 8), 16);
     return a;
 }
 
@@ -422,11 +436,34 @@ static bool k_bn_train_eval(Cg *c, const Node *n) {
     return bn_infer_kernel(c, n, bufs);
 }
 
+/* acc[(ch, position)] += x, or (x - mean[ch])^2 with the means given
+ * (doubles), over rows [row0, row0 + rows) of X. */
+static void stats_rows(Cg *c, const Value *X, LLVMValueRef acc, LLVMValueRef mean, LLVMValueRef row0, int64_t rows) {
+    Nest ns = {.n = 0};
+    LLVMValueRef ch, j, i = memory_order_rows(c, &ns, X, row0, rows, &ch, &j);
+    LLVMValueRef x = to_d(c, cg_load(c, X, i));
+    if (mean) {
+        x = f_sub(c, x, LLVMBuildLoad2(c->b, c->t_f64, elem(c, c->t_f64, mean, ch), ""));
+        x = f_mul(c, x, x);
+    }
+    acc_add(c, acc, j, x);
+    nest_close(c, &ns);
+}
+
+/* S[ch] = channel ch's accumulators added up, rounded to float. */
+static void stats_totals(Cg *c, const Value *X, LLVMValueRef acc, const Value *S) {
+    CgLoop l;
+    LLVMValueRef ch = cg_for(c, &l, cg_i64(c, channels(X)));
+    cg_store(c, S, ch, to_f(c, channel_total(c, X, acc, 0, ch)));
+    cg_for_end(c, &l);
+}
+
 /* S[ch] = sum x, or with S1 given sum (x - S1[ch] / count)^2, over this
  * rank's values of channel ch; the sum runs in double. */
 static bool k_bn_stats(Cg *c, const Node *n) {
     const Value *X = n->in[0], *S1 = n->n_in > 1 ? n->in[1] : NULL, *S = n->out[0];
-    int64_t count = node_attr_i(n, "count", 0), C = channels(X);
+    int64_t count = node_attr_i(n, "count", 0), outer, C, inner;
+    cg_axis_split(X, 1, &outer, &C, &inner);
     if (!cg_kernel_begin_io(c, n)) return false;
     LLVMValueRef acc = sums_area(c, X, 1), mean = NULL;
     if (S1) { /* the means first, as doubles in the coefficient area */
@@ -437,22 +474,23 @@ static bool k_bn_stats(Cg *c, const Node *n) {
         LLVMBuildStore(c->b, m, elem(c, c->t_f64, mean, ch));
         cg_for_end(c, &l);
     }
-    Nest ns = {.n = 0};
-    LLVMValueRef ch, j, i = memory_order(c, &ns, X, &ch, &j);
-    LLVMValueRef x = to_d(c, cg_load(c, X, i));
-    if (mean) {
-        x = f_sub(c, x, LLVMBuildLoad2(c->b, c->t_f64, elem(c, c->t_f64, mean, ch), ""));
-        x = f_mul(c, x, x);
-    }
-    acc_add(c, acc, j, x);
-    nest_close(c, &ns);
-    CgLoop l;
-    ch = cg_for(c, &l, cg_i64(c, C));
-    cg_store(c, S, ch, to_f(c, channel_total(c, X, acc, 0, ch)));
-    cg_for_end(c, &l);
+    stats_rows(c, X, acc, mean, cg_i64(c, 0), outer);
+    stats_totals(c, X, acc, S);
     cg_kernel_end(c);
     return true;
 }
+
+/* The sum of x (not the centred one, which needs the whole sum first)
+ * taken block by block inside the kernel that makes X, in the order of
+ * k_bn_stats: rows in order, each (channel, position) accumulator adding
+ * its values row after row. */
+static bool stats_takes_rows(const Node *n) { return n->n_in == 1; }
+static void stats_begin(Cg *c, const Node *n) { (void)sums_area(c, n->in[0], 1); }
+static void stats_block(Cg *c, const Node *n, LLVMValueRef row0, int64_t rows) {
+    stats_rows(c, n->in[0], sums_at(c, n->in[0], 1), NULL, row0, rows);
+}
+static void stats_end(Cg *c, const Node *n) { stats_totals(c, n->in[0], sums_at(c, n->in[0], 1), n->out[0]); }
+static const CgRows stats_in_rows = {stats_takes_rows, stats_begin, stats_block, stats_end};
 
 /* Q[ch] = count (S1[ch] / count - K[ch])^2 in double: a micro-batch's
  * squared deviation of its mean from the running mean K, times count. */
@@ -642,7 +680,7 @@ static const AttrSpec attrs_bn_count[] = {{"count", ATTR_INT, .required = true},
 const OpDef op_BatchNormalization = {"BatchNormalization", "", 1, 0, 5, 5, 1, 5, attrs_bn, (1u << 3) | (1u << 4), infer_batchnorm, NULL, flops_norm, .grad = g_batchnorm, .cg = k_batchnorm, .train_form = bn_train_form};
 /* BatchNormGrad reads the running statistics as state, as the forward op does. */
 const OpDef op_BatchNormGrad = {"BatchNormGrad", "cleave", 1, 0, 5, 5, 3, 3, attrs_bn_grad, (1u << 3) | (1u << 4), infer_bn_grad, NULL, flops_norm_grad, .cg = k_batchnorm_grad};
-const OpDef op_BatchNormStats = {"BatchNormStats", "cleave", 1, 0, 1, 2, 1, 1, attrs_bn_group, 0, infer_bn_stats, NULL, flops_stats, .cg = k_bn_stats, .cg_eval = k_skip, .replica_sums = 1};
+const OpDef op_BatchNormStats = {"BatchNormStats", "cleave", 1, 0, 1, 2, 1, 1, attrs_bn_group, 0, infer_bn_stats, NULL, flops_stats, .cg = k_bn_stats, .cg_eval = k_skip, .replica_sums = 1, .cg_rows = &stats_in_rows};
 const OpDef op_BatchNormTrain = {"BatchNormTrain", "cleave", 1, 0, 7, 7, 2, 2, attrs_bn_train, (1u << 5) | (1u << 6), infer_bn_train, NULL, flops_norm, .grad = g_bn_train, .cg = k_bn_train, .cg_eval = k_bn_train_eval};
 /* Input 1, the running mean, is state: read here, updated by BatchNormRunning. */
 const OpDef op_BatchNormMoment = {"BatchNormMoment", "cleave", 1, 0, 2, 2, 1, 1, attrs_bn_count, 2, infer_like_input, NULL, flops_running, .cg = k_bn_moment, .cg_eval = k_skip};

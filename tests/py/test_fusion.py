@@ -9,11 +9,13 @@ Sub/Pow/Div/Mul/Add), a model made of activation chains with a broadcast
 parameter, and a small CNN whose packed and depthwise convolutions are
 followed by chains (ReLU; a per-channel scale, Clip and a residual Add; a
 leaky ReLU after a convolution whose batch does not split into whole
-blocks), each under single-process, data-parallel and pipeline plans,
-this checks that the fused program reports fused chains (for the CNN,
-chains run on a convolution's blocks; and nodes reusing a twin's kernel,
-cg_share.c), and that it trains to exactly the losses and the weights of
-the unfused one.
+blocks), and a CNN trained with batch normalisation (the first sum of
+its statistics taken in the blocks of the convolution before it), each
+under single-process, data-parallel and pipeline plans, this checks that
+the fused program reports fused chains (for the CNNs, chains run on a
+convolution's blocks or statistics summed there; and nodes reusing a
+twin's kernel, cg_share.c), and that it trains to exactly the losses and
+the weights of the unfused one.
 
 usage: test_fusion.py --cleave BIN [--workdir DIR]
 Ends with "N passed, M failed"; SKIP (exit 77) without numpy, onnx, torch
@@ -96,6 +98,37 @@ def export_convs(path):
                       dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
 
 
+def export_batchnorm(path):
+    """Batch normalisation in training mode after a packed 3x3
+    convolution, a depthwise one and a strided one without bias (whose
+    batch of 16 ends in a short block), each followed by ReLU."""
+    import torch
+    from torch import nn
+
+    class Norms(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1 = nn.Conv2d(3, 16, 3, padding=1)
+            self.b1 = nn.BatchNorm2d(16)
+            self.dw = nn.Conv2d(16, 16, 3, padding=1, groups=16)
+            self.b2 = nn.BatchNorm2d(16)
+            self.c2 = nn.Conv2d(16, 24, 3, stride=2, padding=1, bias=False)
+            self.b3 = nn.BatchNorm2d(24)
+            self.fc = nn.Linear(24 * 25, 10)
+
+        def forward(self, x):
+            h = torch.relu(self.b1(self.c1(x)))
+            h = torch.relu(self.b2(self.dw(h)))
+            h = torch.relu(self.b3(self.c2(h)))
+            return self.fc(h.flatten(1))
+
+    torch.manual_seed(0)
+    torch.onnx.export(Norms().train(), torch.randn(BATCH, 3, 10, 10), path, input_names=["input"],
+                      output_names=["output"], opset_version=15, do_constant_folding=False,
+                      training=torch.onnx.TrainingMode.TRAINING,
+                      dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
+
+
 def data(work, name, x_shape, y):
     import numpy as np
     rng = np.random.default_rng(7)
@@ -112,7 +145,7 @@ def data(work, name, x_shape, y):
 
 def train(rep, args, work, label, model, loss, flags, fuse, xp, yp):
     """Compiles and trains; (losses, weights, fused chain count, chains
-    run on a convolution's blocks) or None."""
+    run on a convolution's blocks, statistics summed in them) or None."""
     tag = "%s_%s" % (label, "fused" if fuse else "apart")
     prog = os.path.join(work, tag + ".train")
     cmd = [args.cleave, "compile", model, "--batch", str(BATCH), "--loss", loss, "--optimizer", "adam",
@@ -122,6 +155,8 @@ def train(rep, args, work, label, model, loss, flags, fuse, xp, yp):
         return None
     m = re.search(r"fused (\d+) element-wise chains \(\d+ nodes; (\d+) run on a convolution's blocks\)", p.stderr)
     chains, headed = (int(m.group(1)), int(m.group(2))) if m else (-1, -1)
+    m = re.search(r"and (\d+) batch statistics into a convolution's blocks", p.stderr)
+    tails = int(m.group(1)) if m else -1
     m = re.search(r"(\d+) nodes share a twin's kernel", p.stderr)
     rep.check("%s: repeated layers share kernels (%s)" % (tag, m.group(1) if m else "?"), m and int(m.group(1)) > 0,
               p.stderr.strip()[-300:])
@@ -135,10 +170,10 @@ def train(rep, args, work, label, model, loss, flags, fuse, xp, yp):
     p, _ = harness.run(run, env=harness.mpi_env(), timeout=600)
     if not rep.check("%s: trains" % tag, p.returncode == 0, harness.failure(run, p)):
         return None
-    return harness.read_losses(metrics), harness.read_weights(saved), chains, headed
+    return harness.read_losses(metrics), harness.read_weights(saved), chains, headed, tails
 
 
-def check_model(rep, args, work, name, model, loss, x_shape, headed=0):
+def check_model(rep, args, work, name, model, loss, x_shape, headed=0, tails=0):
     import numpy as np
     xp, yp = data(work, name, x_shape, loss)
     for layout, flags in LAYOUTS.items():
@@ -147,11 +182,15 @@ def check_model(rep, args, work, name, model, loss, x_shape, headed=0):
         apart = train(rep, args, work, label.replace(" ", "_"), model, loss, flags, False, xp, yp)
         if not fused or not apart:
             continue
-        rep.check("%s: chains fused (%d)" % (label, fused[2]), fused[2] > 0, "verbose output reports none")
+        rep.check("%s: chains fused (%d)" % (label, fused[2] + fused[4]), fused[2] + fused[4] > 0,
+                  "verbose output reports none")
         if headed:
             rep.check("%s: at least %d chains run on a convolution's blocks (%d)" % (label, headed, fused[3]),
                       fused[3] >= headed, "verbose output reports fewer")
-        rep.equal("%s: --no-fuse fuses nothing" % label, apart[2], 0)
+        if tails:
+            rep.check("%s: %d statistics summed in a convolution's blocks (%d)" % (label, tails, fused[4]),
+                      fused[4] == tails, "verbose output reports otherwise")
+        rep.equal("%s: --no-fuse fuses nothing" % label, (apart[2], apart[4]), (0, 0))
         rep.check("%s: the same %d losses, bit for bit" % (label, STEPS),
                   len(fused[0]) == STEPS and fused[0] == apart[0], "fused %r, apart %r" % (fused[0], apart[0]))
         wf, wa = fused[1], apart[1]
@@ -179,6 +218,9 @@ def main():
         convs = os.path.join(work, "convs.onnx")
         if rep.guarded("export the convolutions model", lambda: export_convs(convs) or True):
             check_model(rep, args, work, "convs", convs, "ce", (3, 10, 10), headed=2)
+        norms = os.path.join(work, "norms.onnx")
+        if rep.guarded("export the batch-norm model", lambda: export_batchnorm(norms) or True):
+            check_model(rep, args, work, "norms", norms, "ce", (3, 10, 10), tails=3)
         check_model(rep, args, work, "transformer", os.path.join(ROOT, "samples", "transformer.onnx"), "mse",
                     (16, 32))
     return rep.summary()
