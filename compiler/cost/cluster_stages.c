@@ -5,13 +5,15 @@
 
 #include "simulate.h"
 
-/* A node's time per micro-batch, as the simulator charges it over a step:
- * cold for the first micro-batch, warm for the others. */
+/* A node's time per micro-batch: cold for the first micro-batch, warm for
+ * the others.  The stages' balance is what counts here; the simulator
+ * charges each call by what its rank touched since the kernel's last
+ * one. */
 static double node_seconds(const Node *n, void *ctx) {
     const ClusterStages *cs = ctx;
-    double cold = sim_node_seconds(&cs->cl, 0, n, false);
+    double cold = sim_node_seconds(&cs->cl, 0, n, PROFILE_COLD);
     if (cs->microbatches <= 1) return cold;
-    return (cold + (cs->microbatches - 1) * sim_node_seconds(&cs->cl, 0, n, true)) / cs->microbatches;
+    return (cold + (cs->microbatches - 1) * sim_node_seconds(&cs->cl, 0, n, PROFILE_WARM)) / cs->microbatches;
 }
 
 /* The link between stage j and j + 1 of replica 0 (plan_rank_of). */

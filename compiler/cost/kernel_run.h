@@ -27,11 +27,17 @@ bool kernel_run_build(Graph *g, KernelRun *k, Diag *d);
 double kernel_run_time(KernelRun *k, double min_s, int reps);
 /* The same on cold caches: the median over `reps` repetitions of the mean
  * of `calls` runs, each after walking a buffer four times the L2 cache's size
- * (the walk not timed). */
-double kernel_run_time_cold(KernelRun *k, int calls, int reps);
+ * (the walk not timed); with `memory` the arena is also flushed from
+ * every cache level first, so that the run reads it from memory. */
+double kernel_run_time_cold(KernelRun *k, int calls, int reps, bool memory);
 /* The bytes of this core's L2 cache (2 MiB when it cannot be told): what
  * the cold timing's walk evicts, and so what a warm run keeps. */
 size_t kernel_run_cache_bytes(void);
+/* The bytes of the last-level cache that keep this process's data:
+ * measured once by reading buffers of growing size (kernel_run.c), at
+ * most twice the size the system reports (32 MiB when it cannot be
+ * told). */
+size_t kernel_run_llc_bytes(void);
 void kernel_run_free(KernelRun *k);
 
 #endif

@@ -26,9 +26,10 @@ typedef struct Entry {
     char *key;
     double seconds; /* cold; < 0: could not be measured */
     double warm;    /* run again at once, its data still in cache */
+    double memory;  /* its data in no cache */
     KernelRun k;    /* built, while kept for profile_refine */
     bool kept;
-    double timing[PROFILE_MAX_TIMINGS], warm_timing[PROFILE_MAX_TIMINGS];
+    double timing[PROFILE_MAX_TIMINGS], warm_timing[PROFILE_MAX_TIMINGS], memory_timing[PROFILE_MAX_TIMINGS];
     int n_timing;
 } Entry;
 
@@ -150,23 +151,28 @@ static Graph *add_graph(const Value *v) {
     return g;
 }
 
-/* One more cold and warm timing of e's kernel.  Warm: as many calls back
- * to back as fill PROFILE_WARM_S, the first not counted. */
+/* One more cold, memory and warm timing of e's kernel.  Warm: as many
+ * calls back to back as fill PROFILE_WARM_S, the first not counted. */
 #define PROFILE_WARM_S 1e-3
 static void time_entry(Entry *e) {
-    e->timing[e->n_timing] = kernel_run_time_cold(&e->k, 8, 1);
+    e->timing[e->n_timing] = kernel_run_time_cold(&e->k, 8, 1, false);
+    e->memory_timing[e->n_timing] = kernel_run_time_cold(&e->k, 8, 1, true);
     e->warm_timing[e->n_timing++] = kernel_run_time(&e->k, PROFILE_WARM_S, 1);
 }
 
 size_t profile_cache_bytes(void) { return kernel_run_cache_bytes(); }
+size_t profile_llc_bytes(void) { return kernel_run_llc_bytes(); }
 
-static double seconds_of(const Entry *e, bool warm) { return warm && e->seconds >= 0 ? e->warm : e->seconds; }
+static double seconds_of(const Entry *e, ProfileCache where) {
+    if (e->seconds < 0) return e->seconds;
+    return where == PROFILE_WARM ? e->warm : where == PROFILE_MEMORY ? e->memory : e->seconds;
+}
 
 /* The remembered time of `key`, or the one timing g (taken over) gives. */
 static double lookup_or_time(KernelProfile *p, const char *key, Graph *(*make)(const void *), const void *arg,
-                             bool warm) {
+                             ProfileCache where) {
     for (int i = 0; i < p->n; i++)
-        if (strcmp(p->e[i].key, key) == 0) return seconds_of(&p->e[i], warm);
+        if (strcmp(p->e[i].key, key) == 0) return seconds_of(&p->e[i], where);
     if (p->n == p->cap) {
         int cap = p->cap ? 2 * p->cap : 64;
         Entry *e = realloc(p->e, sizeof *e * (size_t)cap);
@@ -186,13 +192,14 @@ static double lookup_or_time(KernelProfile *p, const char *key, Graph *(*make)(c
         time_entry(e);
         e->seconds = e->timing[0];
         e->warm = e->warm_timing[0];
+        e->memory = e->memory_timing[0];
         e->kept = p->kept_bytes + e->k.arena_bytes <= PROFILE_KEEP_BYTES;
         if (e->kept) p->kept_bytes += e->k.arena_bytes;
     }
     if (!e->kept) kernel_run_free(&e->k);
     if (e->seconds >= 0) p->measured++;
     else p->failed++;
-    return seconds_of(e, warm);
+    return seconds_of(e, where);
 }
 
 /* The lower middle of x[0 .. n): of two timings, the one a burst did
@@ -216,6 +223,7 @@ void profile_refine(KernelProfile *p, int passes) {
         if (!e->kept) continue;
         e->seconds = median(e->timing, e->n_timing);
         e->warm = median(e->warm_timing, e->n_timing);
+        e->memory = median(e->memory_timing, e->n_timing);
         kernel_run_free(&e->k);
         e->kept = false;
     }
@@ -224,12 +232,12 @@ void profile_refine(KernelProfile *p, int passes) {
 
 static Graph *make_add(const void *v) { return add_graph(v); }
 
-double profile_accumulate_seconds(KernelProfile *p, const Value *v, bool warm) {
+double profile_accumulate_seconds(KernelProfile *p, const Value *v, ProfileCache where) {
     if (!p || !v) return -1;
     Text key = {0};
     text_put(&key, "accumulate|");
     value_key(&key, v);
-    double s = key.failed ? -1 : lookup_or_time(p, key.s, make_add, v, warm);
+    double s = key.failed ? -1 : lookup_or_time(p, key.s, make_add, v, where);
     free(key.s);
     return s;
 }
@@ -244,12 +252,12 @@ static Graph *make_node(const void *arg) {
     return node_graph(a->g, a->n);
 }
 
-double profile_node_seconds(KernelProfile *p, const Node *n, bool warm) {
+double profile_node_seconds(KernelProfile *p, const Node *n, ProfileCache where) {
     if (!p || !p->g || !n->def || !n->def->cg) return -1;
     Text key = {0};
     node_key(&key, n);
     NodeArg arg = {p->g, n};
-    double s = key.failed ? -1 : lookup_or_time(p, key.s, make_node, &arg, warm);
+    double s = key.failed ? -1 : lookup_or_time(p, key.s, make_node, &arg, where);
     free(key.s);
     return s;
 }

@@ -47,9 +47,11 @@ typedef struct Sim {
     bool nic_used;
     Nics nic;
     double *nic_tx, *nic_rx;
-    /* Per rank, per train step: whether a kernel of a later micro-batch
-     * finds its data still in cache (mark_warm). */
-    bool **warm;
+    /* Per rank, per train step: where its kernel finds its data
+     * (ProfileCache) and the share of its bytes read from memory
+     * (mark_caches). */
+    unsigned char **where;
+    float **mem_frac;
 } Sim;
 
 /* What step s of a rank waits for, and on whom. */
@@ -98,8 +100,8 @@ static char send_kind(const Plan *p, const PlanStep *s) {
     return s->xfer >= 0 && s->xfer < p->n_xfers && p->xfers[s->xfer].dir == XFER_GRADIENT ? 'B' : 'F';
 }
 
-double sim_node_seconds(const Cluster *c, int rank, const Node *n, bool warm) {
-    double measured = c->profile ? profile_node_seconds(c->profile, n, warm) : -1;
+double sim_node_seconds(const Cluster *c, int rank, const Node *n, ProfileCache where) {
+    double measured = c->profile ? profile_node_seconds(c->profile, n, where) : -1;
     if (measured >= 0) return measured / cluster_rank_speed(c, rank);
     double bytes = 0;
     for (int i = 0; i < n->n_in; i++)
@@ -136,38 +138,96 @@ static double step_bytes(const Graph *g, const PlanStep *s, int *key) {
     return bytes;
 }
 
-/* Which of rank r's train steps run warm, as --profile timed its kernels
- * called again at once: a kernel of a micro-batch after the first whose
- * data are still in cache, because all the rank touched since the same
- * kernel's previous call (its own data included) fits in the L2 cache
- * whose contents the profile's cold timings evict.  Otherwise its data
- * were evicted in between and it runs cold: a stage of eight 512 x 512
- * layers touches 8 MB between two micro-batches of one of them, and on the
- * test cluster each of its later micro-batches took the cold time, 20-25%
- * above the warm one (docs/costmodel.md).  False when out of memory. */
-static bool mark_warm(Sim *S, int r) {
+/* Where each of rank r's train steps finds its data.  Warm, as --profile
+ * timed its kernels called again at once, when all the rank touched
+ * since the same kernel's previous call, its own data included, fits in
+ * the L2 cache whose contents the profile's cold timings evict: a kernel
+ * of a later micro-batch (a stage of eight 512 x 512 layers touches 8 MB
+ * between two micro-batches of one of them, and on the test cluster each
+ * of its later micro-batches took the cold time, 20-25% above the warm
+ * one, docs/costmodel.md).  Otherwise cold, and for the share of its
+ * bytes (mem_frac) whose value the rank last touched more than its share
+ * of the last-level cache ago, from memory: the weights, gradients and
+ * optimizer state of a rank whose step touches more than that cache
+ * holds, last touched a step ago, while the activations the kernel
+ * before it made are still in cache.  A value not yet touched in the
+ * step was last touched all the rank's steps ago.  False when out of
+ * memory. */
+static bool mark_caches(Sim *S, int r) {
     const Graph *g = S->p->g;
     const RankPlan *pr = &S->p->ranks[r];
     int keys = g->n_nodes + g->n_values;
     int *last = malloc(sizeof *last * (size_t)(keys > 0 ? keys : 1));
     double *upto = malloc(sizeof *upto * ((size_t)pr->n_train + 1)); /* bytes of steps [0, i) */
-    bool ok = last && upto;
+    double *touched = malloc(sizeof *touched * (size_t)(g->n_values > 0 ? g->n_values : 1));
+    bool ok = last && upto && touched;
     for (int k = 0; ok && k < keys; k++) last[k] = -1;
+    for (int v = 0; ok && v < g->n_values; v++) touched[v] = -1;
     if (ok) upto[0] = 0;
-    double cache = (double)profile_cache_bytes();
+    for (int i = 0; ok && i < pr->n_train; i++) {
+        int key;
+        upto[i + 1] = upto[i] + step_bytes(g, &pr->train[i], &key);
+    }
+    /* the last-level cache is shared by the ranks of a node */
+    int sharing = 0;
+    for (int q = 0; q < S->n; q++) sharing += cluster_same_node(S->c, q, r);
+    double l2 = (double)profile_cache_bytes(), llc = (double)profile_llc_bytes() / (sharing > 0 ? sharing : 1);
+    double total = ok ? upto[pr->n_train] : 0;
     for (int i = 0; ok && i < pr->n_train; i++) {
         const PlanStep *s = &pr->train[i];
         int key;
-        upto[i + 1] = upto[i] + step_bytes(g, s, &key);
-        S->warm[r][i] = false;
+        step_bytes(g, s, &key);
+        S->where[r][i] = PROFILE_COLD;
+        S->mem_frac[r][i] = 0;
         if (key < 0) continue;
         int j = last[key];
-        S->warm[r][i] = s->micro > 0 && j >= 0 && upto[i + 1] - upto[j + 1] <= cache;
         last[key] = i;
+        double since = s->micro > 0 && j >= 0 ? upto[i + 1] - upto[j + 1] : total;
+        if (s->micro > 0 && j >= 0 && since <= l2) {
+            S->where[r][i] = PROFILE_WARM;
+            continue;
+        }
+        /* the step's values, each once, by when the rank last touched them */
+        const Node *n = s->kind == STEP_COMPUTE ? s->node : NULL;
+        int nv = n ? n->n_in + n->n_out : 1;
+        double all = 0, far = 0;
+        for (int k = 0; k < nv; k++) {
+            const Value *v = !n ? s->value : k < n->n_in ? n->in[k] : n->out[k - n->n_in];
+            bool seen = false;
+            for (int q = 0; q < k; q++) seen |= v == (q < n->n_in ? n->in[q] : n->out[q - n->n_in]);
+            if (!v || seen || v->id < 0 || v->id >= g->n_values || plan_value_bytes(v) <= 0) continue;
+            double b = (double)plan_value_bytes(v), t = touched[v->id];
+            all += b;
+            if ((t < 0 ? total : upto[i] - t) > llc) far += b;
+            touched[v->id] = upto[i + 1];
+        }
+        if (s->kind == STEP_ACCUMULATE) { /* and the accumulator, touched at the same kernel's last call */
+            all += all;
+            if (since > llc) far += all / 2;
+        }
+        S->mem_frac[r][i] = all > 0 ? far / all : 0;
     }
     free(last);
     free(upto);
+    free(touched);
     return ok;
+}
+
+/* Seconds of rank r's train step i, its kernel's profiled time where
+ * mark_caches says its data are (sim_node_seconds, or the accumulation's
+ * own kernel), the share from memory charged at the memory timing. */
+static double step_seconds(Sim *S, int r, const PlanStep *s) {
+    int i = (int)(s - S->p->ranks[r].train);
+    ProfileCache where = S->where[r][i];
+    double f = S->mem_frac[r][i];
+    if (s->kind == STEP_COMPUTE) {
+        double t = sim_node_seconds(S->c, r, s->node, where);
+        return f > 0 ? t + f * (sim_node_seconds(S->c, r, s->node, PROFILE_MEMORY) - t) : t;
+    }
+    KernelProfile *kp = S->c->profile;
+    double t = kp ? profile_accumulate_seconds(kp, s->value, where) : -1;
+    if (t >= 0 && f > 0) t += f * (profile_accumulate_seconds(kp, s->value, PROFILE_MEMORY) - t);
+    return t >= 0 ? t / cluster_rank_speed(S->c, r) : cluster_mem_seconds(S->c, r, 3.0 * (double)plan_value_bytes(s->value));
 }
 
 /* Within a node, MPI moves messages by copies the ranks' cores make: when
@@ -347,17 +407,14 @@ static bool on_step(void *ctx, int r, const PlanStep *s, WalkMsg *m) {
     double before = S->t[r];
     switch (s->kind) {
     case STEP_COMPUTE: {
-        double dt = sim_node_seconds(S->c, r, s->node, S->warm[r][s - S->p->ranks[r].train]) / S->share[r];
+        double dt = step_seconds(S, r, s) / S->share[r];
         event(S, r, S->t[r], S->t[r] + dt, compute_kind(s), s);
         S->t[r] += dt;
         S->out[r].busy_s += dt;
         return true;
     }
     case STEP_ACCUMULATE: {
-        double measured = S->c->profile ? profile_accumulate_seconds(S->c->profile, s->value, S->warm[r][s - S->p->ranks[r].train]) : -1;
-        double dt = (measured >= 0 ? measured / cluster_rank_speed(S->c, r)
-                                   : cluster_mem_seconds(S->c, r, 3.0 * (double)plan_value_bytes(s->value))) /
-                    S->share[r];
+        double dt = step_seconds(S, r, s) / S->share[r];
         event(S, r, S->t[r], S->t[r] + dt, compute_kind(s), s);
         S->t[r] += dt;
         S->out[r].busy_s += dt;
@@ -535,9 +592,12 @@ static void free_sim(Sim *S) {
     if (S->bucket_done)
         for (int r = 0; r < S->n; r++) free(S->bucket_done[r]);
     free(S->bucket_done);
-    if (S->warm)
-        for (int r = 0; r < S->n; r++) free(S->warm[r]);
-    free(S->warm);
+    for (int r = 0; r < S->n; r++) {
+        if (S->where) free(S->where[r]);
+        if (S->mem_frac) free(S->mem_frac[r]);
+    }
+    free(S->where);
+    free(S->mem_frac);
     free(S->t);
     free(S->nic_tx);
     free(S->nic_rx);
@@ -556,11 +616,12 @@ bool simulate_plan(const Plan *p, const Cluster *c, SimResult *out, Diag *d) {
     bool walks = walk_init_plan(&S.walk, p, false);
     S.t = calloc((size_t)n, sizeof *S.t);
     S.bucket_done = calloc((size_t)n, sizeof *S.bucket_done);
-    S.warm = calloc((size_t)n, sizeof *S.warm);
+    S.where = calloc((size_t)n, sizeof *S.where);
+    S.mem_frac = calloc((size_t)n, sizeof *S.mem_frac);
     S.out = calloc((size_t)n, sizeof *S.out);
     S.share = malloc(sizeof *S.share * (size_t)n);
     S.coll_share = malloc(sizeof *S.coll_share * (size_t)n);
-    bool ok = walks && S.t && S.bucket_done && S.warm && S.out && S.share && S.coll_share;
+    bool ok = walks && S.t && S.bucket_done && S.where && S.mem_frac && S.out && S.share && S.coll_share;
     int nodes = cluster_node_of(c, n - 1) + 1;
     if (ok && nodes > 1) {
         S.nic_used = true;
@@ -570,8 +631,9 @@ bool simulate_plan(const Plan *p, const Cluster *c, SimResult *out, Diag *d) {
     }
     for (int r = 0; ok && r < n; r++) {
         S.bucket_done[r] = calloc((size_t)p->ranks[r].n_buckets + 1, sizeof **S.bucket_done);
-        S.warm[r] = calloc((size_t)p->ranks[r].n_train + 1, sizeof **S.warm);
-        ok = S.bucket_done[r] && S.warm[r] && (!c->profile || mark_warm(&S, r));
+        S.where[r] = calloc((size_t)p->ranks[r].n_train + 1, sizeof **S.where);
+        S.mem_frac[r] = calloc((size_t)p->ranks[r].n_train + 1, sizeof **S.mem_frac);
+        ok = S.bucket_done[r] && S.where[r] && S.mem_frac[r] && (!c->profile || mark_caches(&S, r));
     }
     if (!ok) diag_error(d, DIAG_NOMEM, "out of memory simulating the plan");
     for (int r = 0; ok && r < n; r++) S.share[r] = S.coll_share[r] = 1.0;

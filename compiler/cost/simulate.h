@@ -28,6 +28,7 @@
 
 #include "../plan/plan.h"
 #include "cluster.h"
+#include "profile.h"
 
 typedef struct SimRank {
     double end_s;        /* when the rank's last step ends */
@@ -64,9 +65,9 @@ typedef struct SimResult {
     SimEvent *events;    /* malloc'd, in the order simulated (NULL when out of memory) */
 } SimResult;
 
-/* Seconds one kernel of node n takes on `rank`; warm: run again for a
- * later micro-batch of the step (it matters only with a profile). */
-double sim_node_seconds(const Cluster *c, int rank, const Node *n, bool warm);
+/* Seconds one kernel of node n takes on `rank`, its data where `where`
+ * says (profile.h; it matters only with a profile). */
+double sim_node_seconds(const Cluster *c, int rank, const Node *n, ProfileCache where);
 /* Simulates one training step of every rank of p; fails with a Diag when
  * the plan needs more ranks than the cluster has, or its ranks cannot all
  * finish (a plan comm_check would reject). */

@@ -39,7 +39,7 @@ static void profile_all(const char *model, const char *strategy, int ranks, int 
         for (int i = 0; i < p.ranks[r].n_train; i++) {
             const PlanStep *s = &p.ranks[r].train[i];
             if (s->kind != STEP_COMPUTE || !s->node->def->cg) continue;
-            double sec = profile_node_seconds(kp, s->node, false);
+            double sec = profile_node_seconds(kp, s->node, PROFILE_COLD);
             ck_assert_msg(sec > 0 && sec < 1, "%s: node '%s' (%s): %g s", model, s->node->name, s->node->op_type, sec);
             asked++;
         }
@@ -74,19 +74,24 @@ START_TEST(timed_once_and_charged_as_timed) {
         if (p.ranks[0].train[i].kind == STEP_COMPUTE && strcmp(p.ranks[0].train[i].node->op_type, "Gemm") == 0)
             gemm = p.ranks[0].train[i].node;
     ck_assert_ptr_nonnull(gemm);
-    double a = profile_node_seconds(kp, gemm, false), b = profile_node_seconds(kp, gemm, false);
+    double a = profile_node_seconds(kp, gemm, PROFILE_COLD), b = profile_node_seconds(kp, gemm, PROFILE_COLD);
     int measured, failed;
     profile_counts(kp, &measured, &failed);
     ck_assert(a > 0 && a == b);
     ck_assert_int_eq(measured, 1);
     /* warm: timed with it, not built again; on data a call leaves in cache */
-    double w = profile_node_seconds(kp, gemm, true);
+    double w = profile_node_seconds(kp, gemm, PROFILE_WARM);
     profile_counts(kp, &measured, &failed);
     ck_assert_int_eq(measured, 1);
-    ck_assert_msg(w > 0 && w == profile_node_seconds(kp, gemm, true), "warm %g s", w);
+    ck_assert_msg(w > 0 && w == profile_node_seconds(kp, gemm, PROFILE_WARM), "warm %g s", w);
+    /* from memory: timed with it too, on an arena flushed from the caches */
+    double m = profile_node_seconds(kp, gemm, PROFILE_MEMORY);
+    profile_counts(kp, &measured, &failed);
+    ck_assert_int_eq(measured, 1);
+    ck_assert_msg(m > 0 && m == profile_node_seconds(kp, gemm, PROFILE_MEMORY), "memory %g s", m);
     /* accumulating a gradient shaped like the Gemm's weight: timed once too */
-    double acc = profile_accumulate_seconds(kp, gemm->in[1], false);
-    ck_assert(acc > 0 && acc == profile_accumulate_seconds(kp, gemm->in[1], false));
+    double acc = profile_accumulate_seconds(kp, gemm->in[1], PROFILE_COLD);
+    ck_assert(acc > 0 && acc == profile_accumulate_seconds(kp, gemm->in[1], PROFILE_COLD));
     profile_counts(kp, &measured, &failed);
     ck_assert_int_eq(measured, 2);
     ck_assert_int_eq(failed, 0);
@@ -96,27 +101,28 @@ START_TEST(timed_once_and_charged_as_timed) {
     c.profile = kp;
     double speed[2] = {1.0, 0.5};
     c.rank_speed = speed;
-    ck_assert(sim_node_seconds(&c, 0, gemm, false) == a);
-    ck_assert(sim_node_seconds(&c, 0, gemm, true) == w);
-    ck_assert(sim_node_seconds(&c, 1, gemm, false) == a / 0.5);
+    ck_assert(sim_node_seconds(&c, 0, gemm, PROFILE_COLD) == a);
+    ck_assert(sim_node_seconds(&c, 0, gemm, PROFILE_WARM) == w);
+    ck_assert(sim_node_seconds(&c, 0, gemm, PROFILE_MEMORY) == m);
+    ck_assert(sim_node_seconds(&c, 1, gemm, PROFILE_COLD) == a / 0.5);
     c.profile = NULL;
-    ck_assert(sim_node_seconds(&c, 0, gemm, false) != a); /* priced by the rates again */
+    ck_assert(sim_node_seconds(&c, 0, gemm, PROFILE_COLD) != a); /* priced by the rates again */
     c.rank_speed = NULL;
     /* refined: timed twice more, nothing built again; the kernel keeps one
      * of its three timings (the median), the same one from then on */
     profile_refine(kp, 2);
-    double r = profile_node_seconds(kp, gemm, false);
+    double r = profile_node_seconds(kp, gemm, PROFILE_COLD);
     profile_counts(kp, &measured, &failed);
     ck_assert_int_eq(measured, 2);
-    ck_assert(r > 0 && r == profile_node_seconds(kp, gemm, false));
+    ck_assert(r > 0 && r == profile_node_seconds(kp, gemm, PROFILE_COLD));
     ck_assert_msg(r > a / 20 && r < a * 20, "refined %g s against a first timing of %g s", r, a);
     profile_refine(kp, 2); /* nothing kept built: nothing changes */
-    ck_assert(profile_node_seconds(kp, gemm, false) == r);
+    ck_assert(profile_node_seconds(kp, gemm, PROFILE_COLD) == r);
     profile_free(kp);
     /* no profile bound, or none at all: nothing measured */
-    ck_assert(profile_node_seconds(NULL, gemm, false) < 0);
+    ck_assert(profile_node_seconds(NULL, gemm, PROFILE_COLD) < 0);
     KernelProfile *unbound = profile_new();
-    ck_assert(profile_node_seconds(unbound, gemm, false) < 0);
+    ck_assert(profile_node_seconds(unbound, gemm, PROFILE_COLD) < 0);
     profile_free(unbound);
     graph_free(g);
 }
