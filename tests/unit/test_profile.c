@@ -128,12 +128,23 @@ START_TEST(timed_once_and_charged_as_timed) {
 }
 END_TEST
 
+/* The last-level cache's useful size is measured once: at least twice
+ * the L2 (where the probe starts) and at most twice the 64 MiB the probe
+ * stops at, and the same when asked again. */
+START_TEST(last_level_cache_measured) {
+    size_t l2 = profile_cache_bytes(), llc = profile_llc_bytes();
+    ck_assert_msg(llc >= 2 * l2 && llc <= ((size_t)128 << 20), "L2 %zu, last level %zu", l2, llc);
+    ck_assert(profile_llc_bytes() == llc);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("profile");
     TCase *tc = tcase_create("profile");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, every_kernel_of_the_samples);
     tcase_add_test(tc, timed_once_and_charged_as_timed);
+    tcase_add_test(tc, last_level_cache_measured);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }
