@@ -110,6 +110,22 @@ size_t kernel_run_llc_bytes(void) {
     return measured;
 }
 
+/* Writes a byte of every cache line of the first `bytes` of a buffer
+ * kept for this (grown when a larger walk is asked for), pushing other
+ * data out of the caches that hold less. */
+static void walk_buffer(size_t bytes) {
+    static unsigned char *junk;
+    static size_t n;
+    if (bytes > n) {
+        unsigned char *grown = calloc(bytes, 1);
+        if (!grown) return;
+        free(junk);
+        junk = grown;
+        n = bytes;
+    }
+    for (size_t i = 0; i < bytes; i += 64) junk[i]++;
+}
+
 /* Flushes the arena from every cache level, so that the next call reads
  * its inputs from memory; where there is no flush instruction, walks a
  * buffer twice the last-level cache's size instead. */
@@ -119,30 +135,14 @@ static void flush_arena(const KernelRun *k) {
     _mm_mfence();
 #else
     (void)k;
-    static unsigned char *junk;
-    static size_t n;
-    if (!junk) {
-        n = 2 * kernel_run_llc_bytes();
-        junk = calloc(n, 1);
-        if (!junk) return;
-    }
-    for (size_t i = 0; i < n; i += 64) junk[i]++;
+    walk_buffer(2 * kernel_run_llc_bytes());
 #endif
 }
 
 /* Walks a buffer four times the size of this core's L2 cache, so that the
  * next call finds its data where a kernel inside a training step finds
  * it: evicted by the kernels before it. */
-static void evict_caches(void) {
-    static unsigned char *junk;
-    static size_t n;
-    if (!junk) {
-        n = 4 * kernel_run_cache_bytes();
-        junk = calloc(n, 1);
-        if (!junk) return;
-    }
-    for (size_t i = 0; i < n; i += 64) junk[i]++;
-}
+static void evict_caches(void) { walk_buffer(4 * kernel_run_cache_bytes()); }
 
 double kernel_run_time_cold(KernelRun *k, int calls, int reps, bool memory) {
     k->eval(k->arena);
