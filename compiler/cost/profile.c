@@ -75,8 +75,17 @@ static Graph *node_graph(const Graph *src, const Node *n) {
     for (int i = 0; i < src->n_opsets; i++) g->opsets[i] = src->opsets[i];
     g->n_opsets = src->n_opsets;
     m->def = n->def;
-    m->attrs = n->attrs; /* read only, in src's arena, which outlives g */
+    /* the attributes' contents stay in src's arena, which outlives g; the
+     * array is copied so that a batch statistic summed over replicas
+     * (OpDef.replica_sums, "replicas") runs alone as one replica's, the
+     * same kernel, in a plan of one */
+    m->attrs = ARENA_ARRAY(&g->arena, Attr, n->n_attr ? n->n_attr : 1);
+    if (!m->attrs) goto fail;
     m->n_attr = n->n_attr;
+    for (int i = 0; i < n->n_attr; i++) {
+        m->attrs[i] = n->attrs[i];
+        if (n->def && n->def->replica_sums && strcmp(n->attrs[i].name, "replicas") == 0) m->attrs[i].i = 1;
+    }
     for (int i = 0; i < n->n_in; i++) {
         const Value *v = n->in[i];
         if (!v) continue;
