@@ -84,10 +84,10 @@ static double line_ns(const unsigned char *b, size_t n) {
     return best * 1e9 / (double)(n / 64);
 }
 
-/* The largest power-of-two buffer, from twice the L2 cache up to twice
- * the last-level cache the system reports, that reads at most 1.5 times
- * slower per line than the smallest: what the last-level cache keeps for
- * this process.  On a virtual machine that shares it with other tenants
+/* The largest buffer of twice the L2 cache times a power of two, up to
+ * twice the last-level cache the system reports (taken as at most 64
+ * MiB), that reads at most 1.5 times slower per line than the smallest:
+ * what the last-level cache keeps for this process.  On a virtual machine that shares it with other tenants
  * that is less than its size: the 32 MiB of the development machine's
  * L3 kept 16 (docs/costmodel.md).  Measured once, in a few tens of
  * milliseconds. */

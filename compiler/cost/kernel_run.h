@@ -35,8 +35,8 @@ double kernel_run_time_cold(KernelRun *k, int calls, int reps, bool memory);
 size_t kernel_run_cache_bytes(void);
 /* The bytes of the last-level cache that keep this process's data:
  * measured once by reading buffers of growing size (kernel_run.c), at
- * most twice the size the system reports (32 MiB when it cannot be
- * told). */
+ * most twice the size the system reports, itself taken as at most 64 MiB
+ * (and as 64 MiB when it cannot be told). */
 size_t kernel_run_llc_bytes(void);
 void kernel_run_free(KernelRun *k);
 

@@ -30,7 +30,7 @@ void profile_bind(KernelProfile *p, const Graph *g);
  *                from memory again in every step (the 16-layer MLP's 16
  *                MB of weights, gradients and momenta: its steps took 36%
  *                longer than its kernels timed PROFILE_COLD). */
-typedef enum { PROFILE_WARM, PROFILE_COLD, PROFILE_MEMORY } ProfileCache;
+typedef enum { PROFILE_COLD, PROFILE_WARM, PROFILE_MEMORY } ProfileCache;
 /* Seconds per call of n's kernel, measured on first use (all three ways);
  * < 0 when n has no kernel or could not be built alone (the caller prices
  * it then). */

@@ -117,25 +117,33 @@ double sim_node_seconds(const Cluster *c, int rank, const Node *n, ProfileCache 
     return t + c->kernel_overhead_s;
 }
 
+/* The values a compute step's node reads and writes (inputs, then
+ * outputs; NULL for an absent one), or an accumulation's gradient. */
+static int step_values(const PlanStep *s) { return s->kind == STEP_COMPUTE ? s->node->n_in + s->node->n_out : 1; }
+static const Value *step_value(const PlanStep *s, int k) {
+    if (s->kind != STEP_COMPUTE) return s->value;
+    const Node *n = s->node;
+    return k < n->n_in ? n->in[k] : n->out[k - n->n_in];
+}
+
 /* The bytes a compute or accumulate step reads and writes (each input and
  * output once; a value one kernel writes and the next reads counts for
  * both), and in *key what tells the same kernel in another micro-batch:
  * its node's id, or n_nodes + the accumulated value's id.  -1: neither. */
 static double step_bytes(const Graph *g, const PlanStep *s, int *key) {
-    double bytes = 0;
     *key = -1;
-    if (s->kind == STEP_COMPUTE && s->node->id >= 0 && s->node->id < g->n_nodes) {
-        const Node *n = s->node;
-        *key = n->id;
-        for (int i = 0; i < n->n_in; i++)
-            if (n->in[i] && plan_value_bytes(n->in[i]) > 0) bytes += (double)plan_value_bytes(n->in[i]);
-        for (int k = 0; k < n->n_out; k++)
-            if (n->out[k] && plan_value_bytes(n->out[k]) > 0) bytes += (double)plan_value_bytes(n->out[k]);
-    } else if (s->kind == STEP_ACCUMULATE && s->value->id >= 0 && s->value->id < g->n_values) {
+    if (s->kind == STEP_COMPUTE && s->node->id >= 0 && s->node->id < g->n_nodes)
+        *key = s->node->id;
+    else if (s->kind == STEP_ACCUMULATE && s->value->id >= 0 && s->value->id < g->n_values)
         *key = g->n_nodes + s->value->id;
-        bytes = 2.0 * (double)plan_value_bytes(s->value); /* the gradient and its accumulator */
+    else
+        return 0;
+    double bytes = 0;
+    for (int k = 0; k < step_values(s); k++) {
+        const Value *v = step_value(s, k);
+        if (v && plan_value_bytes(v) > 0) bytes += (double)plan_value_bytes(v);
     }
-    return bytes;
+    return s->kind == STEP_ACCUMULATE ? 2 * bytes : bytes; /* the gradient and its accumulator */
 }
 
 /* Where each of rank r's train steps finds its data.  Warm, as --profile
@@ -188,22 +196,21 @@ static bool mark_caches(Sim *S, int r) {
             continue;
         }
         /* the step's values, each once, by when the rank last touched them */
-        const Node *n = s->kind == STEP_COMPUTE ? s->node : NULL;
-        int nv = n ? n->n_in + n->n_out : 1;
         double all = 0, far = 0;
-        for (int k = 0; k < nv; k++) {
-            const Value *v = !n ? s->value : k < n->n_in ? n->in[k] : n->out[k - n->n_in];
+        for (int k = 0; k < step_values(s); k++) {
+            const Value *v = step_value(s, k);
             bool seen = false;
-            for (int q = 0; q < k; q++) seen |= v == (q < n->n_in ? n->in[q] : n->out[q - n->n_in]);
+            for (int q = 0; q < k; q++) seen |= step_value(s, q) == v;
             if (!v || seen || v->id < 0 || v->id >= g->n_values || plan_value_bytes(v) <= 0) continue;
             double b = (double)plan_value_bytes(v), t = touched[v->id];
             all += b;
             if ((t < 0 ? total : upto[i] - t) > llc) far += b;
             touched[v->id] = upto[i + 1];
         }
-        if (s->kind == STEP_ACCUMULATE) { /* and the accumulator, touched at the same kernel's last call */
-            all += all;
-            if (since > llc) far += all / 2;
+        if (s->kind == STEP_ACCUMULATE) { /* the accumulator, as big, touched at the same kernel's last call */
+            double acc = all;
+            all += acc;
+            if (since > llc) far += acc;
         }
         S->mem_frac[r][i] = all > 0 ? far / all : 0;
     }

@@ -67,14 +67,19 @@ static void tap_span(const Win *w, int j, int64_t k, int64_t *lo, int64_t *hi) {
     if (*lo > *hi) *lo = *hi;
 }
 
-/* Flat offset t's offset k[] along each axis and its box [lo, hi) of
- * output positions; returns the box's positions. */
-static int64_t tap_box(const Win *w, int64_t t, int64_t *k, int64_t *lo, int64_t *hi) {
-    int64_t n = 1;
+/* Flat offset t's offset k[] along each axis. */
+static void tap_offsets(const Win *w, int64_t t, int64_t *k) {
     for (int j = w->nsp - 1; j >= 0; j--) {
         k[j] = t % w->k[j];
         t /= w->k[j];
     }
+}
+
+/* Flat offset t's offset k[] along each axis and its box [lo, hi) of
+ * output positions; returns the box's positions. */
+static int64_t tap_box(const Win *w, int64_t t, int64_t *k, int64_t *lo, int64_t *hi) {
+    int64_t n = 1;
+    tap_offsets(w, t, k);
     for (int j = 0; j < w->nsp; j++) {
         tap_span(w, j, k[j], &lo[j], &hi[j]);
         n *= hi[j] - lo[j];
@@ -1018,7 +1023,7 @@ static bool grad_weight_last(const ConvShape *s, const Taps *tp, const Value *ac
 static void last_panels(Cg *c, const Block *b, LLVMValueRef xl, LLVMValueRef dst) {
     const Win *w = &b->s->w;
     int64_t Cpg = b->s->C / b->s->G, K = k_dim(b->s), nr = cg_gemm_panel_cols(), W = cg_vector_floats();
-    int64_t ist[MAX_RANK], ost[MAX_RANK], lo[MAX_RANK], hi[MAX_RANK];
+    int64_t ist[MAX_RANK], ost[MAX_RANK];
     strides_of(w->in, w->nsp, ist);
     strides_of(w->out, w->nsp, ost);
     LLVMValueRef zero = area(c, ZERO_AREA, W);
@@ -1031,12 +1036,12 @@ static void last_panels(Cg *c, const Block *b, LLVMValueRef xl, LLVMValueRef dst
             p = cg_add(c, p, cg_mul(c, o[j], ost[j]));
         }
         LLVMValueRef row = fptr(c, pan, cg_mul(c, cg_mad(c, nl, w->out_sz, p), nr));
-        /* the panel's columns [j0, j0 + nr), a vector at a time, in runs
-         * of one offset each */
-        for (int64_t j = j0; j < j0 + nr && j < K;) {
-            int64_t t = j / Cpg, c0 = j % Cpg, len = Cpg - c0 < j0 + nr - j ? Cpg - c0 : j0 + nr - j, k[MAX_RANK];
-            if (len > K - j) len = K - j;
-            tap_box(w, t, k, lo, hi);
+        /* the panel's columns [j0, end), a vector at a time, in runs of
+         * one offset each */
+        int64_t end = j0 + nr < K ? j0 + nr : K;
+        for (int64_t j = j0; j < end;) {
+            int64_t t = j / Cpg, c0 = j % Cpg, len = Cpg - c0 < end - j ? Cpg - c0 : end - j, k[MAX_RANK];
+            tap_offsets(w, t, k);
             LLVMValueRef at = cg_i64(c, 0), inside = LLVMConstInt(c->t_i1, 1, 0);
             for (int a = 0; a < w->nsp; a++) {
                 LLVMValueRef i = cg_add(c, cg_mul(c, o[a], w->s[a]), cg_i64(c, k[a] * w->d[a] - w->pb[a]));
