@@ -86,7 +86,7 @@ void conv_phase_back(Cg *c, const ConvShape *s, const ConvPhases *ph, LLVMValueR
 /* to[e] = from[map[e]] (0 where map[e] < 0) for e < dst_n, from holding
  * src_n floats: the pattern fixed at compile time, each vector of `to`
  * picked by shuffles out of the vectors of `from` it needs (a gather
- * where it needs more than four), each of those loaded once.  Unrolled:
+ * where it needs more than eight), each of those loaded once.  Unrolled:
  * for copies of some tens of vectors. */
 void conv_map_copy(Cg *c, const int64_t *map, int64_t dst_n, LLVMValueRef from, int64_t src_n, LLVMValueRef to);
 /* For kernel offsets k[]: the shifts kq[] at which they read their

@@ -221,6 +221,7 @@ static bool trim_taps(const ConvShape *s, Taps *tp) {
  * convolution (NULL for the whole window), which the weight gradient
  * writes back into the whole filters.  It travels with the kernel's
  * blocks, and so says as well whether they run tap products. */
+struct PhaseSet;
 typedef struct Layout {
     int64_t gs, ms, cs, ts;
     bool flip;
@@ -228,6 +229,7 @@ typedef struct Layout {
     int per_tap; /* the kernel runs tap products (below): the threads it may use (else 0) */
     bool packed; /* each group's filters already in the packed products' panels (gs apart; pack_filters) */
     bool last;   /* a weight gradient's patches channels-last, offset-major (grad_weight_last) */
+    const struct PhaseSet *phases; /* a strided input gradient's phases (phases_block), or NULL */
 } Layout;
 
 /* The stride of k = c*kt + t in the products that take (c, t) as one
@@ -403,16 +405,25 @@ static bool pointwise(const ConvShape *s) {
     return w->nsp == 1 && w->k[0] == 1 && w->s[0] == 1 && w->pb[0] == 0 && w->in[0] == w->out[0];
 }
 
+/* The block's patch matrix, in panels or not: each thread's slice of the
+ * area holds `room` rows (at least K) of a full block's columns.  All
+ * products of a kernel's blocks must ask for the same room, or the
+ * threads' slices would overlap (phases_block's differ in K). */
+static LLVMValueRef col_area(Cg *c, const Block *b, int64_t room) {
+    return block_scratch(c, b, COL_AREA,
+                         cg_gemm_packed_b_floats(room, block_of(b->s, b->lay->per_tap) * b->s->w.out_sz));
+}
+
 /* The block's patch matrix and its row stride: the input planes of one
  * sample in place for a pointwise convolution, else gathered into the
- * scratch matrix. */
-static LLVMValueRef patches(Cg *c, const Block *b, const Value *X, int64_t *ld) {
+ * scratch matrix (room: col_area). */
+static LLVMValueRef patches(Cg *c, const Block *b, const Value *X, int64_t *ld, int64_t room) {
     int64_t Cpg = b->s->C / b->s->G;
     if (b->direct && pointwise(b->s)) {
         *ld = b->s->w.in_sz;
         return fptr(c, cg_buf(c, X), cg_mul(c, cg_mad(c, b->n0, b->s->C, cg_mul(c, b->g, Cpg)), b->s->w.in_sz));
     }
-    LLVMValueRef cols = block_area(c, b, COL_AREA, k_dim(b->s));
+    LLVMValueRef cols = col_area(c, b, room);
     conv_patch_walk(c, b->s, X, b->n0, b->nb, b->g, cols, false, 0, phase_area(c, b));
     *ld = b->cols;
     return cols;
@@ -467,9 +478,15 @@ enum { PARTS_MAX_FLOATS = 1 << 24 };
 /* Whether a kernel's blocks run on the plan's threads: its multiply-adds
  * reach the threshold of a split product (cg_gemm.h), and it has two
  * items or more to deal out. */
-static bool blocks_split(Cg *c, const ConvShape *s, int per_tap) {
-    double macs = (double)s->N * (double)s->w.out_sz * (double)s->M * (double)k_dim(s);
-    return cg_threads(c) > 1 && n_blocks(s, per_tap) * s->G >= 2 && macs >= (double)cg_gemm_par_volume();
+static double macs_of(const ConvShape *s) {
+    return (double)s->N * (double)s->w.out_sz * (double)s->M * (double)k_dim(s);
+}
+
+static double kernel_macs(const ConvShape *s, const Layout *lay);
+
+static bool blocks_split(Cg *c, const ConvShape *s, const Layout *lay) {
+    return cg_threads(c) > 1 && n_blocks(s, lay->per_tap) * s->G >= 2 &&
+           kernel_macs(s, lay) >= (double)cg_gemm_par_volume();
 }
 
 /* Items [lo, hi) with `slots` slices of scratch, this thread's `slot`:
@@ -542,7 +559,7 @@ static LLVMValueRef blocks_task(Cg *c, const ConvShape *s, BlockFn fn, const Val
  * blocks stay on one thread (a block's groups may fall to two). */
 static bool for_blocks(Cg *c, const ConvShape *s, BlockFn fn, const Value *const *v, LLVMValueRef wp,
                        const Layout *lay, bool may_split, const CgEpilogue *epi) {
-    if (!may_split || !blocks_split(c, s, lay->per_tap) || (epi && s->G > 1)) {
+    if (!may_split || !blocks_split(c, s, lay) || (epi && s->G > 1)) {
         blocks_serial(c, s, fn, v, wp, lay, epi);
         return false;
     }
@@ -561,18 +578,28 @@ static bool for_blocks(Cg *c, const ConvShape *s, BlockFn fn, const Value *const
 
 /* ---- the three kernels ---- */
 
+/* The block's patches of X as the B operand of gm (b->s's product over
+ * the block): im2col straight into the product's panels where the walk
+ * can write them, with no second copy, else patches() (room: col_area). */
+static LLVMValueRef block_patches(Cg *c, const Block *b, const Value *X, CgGemm *gm, int64_t room) {
+    int64_t nr = cg_gemm_panel_cols(), ld = 0;
+    if (!(b->direct && pointwise(b->s)) && conv_patches_in_panels(b->s, b->nb, nr)) {
+        LLVMValueRef cols = col_area(c, b, room);
+        conv_patch_walk(c, b->s, X, b->n0, b->nb, b->g, cols, false, nr, phase_area(c, b));
+        gm->b_packed = true;
+        return cols;
+    }
+    LLVMValueRef cols = patches(c, b, X, &ld, room);
+    gm->b_si = ld;
+    gm->b_sj = 1;
+    return cols;
+}
+
 /* v: X, B, Y (the filters are b->wp) */
 static void forward_block(Cg *c, const Block *b, const Value *const *v) {
-    int64_t K = k_dim(b->s), Mpg = mpg(b->s), P = b->s->w.out_sz, ld = 0, nr = cg_gemm_panel_cols();
-    LLVMValueRef cols;
-    bool in_panels = !(b->direct && pointwise(b->s)) && conv_patches_in_panels(b->s, b->nb, nr);
-    if (in_panels) { /* im2col straight into the product's panels: no second copy */
-        cols = block_scratch(c, b, COL_AREA, cg_gemm_packed_b_floats(K, block_of(b->s, 0) * P));
-        conv_patch_walk(c, b->s, v[0], b->n0, b->nb, b->g, cols, false, nr, phase_area(c, b));
-    } else {
-        cols = patches(c, b, v[0], &ld);
-    }
-    CgGemm gm = {.M = Mpg, .N = b->cols, .K = K, .b_si = ld, .b_sj = 1, .alpha = 1, .b_packed = in_panels};
+    int64_t Mpg = mpg(b->s), P = b->s->w.out_sz;
+    CgGemm gm = {.M = Mpg, .N = b->cols, .K = k_dim(b->s), .alpha = 1};
+    LLVMValueRef cols = block_patches(c, b, v[0], &gm, gm.K);
     if (b->lay->packed)
         gm.a_packed = true;
     else
@@ -850,10 +877,12 @@ static LLVMValueRef flipped_filters(Cg *c, const ConvShape *s, const Taps *tp, c
  * q = o + floor((k*d - pb) / s) for output o.  So each phase's planes are
  * a stride-1 convolution of dY by those offsets' filters, flipped and
  * transposed: a 3x3 window of stride 2 splits into 1x1, 1x2, 2x1 and 2x2
- * ones (dilation d' between a phase's offsets where d is not 1).  Each
- * runs as a forward pass, patches of dY into a packed product, writing
- * the phase's planes of every sample into a scratch area, which
- * conv_phase_back's shuffles then copy onto dX.  Against the product of
+ * ones (dilation d' between a phase's offsets where d is not 1).  Every
+ * block of samples runs each phase's product in turn, patches of dY into
+ * packed panels, into a scratch matrix of the block's phases, and
+ * conv_phase_back's shuffles then copy those onto the block's planes of
+ * dX while they are still in cache.  The filters of all phases are packed
+ * once per call, straight out of W (phase_packs).  Against the product of
  * all offsets followed by col2im, no sums go through memory a float at a
  * time. */
 
@@ -915,51 +944,102 @@ static bool phase_conv(const ConvShape *s, const ConvPhases *ph, int64_t f, Phas
     return true;
 }
 
-/* Phase f's filters at dst, [C][M/G][kt]: for channel c of group g,
- * W[g*Mpg + m][c - g*Cpg][taps[e]] at (c*Mpg + m)*kt + e. */
-static void phase_filters(Cg *c, const ConvShape *s, const PhaseConv *pc, const Value *W, LLVMValueRef dst) {
-    int64_t Cpg = s->C / s->G, Mpg = mpg(s);
-    Nest ns = {.n = 0};
-    LLVMValueRef g = nest_for(c, &ns, cg_i64(c, s->G)), cl = nest_for(c, &ns, cg_i64(c, Cpg));
-    LLVMValueRef m = nest_for(c, &ns, cg_i64(c, Mpg));
-    LLVMValueRef src = cg_mul(c, cg_mad(c, cg_mad(c, g, Mpg, m), Cpg, cl), s->w.k_sz);
-    LLVMValueRef to = cg_mul(c, cg_mad(c, cg_mad(c, g, Cpg, cl), Mpg, m), pc->kt);
-    for (int64_t e = 0; e < pc->kt; e++)
-        LLVMBuildStore(c->b, cg_load(c, W, cg_add(c, src, cg_i64(c, pc->taps[e]))),
-                       fptr(c, dst, cg_add(c, to, cg_i64(c, e))));
-    nest_close(c, &ns);
+/* A strided input gradient's phases: the convolution, its phase planes,
+ * each phase's convolution, and where its packed filters lie in the area
+ * phase_packs fills (group g's at at[f] + g*per[f]). */
+typedef struct PhaseSet {
+    const ConvShape *s;
+    ConvPhases ph;
+    PhaseConv pc[16];
+    int64_t at[16], per[16];
+} PhaseSet;
+
+static double kernel_macs(const ConvShape *s, const Layout *lay) {
+    if (!lay->phases) return macs_of(s);
+    double sum = 0;
+    for (int64_t f = 0; f < lay->phases->ph.S; f++) sum += macs_of(&lay->phases->pc[f].t);
+    return sum;
 }
 
-/* The input gradient as one forward pass per phase (above); false, with
- * nothing emitted, where it does not apply: phase planes
- * (ops_conv_phases.c) of a vector or more, and every phase's convolution
- * on the product path.  Over smaller planes the phases' products are too
- * small: resnet18's 128->256 stride-2 layer at 4x4 (2x2 phase planes)
- * ran at 130 GFLOP/s this way against 204 with col2im, where the 64->128
- * layer at 8x8 went from 188 to 201 (one kernel, 2026-12-05). */
-static bool grad_input_phases(Cg *c, const ConvShape *s, const Value *dY, const Value *W, const Value *dX) {
-    ConvPhases ph;
-    if (!conv_phases_of(s, &ph) || ph.S > 16 || ph.plane < cg_vector_floats()) return false;
-    PhaseConv pc[16];
-    for (int64_t f = 0; f < ph.S; f++)
-        if (!phase_conv(s, &ph, f, &pc[f]) || !conv_gemm_applies(&pc[f].t, dY, W, dX)) return false;
-    int64_t per = s->N * s->C * ph.plane, used = 0;
-    LLVMValueRef wt = area(c, WT_AREA, s->M * s->C * s->w.k_sz), out = area(c, DXPH_AREA, ph.S * per);
-    for (int64_t f = 0; f < ph.S; f++) {
-        LLVMValueRef wf = fptr(c, wt, cg_i64(c, used));
-        used += s->M * s->C * pc[f].kt;
-        phase_filters(c, s, &pc[f], W, wf);
-        Value planes = *dX; /* phase f's planes of every sample, laid out as a convolution's output */
-        cg_bind_buffer(c, &planes, fptr(c, out, cg_i64(c, f * per)));
-        Layout lay = whole(&pc[f].t);
-        forward_with(c, &pc[f].t, dY, wf, &lay, NULL, &planes, NULL);
-        cg_unbind_buffer(c);
+/* Every phase's filters in the packed products' layout (CgGemm.a_packed)
+ * in one pass over W: row c of phase f's matrix (Cpg x Mpg*kt) holds
+ * W[g*Mpg + m][c][taps[e]] at column m*kt + e.  A panel's MR floats of
+ * one column are MR channels of one filter row, ks floats apart in W, so
+ * the MR channels' filters of row m (MR*ks floats in a row of W) give
+ * phase f's kt columns m*kt.. of the panel, a run of kt*MR floats, by
+ * shuffles (conv_map_copy).  (Copying each phase's filters out and
+ * packing the copy, two strided passes per phase, took a third of the
+ * kernel's time outside its products on resnet18's 64->128 layer; a
+ * gather of each column, a quarter.) */
+static LLVMValueRef phase_packs(Cg *c, const PhaseSet *ps, const Value *W) {
+    const ConvShape *s = ps->s;
+    int64_t Cpg = s->C / s->G, Mpg = mpg(s), ks = s->w.k_sz, MR = cg_gemm_panel_rows(), total = 0;
+    for (int64_t f = 0; f < ps->ph.S; f++) total += s->G * ps->per[f];
+    LLVMValueRef dst = area(c, APACK_AREA, total);
+    int64_t *map = malloc(sizeof *map * (size_t)(MAX_KEPT * MR));
+    CLEAVE_CHECK(map != NULL, "out of memory for a map of %lld floats", (long long)(MAX_KEPT * MR));
+    for (int part = 0; part < 2; part++) { /* the full panels, then the last one's rows */
+        int64_t rows = part ? Cpg % MR : MR, count = part ? rows > 0 : Cpg / MR;
+        if (count == 0) continue;
+        Nest ns = {.n = 0};
+        LLVMValueRef g = nest_for(c, &ns, cg_i64(c, s->G));
+        LLVMValueRef p = cg_add(c, nest_for(c, &ns, cg_i64(c, count)), cg_i64(c, part ? Cpg / MR : 0));
+        LLVMValueRef m = nest_for(c, &ns, cg_i64(c, Mpg));
+        LLVMValueRef src = fptr(c, cg_buf(c, W), cg_mul(c, cg_mad(c, cg_mad(c, g, Mpg, m), Cpg, cg_mul(c, p, MR)), ks));
+        for (int64_t f = 0; f < ps->ph.S; f++) {
+            const PhaseConv *pc = &ps->pc[f];
+            for (int64_t e = 0; e < pc->kt * MR; e++) map[e] = e % MR < rows ? e % MR * ks + pc->taps[e / MR] : -1;
+            LLVMValueRef panel = cg_add(c, cg_mad(c, g, ps->per[f], cg_i64(c, ps->at[f])), cg_mul(c, p, Mpg * pc->kt * MR));
+            conv_map_copy(c, map, pc->kt * MR, src, rows * ks, fptr(c, dst, cg_add(c, panel, cg_mul(c, m, pc->kt * MR))));
+        }
+        nest_close(c, &ns);
     }
-    ConvPhaseLayout pl = {s->C * ph.plane, ph.plane, per}; /* each phase as a convolution's output */
-    CgLoop l;
-    LLVMValueRef g = cg_for(c, &l, cg_i64(c, s->G));
-    conv_phase_back(c, s, &ph, fptr(c, out, cg_mul(c, g, s->C / s->G * ph.plane)), &pl, dX, cg_i64(c, 0), s->N, g);
-    cg_for_end(c, &l);
+    free(map);
+    return dst;
+}
+
+/* v: dY, W, dX (the packed filters are b->wp; b->s is phase 0's
+ * convolution, whose blocks every phase shares). */
+static void phases_block(Cg *c, const Block *b, const Value *const *v) {
+    const PhaseSet *ps = b->lay->phases;
+    int64_t Cpg = ps->s->C / ps->s->G, rows = Cpg * b->cols, room = 0;
+    for (int64_t f = 0; f < ps->ph.S; f++) room = k_dim(&ps->pc[f].t) > room ? k_dim(&ps->pc[f].t) : room;
+    LLVMValueRef out = block_area(c, b, DXPH_AREA, ps->ph.S * Cpg);
+    for (int64_t f = 0; f < ps->ph.S; f++) {
+        Block bf = *b;
+        bf.s = &ps->pc[f].t;
+        CgGemm gm = {.M = Cpg, .N = b->cols, .K = k_dim(bf.s), .ldy = b->cols, .alpha = 1, .overwrite = true,
+                     .a_packed = true};
+        LLVMValueRef cols = block_patches(c, &bf, v[0], &gm, room);
+        LLVMValueRef a = fptr(c, b->wp, cg_mad(c, b->g, ps->per[f], cg_i64(c, ps->at[f])));
+        block_gemm(c, &bf, &gm, a, cols, fptr(c, out, cg_i64(c, f * rows)));
+    }
+    ConvPhaseLayout pl = {ps->ph.plane, b->cols, rows}; /* row ch, column nl*plane + q of each phase's product */
+    conv_phase_back(c, ps->s, &ps->ph, out, &pl, v[2], b->n0, b->nb, b->g);
+}
+
+/* The input gradient by phases (above); false, with nothing emitted,
+ * where it does not apply: phase planes (ops_conv_phases.c) of a vector
+ * or more, and every phase's convolution a packed product.  Over smaller
+ * planes the phases' products are too small: resnet18's 128->256
+ * stride-2 layer at 4x4 (2x2 phase planes) ran at 130 GFLOP/s this way
+ * against 204 with col2im, where the 64->128 layer at 8x8 went from 188
+ * to 201 (one kernel, 2026-12-05). */
+static bool grad_input_phases(Cg *c, const ConvShape *s, const Value *dY, const Value *W, const Value *dX) {
+    PhaseSet ps = {.s = s};
+    if (!conv_phases_of(s, &ps.ph) || ps.ph.S > 16 || ps.ph.plane < cg_vector_floats()) return false;
+    int64_t used = 0;
+    for (int64_t f = 0; f < ps.ph.S; f++) {
+        PhaseConv *pc = &ps.pc[f];
+        if (!phase_conv(s, &ps.ph, f, pc) || !conv_gemm_applies(&pc->t, dY, W, dX) || taps_pay(&pc->t))
+            return false;
+        ps.at[f] = used;
+        ps.per[f] = cg_gemm_packed_a_floats(s->C / s->G, k_dim(&pc->t));
+        used += s->G * ps.per[f];
+    }
+    const Value *v[3] = {dY, W, dX};
+    Layout lay = {.packed = true, .phases = &ps};
+    for_blocks(c, &ps.pc[0].t, phases_block, v, phase_packs(c, &ps, W), &lay, true, NULL);
     return true;
 }
 
@@ -1074,7 +1154,7 @@ static void grad_weight_block(Cg *c, const Block *b, const Value *const *v) {
         last_panels(c, b, xl, cols);
         gm.b_packed = true;
     } else {
-        cols = patches(c, b, v[1], &ldc);
+        cols = patches(c, b, v[1], &ldc, K);
         gm.b_si = 1;
         gm.b_sj = ldc;
     }

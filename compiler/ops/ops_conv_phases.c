@@ -77,16 +77,21 @@ void conv_phase_offset(Cg *c, const ConvShape *s, const ConvPhases *ph, const LL
     *off = cg_mul(c, f, ph->plane);
 }
 
+/* Source vectors one output vector of a map copy may pick its lanes
+ * from, zeros counted as one: a tree of two-vector shuffles joins them
+ * (a stride-9 pick of 8 floats, one kernel offset of 8 channels' 3x3
+ * filters, spans 5). */
+enum { MAP_MAX_SOURCES = 8 };
+
 /* One output vector of a map copy: lane t takes source float src[t] (-1:
  * zero, a phase position past the input's end, say), picked by one
  * shuffle out of the few source vectors it needs, loaded once per copy
- * (vec[]). */
+ * (vec[]); NULL when it needs more than MAP_MAX_SOURCES. */
 static LLVMValueRef map_vector(Cg *c, const int64_t *src, int W, LLVMValueRef xb, int64_t in_sz, LLVMValueRef *vec) {
     LLVMTypeRef vt = LLVMVectorType(c->t_f32, (unsigned)W), over[2] = {vt, c->t_ptr};
-    int64_t used[4];
+    int64_t used[MAP_MAX_SOURCES];
     int n = 0;
     bool zero = false;
-    LLVMValueRef mask[16];
     for (int t = 0; t < W; t++) {
         if (src[t] < 0) {
             zero = true;
@@ -96,12 +101,12 @@ static LLVMValueRef map_vector(Cg *c, const int64_t *src, int W, LLVMValueRef xb
         int u = 0;
         while (u < n && used[u] != v) u++;
         if (u == n) {
-            if (n == 4) return NULL; /* too scattered: the caller gathers */
+            if (n == MAP_MAX_SOURCES) return NULL; /* too scattered: the caller gathers */
             used[n++] = v;
         }
     }
-    if (zero && n == 4) return NULL;
-    LLVMValueRef part[4];
+    if (zero && n == MAP_MAX_SOURCES) return NULL;
+    LLVMValueRef part[MAP_MAX_SOURCES];
     for (int u = 0; u < n; u++) {
         int64_t v = used[u];
         if (!vec[v]) { /* whole vectors as plain loads, the plane's last one masked */
@@ -120,8 +125,10 @@ static LLVMValueRef map_vector(Cg *c, const int64_t *src, int W, LLVMValueRef xb
         }
         part[u] = vec[v];
     }
-    int m = n + zero;
-    for (int u = n; u < 4; u++) part[u] = LLVMConstNull(vt); /* lane u*W..: zeros */
+    int m = n + zero, width = W;
+    while (m & (m - 1)) m++; /* the tree joins a power of two of vectors */
+    for (int u = n; u < m; u++) part[u] = LLVMConstNull(vt); /* lanes u*W..: zeros */
+    LLVMValueRef mask[16], cat[MAP_MAX_SOURCES * 16];
     for (int t = 0; t < W; t++) {
         int u = 0;
         if (src[t] >= 0)
@@ -130,22 +137,12 @@ static LLVMValueRef map_vector(Cg *c, const int64_t *src, int W, LLVMValueRef xb
             u = n;
         mask[t] = LLVMConstInt(c->t_i32, (unsigned long long)(u * W + (src[t] >= 0 ? src[t] % W : 0)), 0);
     }
-    LLVMValueRef all = part[0];
-    int width = W;
-    if (m > 1) { /* concatenate into 2 or 4 vectors' lanes */
-        LLVMValueRef cat[64];
-        for (int i = 0; i < 2 * W; i++) cat[i] = LLVMConstInt(c->t_i32, (unsigned long long)i, 0);
-        LLVMValueRef lo = LLVMBuildShuffleVector(c->b, part[0], part[1], LLVMConstVector(cat, 2u * W), "");
-        all = lo;
-        width = 2 * W;
-        if (m > 2) {
-            LLVMValueRef hi = LLVMBuildShuffleVector(c->b, part[2], part[3], LLVMConstVector(cat, 2u * W), "");
-            for (int i = 0; i < 4 * W; i++) cat[i] = LLVMConstInt(c->t_i32, (unsigned long long)i, 0);
-            all = LLVMBuildShuffleVector(c->b, lo, hi, LLVMConstVector(cat, 4u * W), "");
-            width = 4 * W;
-        }
+    for (; m > 1; m /= 2, width *= 2) { /* pairs joined in order: part u's lanes at u*W.. of the whole */
+        for (int i = 0; i < 2 * width; i++) cat[i] = LLVMConstInt(c->t_i32, (unsigned long long)i, 0);
+        for (int u = 0; u < m / 2; u++)
+            part[u] = LLVMBuildShuffleVector(c->b, part[2 * u], part[2 * u + 1], LLVMConstVector(cat, 2u * width), "");
     }
-    return LLVMBuildShuffleVector(c->b, all, LLVMGetUndef(LLVMVectorType(c->t_f32, (unsigned)width)),
+    return LLVMBuildShuffleVector(c->b, part[0], LLVMGetUndef(LLVMVectorType(c->t_f32, (unsigned)width)),
                                   LLVMConstVector(mask, (unsigned)W), "");
 }
 
@@ -158,7 +155,7 @@ void conv_map_copy(Cg *c, const int64_t *map, int64_t dst_n, LLVMValueRef from, 
         int64_t src[16];
         for (int t = 0; t < W; t++) src[t] = v0 + t < dst_n ? map[v0 + t] : -1;
         LLVMValueRef out = map_vector(c, src, W, from, src_n, vec);
-        if (!out) { /* lanes from more than four vectors: a gather */
+        if (!out) { /* lanes from too many vectors: a gather */
             LLVMValueRef offs[16], bits[16];
             for (int t = 0; t < W; t++) {
                 offs[t] = LLVMConstInt(c->t_i32, (unsigned long long)(src[t] < 0 ? 0 : src[t]), 0);
