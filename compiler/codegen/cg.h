@@ -146,18 +146,22 @@ void cg_copy(Cg *c, const Value *dst, const Value *src);
 
 /* ---- element-wise nests ---- */
 /* out[i] = fn(in0[b0(i)], in1[b1(i)], ...) with numpy broadcasting of the
- * present inputs against output 0; inputs listed in order. */
+ * present inputs against output 0 (the op's channel_inputs read at each
+ * element's channel instead, OpDef); inputs listed in order. */
 typedef LLVMValueRef (*CgScalarFn)(Cg *c, const Node *n, LLVMValueRef *x);
 bool cg_elementwise(Cg *c, const Node *n, CgScalarFn fn);
+/* The op's channel_inputs renumbered over n's present inputs, in order. */
+uint32_t cg_channel_inputs(const Node *n);
 /* The broadcasting loop nest alone: loops over y's elements, and body
  * called once inside with y's element index and each input's (numpy
- * broadcasting of ins against y).  cg_elementwise and fused chains use it. */
+ * broadcasting of ins against y; bit i of `chan`: ins[i] has one value
+ * per channel, y's axis 1).  cg_elementwise and fused chains use it. */
 typedef void (*CgEwBody)(Cg *c, void *ctx, LLVMValueRef out_idx, const LLVMValueRef *in_idx);
-void cg_ew_nest(Cg *c, const Value *y, int n_in, const Value *const *ins, CgEwBody body, void *ctx);
+void cg_ew_nest(Cg *c, const Value *y, int n_in, const Value *const *ins, uint32_t chan, CgEwBody body, void *ctx);
 /* The same over the elements of y whose first index lies in [row0,
  * row0 + rows) (y of rank 1 or more). */
 void cg_ew_nest_rows(Cg *c, const Value *y, LLVMValueRef row0, int64_t rows, int n_in, const Value *const *ins,
-                     CgEwBody body, void *ctx);
+                     uint32_t chan, CgEwBody body, void *ctx);
 
 /* ---- vectors over contiguous rows (cg_vec.c) ---- */
 /* <w x float>; x splatted over w lanes (x of any scalar type). */

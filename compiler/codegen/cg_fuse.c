@@ -16,6 +16,12 @@
  * cg_fuse_scan checks the buffers of every call of a chain (every program,
  * pass and micro-batch) and leaves the chain unfused when one call could.
  *
+ * The eval step fuses as well the ops whose eval kernel is element-wise
+ * (OpDef.eval_scalar: batch normalisation on its running statistics,
+ * which then runs in the blocks of the convolution before it) and steps
+ * over the nodes its eval kernels skip (the batch statistics between
+ * them), which run nothing there.
+ *
  * A kernel working in blocks of rows may also be followed by a reduction
  * over its output that takes it block by block (OpDef.cg_rows: the sum
  * of a batch normalisation's statistics after a convolution), in the
@@ -46,11 +52,13 @@ typedef struct Chain {
     bool head;
     /* nodes[1] is a reduction taking the head's blocks (OpDef.cg_rows) */
     bool tail;
+    int pass; /* 0: the train step's, 1: the eval step's (scalar_of) */
     /* kernel buffers: the outside inputs of the element-wise nodes, the
      * stored outputs, then the head's inputs */
     int n_in, n_out, n_hin;
     const Value *bufs[FUSE_MAX_BUFS];
     bool bcast[FUSE_MAX_BUFS];    /* input read through broadcasting by some node */
+    uint32_t chan;                /* bit i: input i has one value per channel (OpDef.channel_inputs) */
     int first_reader[FUSE_MAX_BUFS], last_reader[FUSE_MAX_BUFS]; /* chain positions reading input i */
     int maker[FUSE_MAX_BUFS];     /* chain position making output i */
     bool shared[FUSE_MAX_BUFS];   /* overlaps another buffer in some call */
@@ -66,6 +74,7 @@ struct CgFuse {
     Chain *chains;
     int n_seq;
     int **start; /* per (program, pass): chain index starting at each step, or -1 */
+    int **span;  /* per (program, pass): the steps the chain starting there stands for */
     int *uses;   /* per value id: input slots reading it over the whole graph */
 };
 
@@ -78,9 +87,21 @@ static bool same_dims(const Value *a, const Value *b) {
     return true;
 }
 
-static bool fusable(const Cg *c, const Node *n) {
-    if (!n->def || !n->def->scalar || !c->kernels[n->id].fn) return false;
-    if (n->n_out != 1 || !n->out[0] || n->out[0]->dtype != DT_FLOAT || !value_shape_known(n->out[0])) return false;
+/* The scalar function of n's kernel in a pass (0: train, 1: eval), or
+ * NULL: an op with an eval kernel of its own has its eval_scalar there. */
+static CgScalarFn scalar_of(const Node *n, int pass) {
+    if (!n->def) return NULL;
+    return pass == 1 && n->def->cg_eval ? n->def->eval_scalar : n->def->scalar;
+}
+
+/* A node whose kernel in this pass is element-wise, float32, making
+ * output 0 alone (an eval_scalar's node may have more outputs, which its
+ * eval kernel does not make: BatchNormTrain's saved statistics). */
+static bool fusable(const Cg *c, const Node *n, int pass) {
+    if (!scalar_of(n, pass) || !c->kernels[n->id].fn) return false;
+    bool eval_form = pass == 1 && n->def->cg_eval;
+    if ((n->n_out != 1 && !eval_form) || !n->out[0] || n->out[0]->dtype != DT_FLOAT || !value_shape_known(n->out[0]))
+        return false;
     for (int i = 0; i < n->n_in; i++)
         if (n->in[i] && n->in[i]->dtype != DT_FLOAT) return false;
     return true;
@@ -123,11 +144,13 @@ static bool internal(const Cg *c, const CgFuse *f, const Chain *ch, int j) {
 static bool chain_buffers(const Cg *c, const CgFuse *f, Chain *ch) {
     const Value *dom = ch->nodes[0]->out[0];
     ch->n_in = ch->n_out = ch->n_hin = 0;
+    ch->chan = 0;
     for (int j = ch->head; j < ch->n; j++) {
         const Node *nd = ch->nodes[j];
         for (int i = 0; i < nd->n_in; i++) {
             const Value *x = nd->in[i];
             if (!x || chain_pos(ch, x) >= 0) continue;
+            bool per_channel = nd->def->channel_inputs >> i & 1;
             int b = buf_index(ch, x, 0, ch->n_in);
             if (b < 0) {
                 if (ch->n_in == FUSE_MAX_BUFS) return false;
@@ -135,6 +158,9 @@ static bool chain_buffers(const Cg *c, const CgFuse *f, Chain *ch) {
                 ch->bufs[b] = x;
                 ch->bcast[b] = false;
                 ch->first_reader[b] = j;
+                ch->chan |= (uint32_t)per_channel << b;
+            } else if (per_channel != (ch->chan >> b & 1)) {
+                return false; /* one buffer read per channel and numpy's way: two indices */
             }
             ch->bcast[b] |= !same_dims(x, dom);
             ch->last_reader[b] = j;
@@ -202,10 +228,17 @@ static void check_call(const Cg *c, Chain *ch, const RankPlan *rp, int micro) {
         }
 }
 
+/* The chain already found with the same nodes computing the same way
+ * (the same scalar functions, which differ between the passes for a node
+ * with an eval kernel of its own), if any. */
 static int find_chain(const CgFuse *f, const Chain *ch) {
     for (int i = 0; i < f->n_chains; i++) {
         const Chain *o = &f->chains[i];
-        if (o->n == ch->n && memcmp(o->nodes, ch->nodes, sizeof(ch->nodes[0]) * (size_t)ch->n) == 0) return i;
+        if (o->n != ch->n || o->tail != ch->tail || memcmp(o->nodes, ch->nodes, sizeof(ch->nodes[0]) * (size_t)ch->n))
+            continue;
+        bool same = true;
+        for (int j = o->head; j < o->n && same; j++) same = scalar_of(o->nodes[j], o->pass) == scalar_of(ch->nodes[j], ch->pass);
+        if (same) return i;
     }
     return -1;
 }
@@ -219,30 +252,43 @@ static bool takes_rows(Cg *c, const PlanStep *st0, const PlanStep *st) {
     return nd->n_in >= 1 && nd->in[0] == st0->node->out[0] && nd->n_out == 1 && nd->def->cg_rows->takes(nd);
 }
 
+/* Whether step st runs nothing in the eval step (its eval kernel emits
+ * none: the batch statistics between a convolution and the batch norm
+ * that reads them in training), so that an eval chain may step over it. */
+static bool idle(const Cg *c, const PlanStep *st, int pass) {
+    const Node *nd = st->node;
+    return pass == 1 && st->kind == STEP_COMPUTE && nd->def && nd->def->cg_eval && !c->eval_kernels[nd->id].fn;
+}
+
 /* The chain starting at step s of a program's sequence (pass 0: train,
- * 1: eval), if any: its length in *len.  Staged plans keep a chain inside
- * one unit of work (one micro-batch's forward or backward), which the
- * traces time. */
-static bool chain_at(Cg *c, const CgFuse *f, const PlanStep *steps, int n, int s, int pass, Chain *ch) {
+ * 1: eval), if any: in *span the steps it stands for, its nodes' and
+ * idle ones between them.  Staged plans keep a chain inside one unit of
+ * work (one micro-batch's forward or backward), which the traces time. */
+static bool chain_at(Cg *c, const CgFuse *f, const PlanStep *steps, int n, int s, int pass, Chain *ch, int *span) {
     const PlanStep *st0 = &steps[s];
     if (st0->kind != STEP_COMPUTE) return false;
-    bool head = !fusable(c, st0->node) && heads(c, st0->node);
-    if (!head && !fusable(c, st0->node)) return false;
+    bool head = !fusable(c, st0->node, pass) && heads(c, st0->node);
+    if (!head && !fusable(c, st0->node, pass)) return false;
     const Plan *p = c->plan;
     memset(ch, 0, sizeof *ch);
     ch->head = head;
+    ch->pass = pass;
     ch->nodes[0] = st0->node;
     ch->n = 1;
     if (head && pass == 0 && cg_threads(c) == 1 && s + 1 < n && takes_rows(c, st0, &steps[s + 1])) {
         ch->tail = true;
         ch->nodes[ch->n++] = steps[s + 1].node;
+        *span = 2;
         return chain_buffers(c, f, ch);
     }
     const Value *dom = st0->node->out[0];
+    int last = s;
     for (int t = s + 1; t < n && ch->n < MAX_CHAIN; t++) {
         const PlanStep *st = &steps[t];
-        if (st->kind != STEP_COMPUTE || st->micro != st0->micro || !fusable(c, st->node)) break;
+        if (st->kind != STEP_COMPUTE || st->micro != st0->micro) break;
         if (plan_step_unit(p, st) != plan_step_unit(p, st0)) break;
+        if (idle(c, st, pass)) continue;
+        if (!fusable(c, st->node, pass)) break;
         const Node *nd = st->node;
         if (!same_dims(nd->out[0], dom)) break;
         bool reads = false;
@@ -253,15 +299,18 @@ static bool chain_at(Cg *c, const CgFuse *f, const PlanStep *steps, int n, int s
             ch->n--;
             break;
         }
+        last = t;
     }
+    *span = last - s + 1;
     return ch->n >= 2 && chain_buffers(c, f, ch);
 }
 
-static bool scan_seq(Cg *c, CgFuse *f, const RankPlan *rp, const PlanStep *steps, int n, int pass, int *start) {
+static bool scan_seq(Cg *c, CgFuse *f, const RankPlan *rp, const PlanStep *steps, int n, int pass, int *start,
+                     int *span) {
     for (int s = 0; s < n; s++) start[s] = -1;
     for (int s = 0; s < n;) {
         Chain ch;
-        if (!chain_at(c, f, steps, n, s, pass, &ch)) {
+        if (!chain_at(c, f, steps, n, s, pass, &ch, &span[s])) {
             s++;
             continue;
         }
@@ -279,7 +328,7 @@ static bool scan_seq(Cg *c, CgFuse *f, const RankPlan *rp, const PlanStep *steps
         }
         check_call(c, &f->chains[i], rp, steps[s].micro);
         start[s] = i;
-        s += ch.n;
+        s += span[s];
     }
     return true;
 }
@@ -303,7 +352,7 @@ static void chain_body(Cg *c, void *ctx, LLVMValueRef out_idx, const LLVMValueRe
                 x[k++] = cg_load(c, v, in_idx[b]);
             }
         }
-        val[j] = nd->def->scalar(c, nd, x);
+        val[j] = scalar_of(nd, ch->pass)(c, nd, x);
         int o = buf_index(ch, nd->out[0], ch->n_in, ch->n_in + ch->n_out);
         if (o >= 0) cg_store(c, nd->out[0], out_idx, val[j]);
     }
@@ -313,7 +362,7 @@ static void chain_body(Cg *c, void *ctx, LLVMValueRef out_idx, const LLVMValueRe
  * just finished. */
 static void chain_block(Cg *c, void *ctx, LLVMValueRef row0, int64_t rows) {
     Chain *ch = ctx;
-    cg_ew_nest_rows(c, ch->nodes[0]->out[0], row0, rows, ch->n_in, ch->bufs, chain_body, ch);
+    cg_ew_nest_rows(c, ch->nodes[0]->out[0], row0, rows, ch->n_in, ch->bufs, ch->chan, chain_body, ch);
 }
 
 /* The tail's reduction over the rows the head has just finished. */
@@ -343,7 +392,7 @@ static bool build_chain(Cg *c, Chain *ch) {
         CgEpilogue epi = {chain_block, ch};
         h->def->cg_blocks(c, h, &epi);
     } else {
-        cg_ew_nest(c, h->out[0], ch->n_in, ch->bufs, chain_body, ch);
+        cg_ew_nest(c, h->out[0], ch->n_in, ch->bufs, ch->chan, chain_body, ch);
     }
     cg_kernel_end(c);
     return !diag_failed(c->d);
@@ -356,8 +405,10 @@ bool cg_fuse_scan(Cg *c, int n_programs) {
     c->fuse = f;
     f->n_seq = 2 * n_programs;
     f->start = calloc((size_t)f->n_seq, sizeof *f->start);
+    f->span = calloc((size_t)f->n_seq, sizeof *f->span);
     f->uses = calloc((size_t)p->g->n_values + 1, sizeof *f->uses);
-    if (!f->start || !f->uses) return diag_error(c->d, DIAG_NOMEM, "out of memory fusing element-wise chains");
+    if (!f->start || !f->span || !f->uses)
+        return diag_error(c->d, DIAG_NOMEM, "out of memory fusing element-wise chains");
     GRAPH_FOR_NODES(p->g, nd) {
         for (int i = 0; i < nd->n_in; i++)
             if (nd->in[i]) f->uses[nd->in[i]->id]++;
@@ -367,10 +418,11 @@ bool cg_fuse_scan(Cg *c, int n_programs) {
         for (int pass = 0; pass < 2; pass++) {
             const PlanStep *steps = pass ? rp->eval : rp->train;
             int n = pass ? rp->n_eval : rp->n_train;
-            int *start = malloc(sizeof *start * (size_t)(n ? n : 1));
+            int *start = malloc(sizeof *start * (size_t)(n ? n : 1)), *span = malloc(sizeof *span * (size_t)(n ? n : 1));
             f->start[seq_index(k, pass)] = start;
-            if (!start) return diag_error(c->d, DIAG_NOMEM, "out of memory fusing element-wise chains");
-            if (!scan_seq(c, f, rp, steps, n, pass, start)) return false;
+            f->span[seq_index(k, pass)] = span;
+            if (!start || !span) return diag_error(c->d, DIAG_NOMEM, "out of memory fusing element-wise chains");
+            if (!scan_seq(c, f, rp, steps, n, pass, start, span)) return false;
         }
     }
     for (int i = 0; i < f->n_chains; i++)
@@ -383,7 +435,7 @@ const CgKernel *cg_fused_at(const Cg *c, int prog, int pass, int s, int *n_steps
     if (!f || seq_index(prog, pass) >= f->n_seq) return NULL;
     int i = f->start[seq_index(prog, pass)][s];
     if (i < 0 || f->chains[i].unsafe) return NULL;
-    *n_steps = f->chains[i].n;
+    *n_steps = f->span[seq_index(prog, pass)][s];
     return &f->chains[i].k;
 }
 
@@ -408,7 +460,9 @@ void cg_fuse_stats(const Cg *c, int *chains, int *nodes, int *headed, int *tails
 void cg_fuse_free(CgFuse *f) {
     if (!f) return;
     for (int i = 0; f->start && i < f->n_seq; i++) free(f->start[i]);
+    for (int i = 0; f->span && i < f->n_seq; i++) free(f->span[i]);
     free(f->start);
+    free(f->span);
     free(f->uses);
     free(f->chains);
     free(f);

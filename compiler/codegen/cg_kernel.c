@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cg.h"
+#include "../ops/ops.h"
 #include "../plan/pipeline.h"
 
 /* Whether two buffers of node n's kernel may be the same bytes in some
@@ -357,18 +358,18 @@ void cg_axis_split(const Value *v, int axis, int64_t *outer, int64_t *len, int64
  * receives the elements as i64 (cg_load_i) and must build integer
  * instructions, so int64 arithmetic stays exact; otherwise it receives
  * float32 (cg_load).  Its result is converted by cg_store. */
-void cg_ew_nest(Cg *c, const Value *y, int n_in, const Value *const *ins, CgEwBody body, void *ctx) {
+void cg_ew_nest(Cg *c, const Value *y, int n_in, const Value *const *ins, uint32_t chan, CgEwBody body, void *ctx) {
     if (y->rank == 0) {
         LLVMValueRef zero[CG_MAX_BUFS];
         for (int i = 0; i < n_in; i++) zero[i] = cg_i64(c, 0);
         body(c, ctx, cg_i64(c, 0), zero);
         return;
     }
-    cg_ew_nest_rows(c, y, cg_i64(c, 0), y->dims[0].k, n_in, ins, body, ctx);
+    cg_ew_nest_rows(c, y, cg_i64(c, 0), y->dims[0].k, n_in, ins, chan, body, ctx);
 }
 
 void cg_ew_nest_rows(Cg *c, const Value *y, LLVMValueRef row0, int64_t rows, int n_in, const Value *const *ins,
-                     CgEwBody body, void *ctx) {
+                     uint32_t chan, CgEwBody body, void *ctx) {
     enum { MAXIN = CG_MAX_BUFS };
     int r = y->rank;
     /* strides[i][j]: input i's stride along output dim j */
@@ -376,6 +377,10 @@ void cg_ew_nest_rows(Cg *c, const Value *y, LLVMValueRef row0, int64_t rows, int
     for (int j = 0; j < r; j++) ydims[j] = y->dims[j].k;
     for (int i = 0; i < n_in; i++) {
         int64_t s = 1;
+        if (chan >> i & 1) { /* one value per channel: stride 1 along axis 1 alone */
+            for (int j = 0; j < r; j++) strides[i][j] = j == 1 && ydims[1] > 1 ? 1 : 0;
+            continue;
+        }
         for (int j = r - 1; j >= 0; j--) {
             int ij = j - (r - ins[i]->rank);
             int64_t dk = ij >= 0 ? ins[i]->dims[ij].k : 1;
@@ -434,6 +439,17 @@ static void ew_one_body(Cg *c, void *ctx, LLVMValueRef out_idx, const LLVMValueR
     cg_store(c, e->n->out[0], out_idx, e->fn(c, e->n, x));
 }
 
+uint32_t cg_channel_inputs(const Node *n) {
+    uint32_t bits = 0;
+    int k = 0;
+    for (int i = 0; i < n->n_in; i++) {
+        if (!n->in[i]) continue;
+        if (n->def && (n->def->channel_inputs >> i & 1)) bits |= 1u << k;
+        k++;
+    }
+    return bits;
+}
+
 bool cg_elementwise(Cg *c, const Node *n, CgScalarFn fn) {
     enum { MAXIN = CG_MAX_BUFS - 1 };
     const Value *ins[MAXIN];
@@ -450,7 +466,7 @@ bool cg_elementwise(Cg *c, const Node *n, CgScalarFn fn) {
         if (!dtype_is_int(ins[i]->dtype)) ints = false;
     if (!cg_kernel_begin_io(c, n)) return false;
     EwOne e = {n, fn, n_in, ins, ints};
-    cg_ew_nest(c, n->out[0], n_in, ins, ew_one_body, &e);
+    cg_ew_nest(c, n->out[0], n_in, ins, cg_channel_inputs(n), ew_one_body, &e);
     cg_kernel_end(c);
     return true;
 }

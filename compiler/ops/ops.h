@@ -77,6 +77,17 @@ typedef struct OpDef {
      * function: codegen may fuse a chain of such nodes into one loop
      * (codegen/cg_fuse.c).  NULL: the node's kernel always runs alone. */
     struct LLVMOpaqueValue *(*scalar)(Cg *c, const Node *n, struct LLVMOpaqueValue **x);
+    /* The eval step's kernel (cg_eval) as cg_elementwise over this scalar
+     * function, so that the eval step's chains fuse the node as they fuse
+     * `scalar` ops: BatchNormTrain on the running statistics, which then
+     * runs in the epilogue of the convolution before it.  NULL: the eval
+     * kernel always runs alone. */
+    struct LLVMOpaqueValue *(*eval_scalar)(Cg *c, const Node *n, struct LLVMOpaqueValue **x);
+    /* Bit i: input i of an element-wise op (scalar, eval_scalar) holds one
+     * value per channel, axis 1 of output 0, and the element nests read it
+     * at each element's channel instead of broadcasting it numpy's way:
+     * batch normalisation's statistics and affine terms. */
+    uint32_t channel_inputs;
     /* Kernels that finish their output a block of rows (samples) at a
      * time, as Conv's fast paths do: emits the kernel's work inside an
      * open kernel, running epi after each block, so that a chain of

@@ -408,20 +408,48 @@ static LLVMValueRef coef_at(Cg *c, LLVMValueRef coef, int64_t C, int k, LLVMValu
     return elem(c, c->t_f32, coef, cg_add(c, cg_i64(c, k * C), ch));
 }
 
-/* Y = (X - mean[c]) * (scale[c] / sqrt(var[c] + eps)) + B[c] */
+/* The inference form's factor scale / sqrt(var + eps) of a channel. */
+static LLVMValueRef bn_factor(Cg *c, const Node *n, LLVMValueRef scale, LLVMValueRef var) {
+    return f_mul(c, scale, inv_std(c, var, node_attr_f(n, "epsilon", 1e-5f)));
+}
+
+/* y = (x - mean) * a + B: the kernel below with a per channel, and the
+ * element-wise forms that fused chains run (bn_scalar), alike to the
+ * bit. */
+static LLVMValueRef bn_apply(Cg *c, LLVMValueRef x, LLVMValueRef mean, LLVMValueRef a, LLVMValueRef bias) {
+    return f_add(c, f_mul(c, f_sub(c, x, mean), a), bias);
+}
+
+/* Y = (X - mean[c]) * (scale[c] / sqrt(var[c] + eps)) + B[c], each
+ * channel's factor computed once. */
 static bool bn_infer_kernel(Cg *c, const Node *n, const Value *const bufs[6]) {
     const Value *X = bufs[0], *S = bufs[1], *B = bufs[2], *M = bufs[3], *V = bufs[4], *Y = bufs[5];
-    float eps = node_attr_f(n, "epsilon", 1e-5f);
     if (!cg_kernel_begin(c, n, 6, bufs)) return false;
     Nest ns = {.n = 0};
     LLVMValueRef ch = nest_for(c, &ns, cg_i64(c, channels(X)));
-    LLVMValueRef a = f_mul(c, cg_load(c, S, ch), inv_std(c, cg_load(c, V, ch), eps));
+    LLVMValueRef a = bn_factor(c, n, cg_load(c, S, ch), cg_load(c, V, ch));
     LLVMValueRef mean = cg_load(c, M, ch), bias = cg_load(c, B, ch);
     LLVMValueRef i = channel_elems(c, &ns, X, ch);
-    cg_store(c, Y, i, f_add(c, f_mul(c, f_sub(c, cg_load(c, X, i), mean), a), bias));
+    cg_store(c, Y, i, bn_apply(c, cg_load(c, X, i), mean, a, bias));
     nest_close(c, &ns);
     cg_kernel_end(c);
     return true;
+}
+
+/* The inference form one element at a time, for fused chains (OpDef
+ * scalar, channel_inputs): x = X, scale, B, mean, var.  A chain after a
+ * convolution runs it in the convolution's blocks, with the ReLU after
+ * it, where the kernel above makes a pass of its own; the factor is
+ * computed again for every (sample, channel), a division and a square
+ * root per plane. */
+static LLVMValueRef bn_scalar(Cg *c, const Node *n, LLVMValueRef *x) {
+    return bn_apply(c, x[0], x[3], bn_factor(c, n, x[1], x[4]), x[2]);
+}
+
+/* BatchNormTrain's eval step, the same on the running statistics: x = X,
+ * scale, B, S1, S2, running mean, running var. */
+static LLVMValueRef bn_eval_scalar(Cg *c, const Node *n, LLVMValueRef *x) {
+    return bn_apply(c, x[0], x[5], bn_factor(c, n, x[1], x[6]), x[2]);
 }
 
 static bool k_batchnorm(Cg *c, const Node *n) {
@@ -677,11 +705,11 @@ static const AttrSpec attrs_bn_running[] = {
 static const AttrSpec attrs_bn_count[] = {{"count", ATTR_INT, .required = true}, {0}};
 
 /* Inputs 3 and 4 (running mean and variance) are state, not weights. */
-const OpDef op_BatchNormalization = {"BatchNormalization", "", 1, 0, 5, 5, 1, 5, attrs_bn, (1u << 3) | (1u << 4), infer_batchnorm, NULL, flops_norm, .grad = g_batchnorm, .cg = k_batchnorm, .train_form = bn_train_form};
+const OpDef op_BatchNormalization = {"BatchNormalization", "", 1, 0, 5, 5, 1, 5, attrs_bn, (1u << 3) | (1u << 4), infer_batchnorm, NULL, flops_norm, .grad = g_batchnorm, .cg = k_batchnorm, .train_form = bn_train_form, .scalar = bn_scalar, .channel_inputs = 0x1e};
 /* BatchNormGrad reads the running statistics as state, as the forward op does. */
 const OpDef op_BatchNormGrad = {"BatchNormGrad", "cleave", 1, 0, 5, 5, 3, 3, attrs_bn_grad, (1u << 3) | (1u << 4), infer_bn_grad, NULL, flops_norm_grad, .cg = k_batchnorm_grad};
 const OpDef op_BatchNormStats = {"BatchNormStats", "cleave", 1, 0, 1, 2, 1, 1, attrs_bn_group, 0, infer_bn_stats, NULL, flops_stats, .cg = k_bn_stats, .cg_eval = k_skip, .replica_sums = 1, .cg_rows = &stats_in_rows};
-const OpDef op_BatchNormTrain = {"BatchNormTrain", "cleave", 1, 0, 7, 7, 2, 2, attrs_bn_train, (1u << 5) | (1u << 6), infer_bn_train, NULL, flops_norm, .grad = g_bn_train, .cg = k_bn_train, .cg_eval = k_bn_train_eval};
+const OpDef op_BatchNormTrain = {"BatchNormTrain", "cleave", 1, 0, 7, 7, 2, 2, attrs_bn_train, (1u << 5) | (1u << 6), infer_bn_train, NULL, flops_norm, .grad = g_bn_train, .cg = k_bn_train, .cg_eval = k_bn_train_eval, .eval_scalar = bn_eval_scalar, .channel_inputs = 0x7e};
 /* Input 1, the running mean, is state: read here, updated by BatchNormRunning. */
 const OpDef op_BatchNormMoment = {"BatchNormMoment", "cleave", 1, 0, 2, 2, 1, 1, attrs_bn_count, 2, infer_like_input, NULL, flops_running, .cg = k_bn_moment, .cg_eval = k_skip};
 const OpDef op_BatchNormRunning = {"BatchNormRunning", "cleave", 1, 0, 4, 5, 0, 0, attrs_bn_running, 3, infer_none, NULL, flops_running, .cg = k_bn_running, .mutates_inputs = 3};
