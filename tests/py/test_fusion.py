@@ -12,7 +12,9 @@ leaky ReLU after a convolution whose batch does not split into whole
 blocks), and a CNN trained with batch normalisation (the first sum of
 its statistics taken in the blocks of the convolution before it; in the
 eval step, the normalisation on the running statistics and the ReLU
-after it run in the convolution's blocks), each under single-process,
+after it run in the convolution's blocks), and one whose batch norm is
+frozen in its inference form (fused in both steps), each under
+single-process,
 data-parallel and pipeline plans, this checks that the fused program
 reports fused chains (for the CNNs, chains run on a convolution's blocks
 or statistics summed there; and nodes reusing a twin's kernel,
@@ -132,6 +134,39 @@ def export_batchnorm(path):
                       dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
 
 
+def export_frozen(path):
+    """Batch normalisation in its inference form, frozen on running
+    statistics (an eval-mode model exported with TrainingMode.PRESERVE,
+    which keeps the BatchNormalization node instead of folding it into the
+    convolution), between each of three 3x3 convolutions (the last two
+    twins) and a ReLU."""
+    import torch
+    from torch import nn
+
+    class Frozen(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.convs = nn.ModuleList([nn.Conv2d(3, 16, 3, padding=1)] +
+                                       [nn.Conv2d(16, 16, 3, padding=1) for _ in range(2)])
+            self.norms = nn.ModuleList([nn.BatchNorm2d(16) for _ in range(3)])
+            self.fc = nn.Linear(16 * 100, 10)
+
+        def forward(self, x):
+            for conv, norm in zip(self.convs, self.norms):
+                x = torch.relu(norm(conv(x)))
+            return self.fc(x.flatten(1))
+
+    torch.manual_seed(0)
+    m = Frozen()
+    with torch.no_grad():  # running statistics away from 0 and 1
+        for norm in m.norms:
+            norm.running_mean.uniform_(-0.5, 0.5)
+            norm.running_var.uniform_(0.5, 2.0)
+    torch.onnx.export(m.eval(), torch.randn(BATCH, 3, 10, 10), path, input_names=["input"], output_names=["output"],
+                      opset_version=15, do_constant_folding=False, training=torch.onnx.TrainingMode.PRESERVE,
+                      dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
+
+
 def data(work, name, x_shape, y):
     import numpy as np
     rng = np.random.default_rng(7)
@@ -237,6 +272,9 @@ def main():
             # batch norm, and that one runs apart
             check_model(rep, args, work, "norms", norms, "ce", (3, 10, 10),
                         headed={"single": 3, "dp2": 3, "pipeline2": 2}, tails=3)
+        frozen = os.path.join(work, "frozen.onnx")
+        if rep.guarded("export the frozen batch-norm model", lambda: export_frozen(frozen) or True):
+            check_model(rep, args, work, "frozen", frozen, "ce", (3, 10, 10), headed=2)
         check_model(rep, args, work, "transformer", os.path.join(ROOT, "samples", "transformer.onnx"), "mse",
                     (16, 32))
     return rep.summary()
