@@ -83,6 +83,20 @@ typedef struct ConvPhaseLayout {
  * the phase planes at src, laid out as pl says. */
 void conv_phase_back(Cg *c, const ConvShape *s, const ConvPhases *ph, LLVMValueRef src, const ConvPhaseLayout *pl,
                      const Value *x, LLVMValueRef n0, int64_t nb, LLVMValueRef g);
+/* Whether col2im can add a strided convolution's patch matrix into its
+ * phase planes a vector at a time (conv_phase_scatter): phase planes (ph)
+ * of the output's sizes, whole planes to a vector, so that every lane of
+ * a row's vector goes to the same lane of a phase's, shifted within its
+ * sample by the offset's q. */
+bool conv_phase_scatters(const ConvShape *s, ConvPhases *ph);
+/* col2im into phase planes: for each of group g's channels ch and kernel
+ * offsets k in order, acc[(f(k)*Cpg + ch)*ncols + e] += row (ch*ksz + k)
+ * of cols (ncols columns: samples x P positions) at the position that
+ * output reads, for the block's e < ncols; then conv_phase_back with
+ * ConvPhaseLayout {plane, ncols, Cpg*ncols} copies acc onto dX.  Each
+ * element adds its offsets in col2im's order. */
+void conv_phase_scatter(Cg *c, const ConvShape *s, const ConvPhases *ph, LLVMValueRef cols, int64_t ncols,
+                        LLVMValueRef acc);
 /* to[e] = from[map[e]] (0 where map[e] < 0) for e < dst_n, from holding
  * src_n floats: the pattern fixed at compile time, each vector of `to`
  * picked by shuffles out of the vectors of `from` it needs (a gather

@@ -46,6 +46,7 @@
 #define LAST_AREA "cleave.conv.last"
 #define APACK_AREA "cleave.conv.apack"
 #define PHASE_AREA "cleave.conv.phases"
+#define DXPH_AREA "cleave.conv.dxphases" /* a block's phase planes of dX, before they are copied onto it */
 #define ZERO_AREA "cleave.conv.zero" /* a vector of zeros, never written */
 
 /* Products at least this wide fill the micro-kernel's vectors (its tiles
@@ -820,6 +821,16 @@ static void grad_input_block(Cg *c, const Block *b, const Value *const *v) {
     LLVMValueRef cols = block_area(c, b, COL_AREA, K);
     gm.overwrite = true;
     block_gemm(c, b, &gm, w_group(c, b), dy, cols);
+    ConvPhases ph;
+    if (!b->lay->taps && conv_phase_scatters(b->s, &ph)) { /* whole vectors into the block's phase planes */
+        int64_t Cpg = b->s->C / b->s->G;
+        LLVMValueRef acc = block_area(c, b, DXPH_AREA, ph.S * Cpg);
+        zero_floats(c, acc, ph.S * Cpg * b->cols);
+        conv_phase_scatter(c, b->s, &ph, cols, b->cols, acc);
+        ConvPhaseLayout pl = {ph.plane, b->cols, Cpg * b->cols};
+        conv_phase_back(c, b->s, &ph, acc, &pl, v[2], b->n0, b->nb, b->g);
+        return;
+    }
     conv_patch_walk(c, b->s, v[2], b->n0, b->nb, b->g, cols, true, 0, NULL);
 }
 
@@ -885,8 +896,6 @@ static LLVMValueRef flipped_filters(Cg *c, const ConvShape *s, const Taps *tp, c
  * once per call, straight out of W (phase_packs).  Against the product of
  * all offsets followed by col2im, no sums go through memory a float at a
  * time. */
-
-#define DXPH_AREA "cleave.conv.dxphases"
 
 typedef struct PhaseConv {
     ConvShape t;            /* dY -> the phase's planes, stride 1 */
@@ -1066,7 +1075,8 @@ void conv_gemm_grad_input(Cg *c, const ConvShape *s, const Value *dY, const Valu
         return;
     }
     if (!kept && grad_input_phases(c, s, dY, W, dX)) return;
-    zero_floats(c, cg_buf(c, dX), value_numel(dX));
+    ConvPhases ph;
+    if (kept || !conv_phase_scatters(s, &ph)) zero_floats(c, cg_buf(c, dX), value_numel(dX)); /* else overwritten */
     const Value *v[3] = {dY, W, dX};
     Layout lay = whole(s);
     LLVMValueRef wp = kept ? kept_filters(c, s, kept, W, &lay) : cg_buf(c, W);

@@ -234,3 +234,77 @@ void conv_phase_back(Cg *c, const ConvShape *s, const ConvPhases *ph, LLVMValueR
                      const Value *x, LLVMValueRef n0, int64_t nb, LLVMValueRef g) {
     copy_planes(c, s, ph, x, n0, nb, g, src, pl, true);
 }
+
+bool conv_phase_scatters(const ConvShape *s, ConvPhases *ph) {
+    const Win *w = &s->w;
+    if (!conv_phases_of(s, ph) || cg_vector_floats() % ph->plane != 0) return false;
+    for (int j = 0; j < w->nsp; j++)
+        if (ph->w.in[j] != w->out[j]) return false;
+    return true;
+}
+
+void conv_phase_scatter(Cg *c, const ConvShape *s, const ConvPhases *ph, LLVMValueRef cols, int64_t ncols,
+                        LLVMValueRef acc) {
+    const Win *w = &s->w;
+    int r = w->nsp, W = cg_vector_floats();
+    int64_t Cpg = s->C / s->G, P = ph->plane, os[MAX_RANK], ks[MAX_RANK], full = ncols / W, tail = ncols % W;
+    strides_of(w->out, r, os);
+    strides_of(w->k, r, ks);
+    LLVMTypeRef vt = LLVMVectorType(c->t_f32, (unsigned)W), over[2] = {vt, c->t_ptr};
+    LLVMValueRef zero = LLVMConstNull(vt), tail_mask = NULL;
+    if (tail) {
+        LLVMValueRef bits[16];
+        for (int t = 0; t < W; t++) bits[t] = LLVMConstInt(c->t_i1, t < tail, 0);
+        tail_mask = LLVMConstVector(bits, (unsigned)W);
+    }
+    CgLoop lc;
+    LLVMValueRef ch = cg_for(c, &lc, cg_i64(c, Cpg));
+    for (int64_t k = 0; k < w->k_sz; k++) { /* offsets in order: each element's sum in col2im's order */
+        /* offset k reads phase f at the output positions shifted by q:
+         * lane (sample, position y) of the phase takes lane (sample, y - q)
+         * of the row, zero where that lies outside the plane */
+        int64_t f = 0, q[MAX_RANK];
+        for (int j = 0; j < r; j++) {
+            int64_t kj = k / ks[j] % w->k[j], st = w->s[j], a = kj * w->d[j] - w->pb[j];
+            int64_t fj = (a % st + st) % st;
+            q[j] = (a - fj) / st;
+            f = f * st + fj;
+        }
+        LLVMValueRef idx[16];
+        for (int t = 0; t < W; t++) {
+            int64_t p = t % P, from = t - p;
+            bool in = true;
+            for (int j = 0; j < r; j++) {
+                int64_t y = p / os[j] % w->out[j] - q[j];
+                in &= y >= 0 && y < w->out[j];
+                from += y * os[j];
+            }
+            idx[t] = LLVMConstInt(c->t_i32, (unsigned long long)(in ? from : W), 0); /* W: a lane of zero */
+        }
+        LLVMValueRef perm = LLVMConstVector(idx, (unsigned)W);
+        LLVMValueRef src = fptr(c, cols, cg_mul(c, cg_mad(c, ch, w->k_sz, cg_i64(c, k)), ncols));
+        LLVMValueRef dst = fptr(c, acc, cg_mul(c, cg_add(c, ch, cg_i64(c, f * Cpg)), ncols));
+        for (int part = 0; part < 2; part++) {
+            if (part ? !tail : !full) continue;
+            CgLoop lv;
+            LLVMValueRef v = part ? cg_i64(c, full) : cg_for(c, &lv, cg_i64(c, full));
+            LLVMValueRef sp = fptr(c, src, cg_mul(c, v, W)), dp = fptr(c, dst, cg_mul(c, v, W)), x, a;
+            if (part) {
+                LLVMValueRef four = LLVMConstInt(c->t_i32, 4, 0);
+                x = cg_intrinsic(c, "llvm.masked.load", over, 2, (LLVMValueRef[]){sp, four, tail_mask, zero}, 4);
+                a = cg_intrinsic(c, "llvm.masked.load", over, 2, (LLVMValueRef[]){dp, four, tail_mask, zero}, 4);
+                a = LLVMBuildFAdd(c->b, a, LLVMBuildShuffleVector(c->b, x, zero, perm, ""), "");
+                cg_intrinsic(c, "llvm.masked.store", over, 2, (LLVMValueRef[]){a, dp, four, tail_mask}, 4);
+            } else {
+                x = LLVMBuildLoad2(c->b, vt, sp, "");
+                a = LLVMBuildLoad2(c->b, vt, dp, "");
+                LLVMSetAlignment(x, 4);
+                LLVMSetAlignment(a, 4);
+                a = LLVMBuildFAdd(c->b, a, LLVMBuildShuffleVector(c->b, x, zero, perm, ""), "");
+                LLVMSetAlignment(LLVMBuildStore(c->b, a, dp), 4);
+                cg_for_end(c, &lv);
+            }
+        }
+    }
+    cg_for_end(c, &lc);
+}
