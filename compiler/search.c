@@ -174,7 +174,7 @@ static bool open_cluster(const CompileOptions *o, Cluster *cl, Search *s, Diag *
     if (cl->profile) {
         size_t used = strlen(s->cluster);
         snprintf(s->cluster + used, sizeof s->cluster - used, ", with this machine's times of the model's kernels "
-                 "(--profile)");
+                 "(--profile; %zu MiB of last-level cache keep a process's data)", profile_llc_bytes() >> 20);
     }
     return true;
 }

@@ -21,6 +21,7 @@ Ends with "N passed, M failed"; SKIP (exit 77) without mpirun or numpy.
 """
 import json
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -181,6 +182,18 @@ def check_profile(rep, args):
     pa = {key(c): c["step_s"] for c in a["alternatives"]}
     rep.check("and priced differently", any(abs(pa[key(c)] - c["step_s"]) > 1e-12 for c in b["alternatives"]))
     rep.check("every --profile prediction is positive", all(c["step_s"] > 0 for c in b["alternatives"]))
+    # The last-level cache a process keeps, which prices the steps whose
+    # data come from memory, is measured in each run: it must come out the
+    # same from run to run (one pass of each size against the smallest's
+    # time said 16 MiB in half the runs on the development machine and 64
+    # or 128 in the others, and the predictions moved by 10-20%).
+    sizes = []
+    for run in [b] + [json.loads(p.stdout) for p in (cleave(args, *(flags + ["--profile"])) for _ in range(3))
+                      if p.returncode == 0]:
+        m = re.search(r"(\d+) MiB of last-level cache", run["prediction"]["cluster"])
+        sizes.append(int(m.group(1)) if m else None)
+    rep.check("--profile names the last-level cache it measured, the same in %d runs (%s MiB)"
+              % (len(sizes), sizes), len(sizes) == 4 and None not in sizes and len(set(sizes)) == 1, "")
 
 
 def write_mlp(path, width, layers):
