@@ -68,14 +68,18 @@ static void conv_case_once(const ConvSpec *cs) {
     grad_check(&k, grad_finish(&k, n), 2e-2);
 }
 
-/* Each Conv case three times: with the kernels the sizes pick (the
+/* Each Conv case four times: with the kernels the sizes pick (the
  * depthwise ones for depthwise cases, else the direct ones at these
  * sizes), with every other convolution forced onto the packed products
- * (ops_conv_gemm.c, in blocks of one and of several samples), and with
- * the packed and depthwise paths off (the direct loops). */
+ * (ops_conv_gemm.c, in blocks of one and of several samples), the same
+ * with vectors of 8 floats (an AVX2 machine's: the shuffles of phase
+ * planes and packed filters are built for the width), and with the
+ * packed and depthwise paths off (the direct loops). */
 static void conv_case(const ConvSpec *cs) {
     conv_case_once(cs);
     cg_gemm_configure(&(CgGemmConfig){.force = 1});
+    conv_case_once(cs);
+    cg_gemm_configure(&(CgGemmConfig){.force = 1, .w = 8});
     conv_case_once(cs);
     cg_gemm_configure(&(CgGemmConfig){.force = -1});
     conv_case_once(cs);
