@@ -237,7 +237,8 @@ static int find_chain(const CgFuse *f, const Chain *ch) {
         if (o->n != ch->n || o->tail != ch->tail || memcmp(o->nodes, ch->nodes, sizeof(ch->nodes[0]) * (size_t)ch->n))
             continue;
         bool same = true;
-        for (int j = o->head; j < o->n && same; j++) same = scalar_of(o->nodes[j], o->pass) == scalar_of(ch->nodes[j], ch->pass);
+        for (int j = o->head; j < o->n && same; j++)
+            same = scalar_of(o->nodes[j], o->pass) == scalar_of(ch->nodes[j], ch->pass);
         if (same) return i;
     }
     return -1;
@@ -418,7 +419,8 @@ bool cg_fuse_scan(Cg *c, int n_programs) {
         for (int pass = 0; pass < 2; pass++) {
             const PlanStep *steps = pass ? rp->eval : rp->train;
             int n = pass ? rp->n_eval : rp->n_train;
-            int *start = malloc(sizeof *start * (size_t)(n ? n : 1)), *span = malloc(sizeof *span * (size_t)(n ? n : 1));
+            size_t len = (size_t)(n ? n : 1);
+            int *start = malloc(sizeof *start * len), *span = malloc(sizeof *span * len);
             f->start[seq_index(k, pass)] = start;
             f->span[seq_index(k, pass)] = span;
             if (!start || !span) return diag_error(c->d, DIAG_NOMEM, "out of memory fusing element-wise chains");

@@ -998,8 +998,9 @@ static LLVMValueRef phase_packs(Cg *c, const PhaseSet *ps, const Value *W) {
         for (int64_t f = 0; f < ps->ph.S; f++) {
             const PhaseConv *pc = &ps->pc[f];
             for (int64_t e = 0; e < pc->kt * MR; e++) map[e] = e % MR < rows ? e % MR * ks + pc->taps[e / MR] : -1;
-            LLVMValueRef panel = cg_add(c, cg_mad(c, g, ps->per[f], cg_i64(c, ps->at[f])), cg_mul(c, p, Mpg * pc->kt * MR));
-            conv_map_copy(c, map, pc->kt * MR, src, rows * ks, fptr(c, dst, cg_add(c, panel, cg_mul(c, m, pc->kt * MR))));
+            int64_t run = pc->kt * MR; /* the phase's columns of filter row m in one panel */
+            LLVMValueRef panel = cg_add(c, cg_mad(c, g, ps->per[f], cg_i64(c, ps->at[f])), cg_mul(c, p, Mpg * run));
+            conv_map_copy(c, map, run, src, rows * ks, fptr(c, dst, cg_add(c, panel, cg_mul(c, m, run))));
         }
         nest_close(c, &ns);
     }
