@@ -805,6 +805,12 @@ void conv_gemm_forward(Cg *c, const ConvShape *s, const Value *X, const Value *W
     forward_with(c, s, X, cg_buf(c, W), &lay, B, Y, epi);
 }
 
+/* Whether the input gradient's col2im adds into phase planes (ph), which
+ * then overwrite dX (conv_phase_scatter): not over trimmed offsets. */
+static bool col2im_phased(const ConvShape *s, const Layout *lay, ConvPhases *ph) {
+    return !lay->taps && conv_phase_scatters(s, ph);
+}
+
 /* v: dY, W, dX */
 static void grad_input_block(Cg *c, const Block *b, const Value *const *v) {
     int64_t K = k_dim(b->s), Mpg = mpg(b->s), ld;
@@ -822,7 +828,7 @@ static void grad_input_block(Cg *c, const Block *b, const Value *const *v) {
     gm.overwrite = true;
     block_gemm(c, b, &gm, w_group(c, b), dy, cols);
     ConvPhases ph;
-    if (!b->lay->taps && conv_phase_scatters(b->s, &ph)) { /* whole vectors into the block's phase planes */
+    if (col2im_phased(b->s, b->lay, &ph)) { /* whole vectors into the block's phase planes */
         int64_t Cpg = b->s->C / b->s->G;
         LLVMValueRef acc = block_area(c, b, DXPH_AREA, ph.S * Cpg);
         zero_floats(c, acc, ph.S * Cpg * b->cols);
@@ -1076,11 +1082,11 @@ void conv_gemm_grad_input(Cg *c, const ConvShape *s, const Value *dY, const Valu
         return;
     }
     if (!kept && grad_input_phases(c, s, dY, W, dX)) return;
-    ConvPhases ph;
-    if (kept || !conv_phase_scatters(s, &ph)) zero_floats(c, cg_buf(c, dX), value_numel(dX)); /* else overwritten */
     const Value *v[3] = {dY, W, dX};
     Layout lay = whole(s);
     LLVMValueRef wp = kept ? kept_filters(c, s, kept, W, &lay) : cg_buf(c, W);
+    ConvPhases ph;
+    if (!col2im_phased(u, &lay, &ph)) zero_floats(c, cg_buf(c, dX), value_numel(dX)); /* else overwritten */
     for_blocks(c, u, grad_input_block, v, wp, &lay, true, NULL);
 }
 
