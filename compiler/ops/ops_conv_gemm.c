@@ -984,8 +984,8 @@ static double kernel_macs(const ConvShape *s, const Layout *lay) {
  * phase f's kt columns m*kt.. of the panel, a run of kt*MR floats, by
  * shuffles (conv_map_copy).  (Copying each phase's filters out and
  * packing the copy, two strided passes per phase, took a third of the
- * kernel's time outside its products on resnet18's 64->128 layer; a
- * gather of each column, a quarter.) */
+ * kernel's time outside its products on resnet18's 64->128 layer, and a
+ * gather of each column as much: some 11 cycles a gather here.) */
 static LLVMValueRef phase_packs(Cg *c, const PhaseSet *ps, const Value *W) {
     const ConvShape *s = ps->s;
     int64_t Cpg = s->C / s->G, Mpg = mpg(s), ks = s->w.k_sz, MR = cg_gemm_panel_rows(), total = 0;
