@@ -183,17 +183,19 @@ def check_profile(rep, args):
     rep.check("and priced differently", any(abs(pa[key(c)] - c["step_s"]) > 1e-12 for c in b["alternatives"]))
     rep.check("every --profile prediction is positive", all(c["step_s"] > 0 for c in b["alternatives"]))
     # The last-level cache a process keeps, which prices the steps whose
-    # data come from memory, is measured in each run: it must come out the
-    # same from run to run (one pass of each size against the smallest's
+    # data come from memory, is measured in each run: it must come out
+    # alike from run to run (one pass of each size against the smallest's
     # time said 16 MiB in half the runs on the development machine and 64
-    # or 128 in the others, and the predictions moved by 10-20%).
+    # or 128 in the others, and the predictions moved by 10-20%).  A buffer
+    # the size of the cache itself may read just under or just over the
+    # probe's threshold on another machine, so two neighbouring sizes pass.
     sizes = []
     for run in [b] + [json.loads(p.stdout) for p in (cleave(args, *(flags + ["--profile"])) for _ in range(3))
                       if p.returncode == 0]:
         m = re.search(r"(\d+) MiB of last-level cache", run["prediction"]["cluster"])
         sizes.append(int(m.group(1)) if m else None)
-    rep.check("--profile names the last-level cache it measured, the same in %d runs (%s MiB)"
-              % (len(sizes), sizes), len(sizes) == 4 and None not in sizes and len(set(sizes)) == 1, "")
+    rep.check("--profile names the last-level cache it measured, within a factor of 2 in %d runs (%s MiB)"
+              % (len(sizes), sizes), len(sizes) == 4 and None not in sizes and max(sizes) <= 2 * min(sizes), "")
 
 
 def write_mlp(path, width, layers):
