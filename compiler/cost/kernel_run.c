@@ -97,12 +97,12 @@ enum { LLC_ROUNDS = 5, LLC_MAX_SIZES = 16 };
  * (docs/costmodel.md).  Slowness of the moment only adds time, so each
  * size keeps its fastest of LLC_ROUNDS rounds (the sizes interleaved),
  * the yardstick is the fastest size, and the answer the largest size
- * within 1.5 times it.  Measured once, one pass of each size against the
+ * within 1.5 times it.  (With one pass of each size against the
  * smallest's time, the probe said 16 MiB in half of its runs here and
  * 64 or 128 in the others: the 2 MiB buffer read at 0.85-1.05 ns a line
  * in some runs and 0.5-0.6 in others, where 8 and 16 MiB read at
- * 0.5-0.7 and 32 MiB at 1.0-1.2 in every run.  Measured once per
- * process, in about 0.15 s. */
+ * 0.5-0.7 and 32 MiB at 1.0-1.2 in every run.)  Measured once per
+ * process, in about 0.2 s. */
 size_t kernel_run_llc_bytes(void) {
     static size_t measured;
     if (measured) return measured;
